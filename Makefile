@@ -1,0 +1,87 @@
+# Durable Dataflow: every target creates .venv when missing and reinstalls the package when
+# pyproject.toml changed, so `make demo` and `make test` work on a fresh clone.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV := .venv
+BIN := $(VENV)/bin
+# Touched after a successful install; older than pyproject.toml means "install again".
+STAMP := $(VENV)/.dataflow-installed
+# The first Python >= 3.11 on PATH; override with `make PYTHON=/path/to/python3.12 ...`.
+PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+	2>/dev/null && { command -v $$p; break; }; done)
+# Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k ledger"` (.ci/run adds --junitxml).
+PYTEST_ARGS ?=
+
+# The demo, one shell command per line; run with `set -e`, so the first failure stops it.
+define DEMO_SCRIPT
+$(BIN)/dataflow run examples/revenue_by_region/dataflow.yaml --param day=2026-11-02
+$(BIN)/dataflow runs
+endef
+export DEMO_SCRIPT
+
+.PHONY: help venv sysdeps test lint typecheck pytest demo bench soak model clean distclean
+
+help:
+	@echo "make demo       run the example dataflow and show the run history"
+	@echo "make test       system deps, ruff, mypy, the whole pytest suite (SQLite and PostgreSQL), model check"
+	@echo "make lint       ruff check src tests"
+	@echo "make typecheck  mypy (strict, src)"
+	@echo "make bench      benchmarks/run.py"
+	@echo "make soak       the soak test (scripts/soak.py or benchmarks/soak.py)"
+	@echo "make model      model-check the recovery protocol (model/check, needs spin)"
+	@echo "make clean      remove caches and test artefacts (distclean also removes .venv)"
+
+venv: $(STAMP)
+
+$(BIN)/python:
+	@test -n "$(PYTHON)" || { echo "No Python >= 3.11 found on PATH (set PYTHON=...)" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+sysdeps:
+	bash scripts/install-system-deps.sh
+
+lint: venv
+	$(BIN)/ruff check src tests
+
+typecheck: venv
+	$(BIN)/mypy
+
+pytest: venv sysdeps
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test: venv sysdeps
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy
+	$(BIN)/pytest $(PYTEST_ARGS)
+	if [ -x model/check ]; then $(MAKE) --no-print-directory model; \
+	else echo "make test: no model/check yet, model check skipped"; fi
+
+demo: venv
+	bash -eux -o pipefail -c "$$DEMO_SCRIPT"
+
+bench: venv
+	if [ -f benchmarks/run.py ]; then $(BIN)/python benchmarks/run.py; \
+	else echo "make bench: benchmarks/run.py does not exist yet"; fi
+
+soak: venv sysdeps
+	if [ -f scripts/soak.py ]; then $(BIN)/python scripts/soak.py; \
+	elif [ -f benchmarks/soak.py ]; then $(BIN)/python benchmarks/soak.py; \
+	else echo "make soak: no soak test yet (scripts/soak.py or benchmarks/soak.py)"; fi
+
+model: sysdeps
+	if [ -x model/check ]; then model/check; \
+	else echo "make model: model/check does not exist yet"; fi
+
+clean:
+	rm -rf .pytest_cache .mypy_cache .ruff_cache test-artifacts build dist .hypothesis
+	find src tests benchmarks scripts -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
+
+distclean: clean
+	rm -rf $(VENV)
