@@ -36,5 +36,5 @@ def digest(value: Any) -> str:
 
 def is_digest(text: str) -> bool:
     """True when text has the ``sha256:<64 hex>`` form."""
-    hexpart = text[len(PREFIX):]
+    hexpart = text[len(PREFIX) :]
     return text.startswith(PREFIX) and len(hexpart) == 64 and all(c in "0123456789abcdef" for c in hexpart)

@@ -1,0 +1,117 @@
+"""Recovery checkpoints: a verified head of a subject's ledger chain with the facts of its state.
+
+A checkpoint is written only after the chain verifies and the caller's facts check passes, in the
+caller's transaction. A failure raises :class:`EvidenceError` before anything is written, so the
+caller's transaction (and whatever success projection it carries) does not commit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from durable_dataflow.core import hashing, ledger
+from durable_dataflow.core.db import Database
+from durable_dataflow.core.errors import EvidenceError
+from durable_dataflow.core.schema import checkpoints
+from durable_dataflow.core.secrets import Secret
+
+FactsCheck = Callable[[Sequence[ledger.Entry]], str]
+"""Returns the empty string when the entries carry the facts a state needs, else the problem."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    module: str
+    subject_id: str
+    attempt: int
+    head_seq: int
+    head_hash: str
+    status: str
+    facts: Mapping[str, Any]
+    verified_at_us: int
+
+
+def latest(conn: Connection, module: str, subject_id: str) -> Checkpoint | None:
+    """The most recent checkpoint of a subject."""
+    row = conn.execute(
+        sa.select(checkpoints)
+        .where(checkpoints.c.module == module, checkpoints.c.subject_id == subject_id)
+        .order_by(checkpoints.c.head_seq.desc())
+        .limit(1)
+    ).one_or_none()
+    if row is None:
+        return None
+    return Checkpoint(
+        module,
+        subject_id,
+        int(row.attempt),
+        int(row.head_seq),
+        row.head_hash,
+        row.status,
+        json.loads(row.facts_json),
+        int(row.verified_at_us),
+    )
+
+
+def verify_subject(
+    conn: Connection,
+    module: str,
+    subject_id: str,
+    *,
+    evidence_key: Secret | None = None,
+    facts_check: FactsCheck | None = None,
+) -> ledger.Verification:
+    """Verify the chain against the latest checkpoint's head, then the caller's facts."""
+    previous = latest(conn, module, subject_id)
+    expected = (previous.head_seq, previous.head_hash) if previous is not None else None
+    entries = ledger.read(conn, module, subject_id)
+    result = ledger.verify_entries(
+        entries, module, subject_id, evidence_key=evidence_key, expected_head=expected
+    )
+    if result.ok and facts_check is not None:
+        problem = facts_check(entries)
+        if problem:
+            return ledger.Verification(
+                False, result.head_seq, result.head_hash, result.entry_count, result.keyed, None, problem
+            )
+    return result
+
+
+def write_verified(
+    conn: Connection,
+    db: Database,
+    module: str,
+    subject_id: str,
+    attempt: int,
+    status: str,
+    facts: Mapping[str, Any],
+    *,
+    evidence_key: Secret | None = None,
+    facts_check: FactsCheck | None = None,
+) -> Checkpoint:
+    """Verify the subject's evidence and write a checkpoint; raise EvidenceError on any failure."""
+    result = verify_subject(conn, module, subject_id, evidence_key=evidence_key, facts_check=facts_check)
+    if not result.ok:
+        where = f" at seq {result.broken_seq}" if result.broken_seq is not None else ""
+        raise EvidenceError(f"evidence of {module}/{subject_id} failed verification{where}: {result.reason}")
+    now_us = db.now_us(conn)
+    facts_json = hashing.canonical_json(dict(facts)).decode("utf-8")
+    conn.execute(
+        checkpoints.insert().values(
+            module=module,
+            subject_id=subject_id,
+            head_seq=result.head_seq,
+            attempt=attempt,
+            head_hash=result.head_hash,
+            status=status,
+            facts_json=facts_json,
+            verified_at_us=now_us,
+        )
+    )
+    return Checkpoint(module, subject_id, attempt, result.head_seq, result.head_hash, status, facts, now_us)

@@ -1,0 +1,175 @@
+"""The storage engine: one SQLAlchemy engine pair per database URL, on SQLite or PostgreSQL.
+
+Times that matter for correctness (lease expiry, ledger timestamps) come from the database clock,
+never from a worker's clock: :meth:`Database.now_us_expr` is a SQL expression evaluated by the
+server inside the transaction that uses it. Tests may shift that clock with
+:meth:`Database.advance_clock`, which adds an offset to the expression, so lease expiry can be
+produced without sleeping.
+
+SQLite runs in WAL mode with a busy timeout; every write transaction starts with
+``BEGIN IMMEDIATE`` so two writers serialize at the start instead of failing at commit. Reads use
+a second engine with deferred transactions, so readers never wait for the write lock.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy import event, exc
+from sqlalchemy.engine import Connection, Engine
+
+from durable_dataflow.core.errors import InputError, StorageUnavailable
+
+DEFAULT_URL = "sqlite:///./.dataflow/dataflow.db"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+POSTGRES_POOL_SIZE = 8
+POSTGRES_POOL_OVERFLOW = 16
+POSTGRES_CONNECT_TIMEOUT_S = 10
+
+Dialect = Literal["sqlite", "postgresql"]
+
+
+def url_from_env(url: str | None = None) -> str:
+    """The database URL: the explicit one, else ``DATAFLOW_DB``, else the embedded default."""
+    return url or os.environ.get("DATAFLOW_DB") or DEFAULT_URL
+
+
+def normalize_url(url: str) -> str:
+    """Accept ``postgresql://`` and ``postgres://`` as the psycopg 3 driver; reject other schemes."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    if url.startswith(("sqlite:///", "postgresql+psycopg://")):
+        return url
+    raise InputError(
+        f"database URL scheme is not supported: {redact_url(url)!r}; "
+        "use sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB"
+    )
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced, safe to print or log."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except exc.ArgumentError:
+        return "<unparseable database URL>"
+
+
+@dataclass(frozen=True)
+class StorageInfo:
+    """What an operator needs to know about where the platform stores its state."""
+
+    dialect: Dialect
+    url_redacted: str
+
+
+class Database:
+    """One platform database: a write engine, a read engine and the database clock."""
+
+    def __init__(self, url: str | None = None, *, clock_offset_s: float = 0.0) -> None:
+        self.url = normalize_url(url_from_env(url))
+        self.clock_offset_s = clock_offset_s
+        sa_url = sa.engine.make_url(self.url)
+        self.dialect: Dialect = "sqlite" if sa_url.get_backend_name() == "sqlite" else "postgresql"
+        if self.dialect == "sqlite":
+            self.engine = _sqlite_engine(self.url, immediate=True)
+            self.read_engine = _sqlite_engine(self.url, immediate=False)
+        else:
+            self.engine = _postgres_engine(self.url)
+            self.read_engine = self.engine
+
+    @property
+    def info(self) -> StorageInfo:
+        return StorageInfo(dialect=self.dialect, url_redacted=redact_url(self.url))
+
+    def advance_clock(self, seconds: float) -> None:
+        """Shift the database clock seen by this object (tests only: expire leases without sleeping)."""
+        self.clock_offset_s += seconds
+
+    def now_us_expr(self) -> sa.ColumnElement[int]:
+        """The database clock in integer microseconds since the epoch, as a SQL expression."""
+        offset_us = int(self.clock_offset_s * 1_000_000)
+        if self.dialect == "sqlite":
+            sql = f"(CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER) + {offset_us})"
+        else:
+            sql = f"(CAST(extract(epoch from clock_timestamp()) * 1000000 AS BIGINT) + {offset_us})"
+        return sa.literal_column(sql, type_=sa.BigInteger())
+
+    def now_us(self, conn: Connection) -> int:
+        """Read the database clock inside an open transaction."""
+        value = conn.execute(sa.select(self.now_us_expr())).scalar_one()
+        return int(value)
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        """A write transaction; driver errors become :class:`StorageUnavailable` at this boundary."""
+        with translate_errors(), self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A read-only transaction: it never takes the write lock and writes nothing."""
+        with translate_errors(), self.read_engine.connect() as conn:
+            yield conn
+            conn.rollback()
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+        if self.read_engine is not self.engine:
+            self.read_engine.dispose()
+
+
+@contextmanager
+def translate_errors() -> Iterator[None]:
+    """Translate a lost or unreachable database into :class:`StorageUnavailable`, once, here."""
+    try:
+        yield
+    except exc.OperationalError as error:
+        raise StorageUnavailable(f"the platform database is unavailable: {_first_line(error)}") from error
+    except exc.InterfaceError as error:
+        raise StorageUnavailable(f"the database connection failed: {_first_line(error)}") from error
+
+
+def _first_line(error: exc.DBAPIError) -> str:
+    text = str(error.orig) if error.orig is not None else str(error)
+    return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+
+
+def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
+    database = sa.engine.make_url(url).database
+    if database and database != ":memory:":
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take transaction control away from pysqlite so BEGIN is ours to issue.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def _postgres_engine(url: str) -> Engine:
+    return sa.create_engine(
+        url,
+        pool_size=POSTGRES_POOL_SIZE,
+        max_overflow=POSTGRES_POOL_OVERFLOW,
+        pool_pre_ping=True,
+        connect_args={"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S},
+    )

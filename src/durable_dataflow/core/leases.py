@@ -1,0 +1,214 @@
+"""Leases: one row per (module, subject); the attempt number only grows and is the fencing token.
+
+All times come from the database clock. A lease is *live* while it is not released and
+``expires_at_us`` is after the database's now. Once a lease has expired it can never be revived:
+heartbeats are fenced by the same check as every other write, so a paused worker that wakes up
+after expiry cannot extend it.
+
+Every statement here is a guarded ``UPDATE … WHERE <expected state> RETURNING``; the caller trusts
+only the rows returned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy import exc
+from sqlalchemy.engine import Connection
+
+from durable_dataflow.core.db import Database
+from durable_dataflow.core.errors import InputError, LeaseUnavailable, StaleAttempt
+from durable_dataflow.core.schema import leases
+
+LEASE_TTL_S_MIN = 0.05
+LEASE_TTL_S_MAX = 24 * 3600.0
+LEASE_TTL_S_DEFAULT = 30.0
+EXPIRED_BATCH_MAX = 500
+HOLDER_LENGTH_MAX = 200
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease as granted: ``attempt`` is the fencing token for every write made under it."""
+
+    module: str
+    subject_id: str
+    attempt: int
+    holder: str
+    acquired_at_us: int
+    expires_at_us: int
+
+
+@dataclass(frozen=True)
+class ExpiredLease:
+    """A lease whose holder stopped heartbeating: its attempt is stale, its outcome not yet decided."""
+
+    module: str
+    subject_id: str
+    attempt: int
+    holder: str
+    expires_at_us: int
+
+
+def ttl_us(ttl_s: float) -> int:
+    if not LEASE_TTL_S_MIN <= ttl_s <= LEASE_TTL_S_MAX:
+        raise InputError(
+            f"lease TTL must be between {LEASE_TTL_S_MIN} and {LEASE_TTL_S_MAX} seconds, got {ttl_s}"
+        )
+    return int(ttl_s * 1_000_000)
+
+
+def _key(module: str, subject_id: str) -> sa.ColumnElement[bool]:
+    return sa.and_(leases.c.module == module, leases.c.subject_id == subject_id)
+
+
+def acquire(
+    conn: Connection,
+    db: Database,
+    module: str,
+    subject_id: str,
+    holder: str,
+    ttl_s: float,
+    *,
+    expected_attempt: int | None = None,
+) -> Lease:
+    """Grant the next attempt if no live lease exists; raise :class:`LeaseUnavailable` otherwise.
+
+    ``expected_attempt`` makes the grant conditional on the current attempt (a claim that read the
+    subject's state under that attempt must not take a lease granted since).
+    """
+    holder = holder[:HOLDER_LENGTH_MAX]
+    now = db.now_us_expr()
+    guard = sa.or_(leases.c.released_at_us.is_not(None), leases.c.expires_at_us <= now)
+    if expected_attempt is not None:
+        guard = sa.and_(guard, leases.c.attempt == expected_attempt)
+    row = conn.execute(
+        leases.update()
+        .where(_key(module, subject_id), guard)
+        .values(
+            attempt=leases.c.attempt + 1,
+            holder=holder,
+            acquired_at_us=now,
+            expires_at_us=now + ttl_us(ttl_s),
+            released_at_us=None,
+        )
+        .returning(leases.c.attempt, leases.c.acquired_at_us, leases.c.expires_at_us)
+    ).one_or_none()
+    if row is None:
+        row = _insert_first(conn, db, module, subject_id, holder, ttl_s, expected_attempt)
+    return Lease(
+        module, subject_id, int(row.attempt), holder, int(row.acquired_at_us), int(row.expires_at_us)
+    )
+
+
+def _insert_first(
+    conn: Connection,
+    db: Database,
+    module: str,
+    subject_id: str,
+    holder: str,
+    ttl_s: float,
+    expected_attempt: int | None,
+) -> sa.Row[tuple[int, int, int]]:
+    exists = conn.execute(sa.select(leases.c.attempt).where(_key(module, subject_id))).one_or_none()
+    if exists is not None or expected_attempt not in (None, 0):
+        raise LeaseUnavailable(f"{module}/{subject_id} is leased by another holder or its attempt moved on")
+    now = db.now_us_expr()
+    try:
+        with conn.begin_nested():
+            return conn.execute(
+                leases.insert()
+                .values(
+                    module=module,
+                    subject_id=subject_id,
+                    attempt=1,
+                    holder=holder,
+                    acquired_at_us=now,
+                    expires_at_us=now + ttl_us(ttl_s),
+                )
+                .returning(leases.c.attempt, leases.c.acquired_at_us, leases.c.expires_at_us)
+            ).one()
+    except exc.IntegrityError as error:
+        raise LeaseUnavailable(f"{module}/{subject_id} was leased concurrently") from error
+
+
+def heartbeat(
+    conn: Connection, db: Database, module: str, subject_id: str, attempt: int, ttl_s: float
+) -> int:
+    """Extend a live lease; return the new expiry. A stale or expired attempt raises StaleAttempt."""
+    now = db.now_us_expr()
+    row = conn.execute(
+        leases.update()
+        .where(
+            _key(module, subject_id),
+            leases.c.attempt == attempt,
+            leases.c.released_at_us.is_(None),
+            leases.c.expires_at_us > now,
+        )
+        .values(expires_at_us=now + ttl_us(ttl_s))
+        .returning(leases.c.expires_at_us)
+    ).one_or_none()
+    if row is None:
+        raise StaleAttempt(f"heartbeat refused: attempt {attempt} of {module}/{subject_id} is no longer live")
+    return int(row.expires_at_us)
+
+
+def release(conn: Connection, db: Database, module: str, subject_id: str, attempt: int) -> None:
+    """Release the lease of a live attempt (inside its fenced terminal transaction)."""
+    row = conn.execute(
+        leases.update()
+        .where(_key(module, subject_id), leases.c.attempt == attempt, leases.c.released_at_us.is_(None))
+        .values(released_at_us=db.now_us_expr())
+        .returning(leases.c.attempt)
+    ).one_or_none()
+    if row is None:
+        raise StaleAttempt(
+            f"release refused: attempt {attempt} of {module}/{subject_id} is not the current lease"
+        )
+
+
+def close_expired(conn: Connection, db: Database, module: str, subject_id: str, attempt: int) -> bool:
+    """Mark an expired, unreleased lease as released so exactly one sweeper decides its outcome.
+
+    Returns False when another sweeper, a heartbeat or a new attempt got there first.
+    """
+    row = conn.execute(
+        leases.update()
+        .where(
+            _key(module, subject_id),
+            leases.c.attempt == attempt,
+            leases.c.released_at_us.is_(None),
+            leases.c.expires_at_us <= db.now_us_expr(),
+        )
+        .values(released_at_us=db.now_us_expr())
+        .returning(leases.c.attempt)
+    ).one_or_none()
+    return row is not None
+
+
+def list_expired(
+    conn: Connection, db: Database, module: str, limit: int = EXPIRED_BATCH_MAX
+) -> list[ExpiredLease]:
+    """Unreleased leases whose expiry has passed on the database clock, oldest first."""
+    rows = conn.execute(
+        sa.select(leases.c.subject_id, leases.c.attempt, leases.c.holder, leases.c.expires_at_us)
+        .where(
+            leases.c.module == module,
+            leases.c.released_at_us.is_(None),
+            leases.c.expires_at_us <= db.now_us_expr(),
+        )
+        .order_by(leases.c.expires_at_us)
+        .limit(min(limit, EXPIRED_BATCH_MAX))
+    ).all()
+    return [ExpiredLease(module, r.subject_id, int(r.attempt), r.holder, int(r.expires_at_us)) for r in rows]
+
+
+def current(conn: Connection, module: str, subject_id: str) -> Lease | None:
+    """The lease row as it is now (live or not), or None when the subject was never leased."""
+    row = conn.execute(sa.select(leases).where(_key(module, subject_id))).one_or_none()
+    if row is None:
+        return None
+    return Lease(
+        module, subject_id, int(row.attempt), row.holder, int(row.acquired_at_us), int(row.expires_at_us)
+    )

@@ -1,0 +1,242 @@
+"""The recovery ledger: append-only, hash-chained entries per (module, subject).
+
+Each entry's hash covers the previous entry's hash and the canonical JSON of the entry itself,
+so an edited, deleted, inserted or reordered entry breaks the chain at a seq that verification
+names. The first entry chains from a per-subject genesis value. When an evidence key is
+configured, each entry also carries an HMAC of its hash: someone with database access but without
+the key can rebuild plain hashes, but not the MACs. The key itself is never stored.
+
+Appends assume an open transaction whose caller already serializes writers of the subject (the
+lease row lock of a fenced transaction, or the insert of a new subject); the primary key
+``(module, subject_id, seq)`` refuses a racing duplicate anyway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from durable_dataflow.core import hashing
+from durable_dataflow.core.db import Database
+from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.schema import KIND_LENGTH, ledger_entries
+from durable_dataflow.core.secrets import Secret
+
+ENTRIES_PER_SUBJECT_MAX = 10_000
+PAYLOAD_BYTES_MAX = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One ledger entry as stored."""
+
+    module: str
+    subject_id: str
+    seq: int
+    attempt: int
+    kind: str
+    payload: Mapping[str, Any]
+    prev_hash: str
+    entry_hash: str
+    entry_mac: str | None
+    recorded_at_us: int
+
+    def body(self) -> dict[str, Any]:
+        """The part of the entry its hash covers (everything but the hashes themselves)."""
+        return entry_body(
+            self.module, self.subject_id, self.seq, self.attempt, self.kind, self.payload, self.recorded_at_us
+        )
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The result of verifying one subject's chain. ``broken_seq`` names the first bad entry."""
+
+    ok: bool
+    head_seq: int
+    head_hash: str
+    entry_count: int
+    keyed: bool
+    broken_seq: int | None = None
+    reason: str = ""
+
+
+def genesis_hash(module: str, subject_id: str) -> str:
+    """The value the first entry of a subject chains from."""
+    return hashing.digest({"genesis": "durable-dataflow/ledger/v1", "module": module, "subject": subject_id})
+
+
+def entry_body(
+    module: str,
+    subject_id: str,
+    seq: int,
+    attempt: int,
+    kind: str,
+    payload: Mapping[str, Any],
+    recorded_at_us: int,
+) -> dict[str, Any]:
+    return {
+        "module": module,
+        "subject_id": subject_id,
+        "seq": seq,
+        "attempt": attempt,
+        "kind": kind,
+        "payload": dict(payload),
+        "recorded_at_us": recorded_at_us,
+    }
+
+
+def chain_hash(prev_hash: str, body: Mapping[str, Any]) -> str:
+    """``sha256(prev_hash ‖ canonical(body))``."""
+    return hashing.sha256_bytes(prev_hash.encode("ascii") + b"\n" + hashing.canonical_json(dict(body)))
+
+
+def entry_mac(key: Secret, entry_hash: str) -> str:
+    """The keyed MAC of an entry hash, ``hmac-sha256:<hex>``-shaped as ``sha256:<hex>``."""
+    mac = hmac.new(key.reveal().encode("utf-8"), entry_hash.encode("ascii"), hashlib.sha256)
+    return hashing.PREFIX + mac.hexdigest()
+
+
+def append(
+    conn: Connection,
+    db: Database,
+    module: str,
+    subject_id: str,
+    attempt: int,
+    kind: str,
+    payload: Mapping[str, Any],
+    *,
+    evidence_key: Secret | None = None,
+) -> Entry:
+    """Append one entry to the subject's chain inside the caller's transaction."""
+    if not kind or len(kind) > KIND_LENGTH:
+        raise InputError(f"ledger entry kind must be 1 to {KIND_LENGTH} characters, got {kind!r}")
+    payload_json = hashing.canonical_json(dict(payload)).decode("utf-8")
+    if len(payload_json) > PAYLOAD_BYTES_MAX:
+        raise InputError(f"ledger entry payload is {len(payload_json)} bytes, over {PAYLOAD_BYTES_MAX}")
+    head = conn.execute(
+        sa.select(ledger_entries.c.seq, ledger_entries.c.entry_hash)
+        .where(ledger_entries.c.module == module, ledger_entries.c.subject_id == subject_id)
+        .order_by(ledger_entries.c.seq.desc())
+        .limit(1)
+    ).one_or_none()
+    seq = 1 if head is None else int(head.seq) + 1
+    if seq > ENTRIES_PER_SUBJECT_MAX:
+        raise InputError(f"subject {module}/{subject_id} reached {ENTRIES_PER_SUBJECT_MAX} ledger entries")
+    prev_hash = genesis_hash(module, subject_id) if head is None else str(head.entry_hash)
+    recorded_at_us = db.now_us(conn)
+    body = entry_body(module, subject_id, seq, attempt, kind, json.loads(payload_json), recorded_at_us)
+    this_hash = chain_hash(prev_hash, body)
+    mac = entry_mac(evidence_key, this_hash) if evidence_key is not None else None
+    conn.execute(
+        ledger_entries.insert().values(
+            module=module,
+            subject_id=subject_id,
+            seq=seq,
+            attempt=attempt,
+            kind=kind,
+            payload_json=payload_json,
+            prev_hash=prev_hash,
+            entry_hash=this_hash,
+            entry_mac=mac,
+            recorded_at_us=recorded_at_us,
+        )
+    )
+    return Entry(
+        module, subject_id, seq, attempt, kind, body["payload"], prev_hash, this_hash, mac, recorded_at_us
+    )
+
+
+def read(conn: Connection, module: str, subject_id: str) -> list[Entry]:
+    """All entries of one subject, in seq order."""
+    rows = conn.execute(
+        sa.select(ledger_entries)
+        .where(ledger_entries.c.module == module, ledger_entries.c.subject_id == subject_id)
+        .order_by(ledger_entries.c.seq)
+        .limit(ENTRIES_PER_SUBJECT_MAX + 1)
+    ).all()
+    return [_entry_from_row(row) for row in rows]
+
+
+def _entry_from_row(row: sa.Row[Any]) -> Entry:
+    return Entry(
+        module=row.module,
+        subject_id=row.subject_id,
+        seq=int(row.seq),
+        attempt=int(row.attempt),
+        kind=row.kind,
+        payload=json.loads(row.payload_json),
+        prev_hash=row.prev_hash,
+        entry_hash=row.entry_hash,
+        entry_mac=row.entry_mac,
+        recorded_at_us=int(row.recorded_at_us),
+    )
+
+
+def verify_entries(
+    entries: Sequence[Entry],
+    module: str,
+    subject_id: str,
+    *,
+    evidence_key: Secret | None = None,
+    expected_head: tuple[int, str] | None = None,
+) -> Verification:
+    """Recompute the chain from genesis and check contiguity, hashes, MACs and a known head.
+
+    ``expected_head`` is a (seq, hash) pair recorded earlier (a checkpoint): the chain must still
+    contain it, which catches a deleted tail that the chain alone cannot show.
+    """
+    prev_hash = genesis_hash(module, subject_id)
+    keyed = evidence_key is not None
+    for index, entry in enumerate(entries):
+        problem = _entry_problem(entry, index + 1, prev_hash, module, subject_id, evidence_key)
+        if problem:
+            return Verification(False, index, prev_hash, len(entries), keyed, entry.seq, problem)
+        prev_hash = entry.entry_hash
+    head_seq = len(entries)
+    if expected_head is not None:
+        seq, expected_hash = expected_head
+        if seq > head_seq or entries[seq - 1].entry_hash != expected_hash:
+            reason = f"the chain no longer holds the checkpointed head at seq {seq}: entries were removed or replaced"
+            return Verification(False, head_seq, prev_hash, len(entries), keyed, seq, reason)
+    return Verification(True, head_seq, prev_hash, len(entries), keyed)
+
+
+def _entry_problem(
+    entry: Entry, expected_seq: int, prev_hash: str, module: str, subject_id: str, key: Secret | None
+) -> str:
+    if entry.module != module or entry.subject_id != subject_id:
+        return f"entry seq {entry.seq} belongs to another subject"
+    if entry.seq != expected_seq:
+        return f"seq {expected_seq} is missing or out of order (found {entry.seq}): entries deleted or inserted"
+    if entry.prev_hash != prev_hash:
+        return f"entry seq {entry.seq} does not chain from seq {entry.seq - 1}: entries inserted, removed or reordered"
+    if chain_hash(prev_hash, entry.body()) != entry.entry_hash:
+        return f"entry seq {entry.seq} was edited: its content no longer matches its hash"
+    if key is not None and (
+        entry.entry_mac is None or not hmac.compare_digest(entry.entry_mac, entry_mac(key, entry.entry_hash))
+    ):
+        return (
+            f"entry seq {entry.seq} fails its keyed MAC: it was written or rewritten without the evidence key"
+        )
+    return ""
+
+
+def verify(
+    conn: Connection,
+    module: str,
+    subject_id: str,
+    *,
+    evidence_key: Secret | None = None,
+    expected_head: tuple[int, str] | None = None,
+) -> Verification:
+    """Read and verify one subject's chain inside the caller's transaction."""
+    entries = read(conn, module, subject_id)
+    return verify_entries(entries, module, subject_id, evidence_key=evidence_key, expected_head=expected_head)

@@ -1,0 +1,137 @@
+"""Leases and the fenced transaction on both engines, with expiry on the database clock."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from durable_dataflow.core import fencing, leases, ledger
+from durable_dataflow.core.db import Database
+from durable_dataflow.core.errors import InputError, LeaseUnavailable, StaleAttempt
+from durable_dataflow.core.schema import ledger_entries
+
+MODULE = "test"
+
+
+def _acquire(db: Database, subject: str = "s", ttl_s: float = 30) -> leases.Lease:
+    with db.begin() as conn:
+        return leases.acquire(conn, db, MODULE, subject, "holder", ttl_s)
+
+
+def _entries(db: Database, subject: str = "s") -> list[str]:
+    with db.read() as conn:
+        return [entry.kind for entry in ledger.read(conn, MODULE, subject)]
+
+
+def test_attempts_grow_and_a_live_lease_is_exclusive(db: Database) -> None:
+    """The first grant is attempt 1; a second grant while it is live is refused; after expiry it is 2."""
+    assert _acquire(db).attempt == 1
+    with pytest.raises(LeaseUnavailable):
+        _acquire(db)
+    db.advance_clock(31)
+    assert _acquire(db).attempt == 2
+
+
+def test_fenced_write_commits_only_for_the_current_live_attempt(db: Database) -> None:
+    """Attempt 1 writes while live; after expiry and a new grant, its write is refused and leaves nothing."""
+    _acquire(db, ttl_s=5)
+    with fencing.fenced(db, MODULE, "s", 1) as conn:
+        ledger.append(conn, db, MODULE, "s", 1, "by.one", {})
+    db.advance_clock(6)
+    with pytest.raises(StaleAttempt, match="lost its lease"), fencing.fenced(db, MODULE, "s", 1) as conn:
+        ledger.append(conn, db, MODULE, "s", 1, "late.one", {})
+    _acquire(db, ttl_s=5)
+    with (
+        pytest.raises(StaleAttempt, match="current attempt is 2"),
+        fencing.fenced(db, MODULE, "s", 1) as conn,
+    ):
+        ledger.append(conn, db, MODULE, "s", 1, "stale.one", {})
+    with fencing.fenced(db, MODULE, "s", 2) as conn:
+        ledger.append(conn, db, MODULE, "s", 2, "by.two", {})
+    assert _entries(db) == ["by.one", "by.two"]
+
+
+def test_heartbeat_extends_but_cannot_revive(db: Database) -> None:
+    """A heartbeat before expiry extends the lease; after expiry it raises StaleAttempt."""
+    _acquire(db, ttl_s=5)
+    db.advance_clock(4)
+    with db.begin() as conn:
+        fencing.check_fence(conn, db, MODULE, "s", 1)
+        leases.heartbeat(conn, db, MODULE, "s", 1, 5)
+    db.advance_clock(4)  # 8 s after the grant: alive only thanks to the heartbeat
+    with fencing.fenced(db, MODULE, "s", 1):
+        pass
+    db.advance_clock(2)
+    with pytest.raises(StaleAttempt), db.begin() as conn:
+        leases.heartbeat(conn, db, MODULE, "s", 1, 5)
+
+
+def test_release_ends_the_attempt(db: Database) -> None:
+    """After release the attempt can no longer write, and the next grant follows at once."""
+    _acquire(db)
+    with fencing.fenced(db, MODULE, "s", 1) as conn:
+        leases.release(conn, db, MODULE, "s", 1)
+    with pytest.raises(StaleAttempt, match="released"), fencing.fenced(db, MODULE, "s", 1):
+        pass
+    assert _acquire(db).attempt == 2
+
+
+def test_expiry_follows_the_database_clock_not_the_process_clock(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker whose own clock runs a day ahead (or behind) sees the same lease state as the database."""
+    _acquire(db, ttl_s=10)
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 86_400)
+    with fencing.fenced(db, MODULE, "s", 1):
+        pass  # the process thinks the lease expired a day ago; the database says it is live
+    with db.begin() as conn:
+        assert leases.list_expired(conn, db, MODULE) == []
+    monkeypatch.setattr(time, "time", lambda: real_time() - 86_400)
+    db.advance_clock(11)  # the database clock moves past the expiry
+    with db.begin() as conn:
+        expired = leases.list_expired(conn, db, MODULE)
+    assert [(e.subject_id, e.attempt) for e in expired] == [("s", 1)]
+
+
+def test_close_expired_decides_once(db: Database) -> None:
+    """Only one sweeper closes an expired attempt; a live or already-closed one is left alone."""
+    _acquire(db, ttl_s=5)
+    with db.begin() as conn:
+        assert not leases.close_expired(conn, db, MODULE, "s", 1)
+    db.advance_clock(6)
+    with db.begin() as conn:
+        assert leases.close_expired(conn, db, MODULE, "s", 1)
+    with db.begin() as conn:
+        assert not leases.close_expired(conn, db, MODULE, "s", 1)
+        assert leases.list_expired(conn, db, MODULE) == []
+
+
+def test_expected_attempt_guards_the_grant(db: Database) -> None:
+    """A claim that read attempt 1 cannot take a lease after someone else's attempt 2 was granted."""
+    _acquire(db, ttl_s=5)
+    db.advance_clock(6)
+    _acquire(db, ttl_s=5)
+    db.advance_clock(6)
+    with pytest.raises(LeaseUnavailable), db.begin() as conn:
+        leases.acquire(conn, db, MODULE, "s", "late", 5, expected_attempt=1)
+    with db.begin() as conn:
+        assert leases.acquire(conn, db, MODULE, "s", "ok", 5, expected_attempt=2).attempt == 3
+
+
+def test_ttl_bounds_are_input_errors(db: Database) -> None:
+    """A zero or absurd TTL is refused with a message naming the bounds."""
+    with pytest.raises(InputError, match="lease TTL"), db.begin() as conn:
+        leases.acquire(conn, db, MODULE, "s", "h", 0)
+
+
+def test_stale_transaction_rolls_back_everything(db: Database) -> None:
+    """A StaleAttempt raised by the fence leaves no row of that transaction behind."""
+    _acquire(db, ttl_s=5)
+    db.advance_clock(6)
+    with pytest.raises(StaleAttempt), fencing.fenced(db, MODULE, "s", 1) as conn:
+        ledger.append(conn, db, MODULE, "s", 1, "never", {})
+    with db.read() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(ledger_entries)).scalar_one() == 0
