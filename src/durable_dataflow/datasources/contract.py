@@ -1,0 +1,179 @@
+"""The provider-adapter contract of DESIGN §9: capabilities, publish and inspect outcomes.
+
+A provider publishes a bounded Arrow table to an external sink under a stable idempotency key,
+with the run's attempt number as fencing token, and can later say whether the publication under
+that key exists. Every outcome returned here is *conclusive*: the sink itself proved it. Whatever
+the provider cannot prove is raised as `Inconclusive` (publish) or returned as `Undecided`
+(inspect); the caller never guesses.
+
+The rule every provider implements:
+- a key is published at most once, whoever calls and how often (check and write are one atomic
+  step at the sink);
+- a publish whose token is below the key's fence is refused (`Fenced`), an equal or higher token
+  is accepted (the same holder may retry);
+- when the key is already published, `AlreadyPublished` wins over `Fenced`;
+- `inspect(key, target, fence=m)` on an absent key records the fence at m (the fence only grows)
+  atomically with the check, before `Absent(fenced_at=...)` is returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from durable_dataflow.core.errors import DataflowError, InputError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+Capability = Literal["read", "publish", "inspect"]
+WriteMode = Literal["append", "overwrite"]
+
+# Idempotency keys are stable run-derived strings; a generous bound keeps them storable as a
+# primary key and as a Delta app id everywhere.
+KEY_CHARS_MAX = 512
+# Attempt numbers start at 1; 0 is reserved (the Delta provider uses it as a fence marker).
+TOKEN_MIN = 1
+
+
+class Inconclusive(DataflowError):
+    """The provider cannot prove what happened at the sink: the publication may or may not exist."""
+
+    code = "inconclusive"
+
+
+class MissingCapability(DataflowError):
+    """No such provider is registered, its optional package is missing, or it lacks a capability."""
+
+    code = "missing_capability"
+
+
+@dataclass(frozen=True)
+class PublicationRefs:
+    """Where a publication lives: the publication itself, its datasource and the materialization."""
+
+    publication_ref: str
+    datasource_ref: str
+    materialization_ref: str
+
+
+@dataclass(frozen=True)
+class PublishTarget:
+    """A publication target. `options` may hold `{"secret": NAME}` references, resolved at call time."""
+
+    datasource: str
+    location: str
+    mode: WriteMode = "append"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Published:
+    """This call created the publication under the key."""
+
+    refs: PublicationRefs
+    digest: str
+
+
+@dataclass(frozen=True)
+class AlreadyPublished:
+    """The key was already published: nothing written; the stored refs and stored digest returned."""
+
+    refs: PublicationRefs
+    digest: str
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """A fence above the caller's token exists for this key: nothing written."""
+
+    token_seen: int
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """The sink proved nothing was created (e.g. the schema does not fit the existing table)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Present:
+    """The key is published, with the stored digest and the token it was published under."""
+
+    refs: PublicationRefs
+    digest: str
+    token: int
+
+
+@dataclass(frozen=True)
+class Absent:
+    """The sink proved no publication exists under the key; `fenced_at` is the durable fence, if any."""
+
+    fenced_at: int | None
+
+
+@dataclass(frozen=True)
+class Undecided:
+    """The inspection could not prove presence or absence; the reason says why."""
+
+    reason: str
+
+
+PublishOutcome = Published | AlreadyPublished | Fenced | Rejected
+InspectOutcome = Present | Absent | Undecided
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """A sink adapter. Constructed with no arguments (entry points) or with keyword options."""
+
+    name: str
+    capabilities: frozenset[Capability]
+
+    def publish(
+        self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
+    ) -> PublishOutcome:
+        """Publish `table` under `key` at most once; see the module docstring for the rule."""
+        ...
+
+    def inspect(self, key: str, target: PublishTarget, fence: int | None = None) -> InspectOutcome:
+        """Say whether `key` is published; with a fence, record it atomically with an absence."""
+        ...
+
+
+def check_key(key: str) -> None:
+    """Refuse an empty, oversized or control-character key before anything touches the sink."""
+    if not key or len(key) > KEY_CHARS_MAX:
+        raise InputError(f"idempotency key must have 1..{KEY_CHARS_MAX} characters")
+    if any(ord(ch) < 32 for ch in key):
+        raise InputError("idempotency key must not contain control characters")
+
+
+def check_token(token: int, what: str = "token") -> None:
+    """Refuse a fencing token that is not a positive attempt number."""
+    if isinstance(token, bool) or not isinstance(token, int) or token < TOKEN_MIN:
+        raise InputError(f"{what} must be an integer >= {TOKEN_MIN}, got {token!r}")
+
+
+def resolve_location(target: PublishTarget) -> Path:
+    """The absolute sink path: `location` itself if absolute, else relative to options['base_dir'].
+
+    A relative location must stay inside base_dir (no `..` escape); a relative location without a
+    base_dir is refused rather than resolved against the process's working directory.
+    """
+    location = Path(target.location)
+    if location.is_absolute():
+        if ".." in location.parts:
+            raise InputError(f"location {target.location!r} must not contain '..'")
+        return location
+    base_dir = target.options.get("base_dir")
+    if not isinstance(base_dir, str | Path):
+        raise InputError(f"location {target.location!r} is relative: give an absolute path or base_dir")
+    base = Path(base_dir).resolve()
+    resolved = (base / location).resolve()
+    if resolved != base and base not in resolved.parents:
+        raise InputError(f"location {target.location!r} escapes its base directory")
+    return resolved

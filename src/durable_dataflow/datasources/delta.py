@@ -1,0 +1,281 @@
+"""Delta Lake provider (delta-rs `deltalake`, imported lazily: it is the optional extra `[delta]`).
+
+Encoding (decidable from any one snapshot, see reference/sinks-and-libs.md §1):
+- a **publication** of key K under token t is one commit carrying the app transaction
+  `Transaction(K, t)` (t >= 1), the rows, and commit metadata `dataflow_kind=publication`,
+  `dataflow_key`, `dataflow_digest`, `dataflow_token`, `dataflow_rows`;
+- a **fence** of K at m is one commit without rows carrying `Transaction(K, 0)` *and*
+  `Transaction(K + "#fence", m)`, with `dataflow_kind=fence`. Restating K (at the reserved version
+  0, which no attempt number uses) makes every fence commit conflict with every concurrent commit
+  on K, publication or fence, because delta-rs fails a commit when a concurrent commit carries a
+  txn with the same app id.
+So in a snapshot: `transaction_version(K) >= 1` <=> K is published (under that token);
+otherwise `transaction_version(K + "#fence")` is the fence (None: no fence). The provider keeps
+the fence monotone and never writes a fence once K is published, so the "last written" value that
+delta-rs returns is also the maximum.
+
+Check and commit always use the same `DeltaTable` object: passing a path to `write_deltalake`
+reloads the snapshot and reopens the race (probe p1b). On `CommitFailedError` the provider reloads
+and decides again, at most COMMIT_ATTEMPTS_MAX times.
+
+An empty append (`write_deltalake(dt, <0-row table of the table's schema>, mode="append")`) makes a
+commit with no add actions but with the app transactions and the metadata (probed with deltalake
+1.6.6): that is how a fence is written. A table that does not exist yet is created without rows
+first (a creation race is harmless because no data or txn is involved); a fence on a missing
+table creates it with the one-column placeholder schema PLACEHOLDER_COLUMN (Delta refuses a table
+without columns), and the first publication on such a table overwrites the schema.
+
+Proof horizon: txn entries survive log cleanup through checkpoints (never pass `last_updated`,
+so `delta.setTransactionRetentionDuration` cannot expire them). The digest lives in the commit
+info, which log cleanup (`delta.logRetentionDuration`, 30 days by default) deletes: after that a
+published key is reported `Undecided` / `Inconclusive` with that reason, never guessed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from durable_dataflow.datasources.contract import (
+    Absent,
+    AlreadyPublished,
+    Capability,
+    Fenced,
+    Inconclusive,
+    InspectOutcome,
+    Present,
+    PublicationRefs,
+    Published,
+    PublishOutcome,
+    PublishTarget,
+    Rejected,
+    Undecided,
+    check_key,
+    check_token,
+    resolve_location,
+)
+
+COMMIT_ATTEMPTS_MAX = 32
+LOG_SCAN_COMMITS_MAX = 100_000
+COMMIT_FILE_BYTES_MAX = 64 * 1024 * 1024
+FENCE_SUFFIX = "#fence"
+FENCE_MARKER_VERSION = 0
+PLACEHOLDER_COLUMN = "__durable_dataflow_fence_only__"
+COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
+
+
+def _deltalake() -> Any:
+    """The deltalake module; ImportError (reported as a missing capability) when not installed."""
+    import deltalake
+
+    return deltalake
+
+
+@dataclass(frozen=True)
+class _Commit:
+    """A publication commit found in the log."""
+
+    version: int
+    digest: str
+    token: int
+
+
+def find_publication_commit(table_path: Path, key: str) -> _Commit | None:
+    """Scan the JSON commits newest first for K's publication (commit info and txn both match)."""
+    log_dir = table_path / "_delta_log"
+    names = sorted((p.name for p in log_dir.iterdir() if COMMIT_FILE.match(p.name)), reverse=True)
+    for name in names[:LOG_SCAN_COMMITS_MAX]:
+        path = log_dir / name
+        if path.stat().st_size > COMMIT_FILE_BYTES_MAX:
+            continue  # a huge commit is a data commit of another writer, never one of our markers
+        found = _publication_in_commit(path.read_text("utf-8"), key)
+        if found is not None:
+            return _Commit(int(name[:20]), found[0], found[1])
+    return None
+
+
+def _publication_in_commit(text: str, key: str) -> tuple[str, int] | None:
+    info: dict[str, Any] | None = None
+    txn_version: int | None = None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        if "commitInfo" in action:
+            info = action["commitInfo"]
+        elif "txn" in action and action["txn"].get("appId") == key:
+            txn_version = int(action["txn"]["version"])
+    if info is None or info.get("dataflow_kind") != "publication" or info.get("dataflow_key") != key:
+        return None
+    if txn_version is None or txn_version != int(info["dataflow_token"]):
+        return None
+    return str(info["dataflow_digest"]), txn_version
+
+
+def _same_columns(dt: Any, table: pa.Table) -> str | None:
+    """None when the table's columns (names and Delta types) fit the Delta table, else why not."""
+    deltalake = _deltalake()
+    incoming = {f.name: f.type for f in deltalake.Schema.from_arrow(table.schema).fields}
+    existing = {f.name: f.type for f in dt.schema().fields}
+    if set(incoming) != set(existing):
+        return f"columns {sorted(incoming)} do not match the table's columns {sorted(existing)}"
+    for name, dtype in existing.items():
+        if incoming[name] != dtype:
+            return f"column {name!r} has type {incoming[name]} but the table has {dtype}"
+    return None
+
+
+def _is_placeholder(dt: Any) -> bool:
+    return [f.name for f in dt.schema().fields] == [PLACEHOLDER_COLUMN]
+
+
+class DeltaProvider:
+    """Publishes to a Delta table; the key is an app-transaction id, the token its version."""
+
+    name = "delta"
+    capabilities: frozenset[Capability] = frozenset({"read", "publish", "inspect"})
+
+    def __init__(self) -> None:
+        # Fail at construction, so the registry reports the missing extra as a capability.
+        self._dl = _deltalake()
+
+    def _refs(self, path: Path, key: str, version: int) -> PublicationRefs:
+        return PublicationRefs(
+            publication_ref=f"delta://{path}#txn={key}",
+            datasource_ref=f"delta://{path}",
+            materialization_ref=f"delta://{path}@v{version}",
+        )
+
+    def _open(self, path: Path, schema: pa.Schema | None) -> Any:
+        """Load the table; create it without rows first when missing (schema None: placeholder)."""
+        try:
+            return self._dl.DeltaTable(str(path))
+        except self._dl.exceptions.TableNotFoundError:
+            pass
+        create_schema = schema if schema is not None else pa.schema([(PLACEHOLDER_COLUMN, pa.int8())])
+        # A concurrent creator may win the race for version 0; loading below settles it.
+        with contextlib.suppress(self._dl.exceptions.DeltaError):
+            self._dl.DeltaTable.create(str(path), schema=create_schema, mode="ignore")
+        return self._dl.DeltaTable(str(path))
+
+    def _stored(self, path: Path, key: str) -> tuple[PublicationRefs, _Commit]:
+        commit = find_publication_commit(path, key)
+        if commit is None:
+            raise LookupError(
+                f"key {key!r} is published (txn recorded) but its commit info is no longer in the log "
+                "(log retention): the digest cannot be proven"
+            )
+        return self._refs(path, key, commit.version), commit
+
+    def publish(
+        self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
+    ) -> PublishOutcome:
+        """Check the txn and fence on one snapshot and commit on that snapshot (DESIGN §9)."""
+        check_key(key)
+        check_token(token)
+        path = resolve_location(target)
+        try:
+            for _ in range(COMMIT_ATTEMPTS_MAX):
+                dt = self._open(path, table.schema)
+                outcome = self._publish_on(dt, path, key, token, table, digest, target)
+                if outcome is not None:
+                    return outcome
+        except Exception as exc:
+            # The write may have started (or even committed, e.g. a failing post-commit hook):
+            # only an inspection can tell. InputError was raised above, before the sink was touched.
+            raise Inconclusive(f"delta publish of key {key!r} failed: {exc}") from exc
+        raise Inconclusive(
+            f"delta publish of key {key!r}: {COMMIT_ATTEMPTS_MAX} commit conflicts in a row; "
+            "none of them committed, inspect before deciding"
+        )
+
+    def _publish_on(
+        self, dt: Any, path: Path, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
+    ) -> PublishOutcome | None:
+        """One decision on one snapshot; None when the commit conflicted and must be decided again."""
+        published = dt.transaction_version(key)
+        if published is not None and published > FENCE_MARKER_VERSION:
+            refs, commit = self._stored(path, key)
+            return AlreadyPublished(refs, commit.digest)
+        fence = dt.transaction_version(key + FENCE_SUFFIX)
+        if fence is not None and token < fence:
+            return Fenced(int(fence))
+        placeholder = _is_placeholder(dt)
+        if not placeholder:
+            mismatch = _same_columns(dt, table)
+            if mismatch is not None:
+                return Rejected(f"schema incompatible with the Delta table: {mismatch}")
+            table = table.select([f.name for f in dt.schema().fields])
+        props = self._dl.CommitProperties(
+            app_transactions=[self._dl.Transaction(key, token)],
+            custom_metadata={
+                "dataflow_kind": "publication",
+                "dataflow_key": key,
+                "dataflow_digest": digest,
+                "dataflow_token": token,
+                "dataflow_rows": table.num_rows,
+            },
+        )
+        try:
+            self._dl.write_deltalake(
+                dt,  # the checked object, never the path: same snapshot for check and commit
+                table,
+                mode="overwrite" if placeholder else target.mode,
+                schema_mode="overwrite" if placeholder else None,
+                commit_properties=props,
+            )
+        except self._dl.exceptions.CommitFailedError:
+            return None
+        return Published(self._refs(path, key, int(dt.version())), digest)
+
+    def inspect(self, key: str, target: PublishTarget, fence: int | None = None) -> InspectOutcome:
+        """Decide from the table's txn state; with a fence, commit it on the checked snapshot."""
+        check_key(key)
+        if fence is not None:
+            check_token(fence, "fence")
+        path = resolve_location(target)
+        try:
+            for _ in range(COMMIT_ATTEMPTS_MAX):
+                if fence is None and not (path / "_delta_log").is_dir():
+                    return Absent(None)  # no table at all: no publication and no fence
+                dt = self._open(path, None)
+                outcome = self._inspect_on(dt, path, key, fence)
+                if outcome is not None:
+                    return outcome
+        except Exception as exc:
+            # Whatever went wrong, nothing was proven: the caller changes nothing on Undecided.
+            return Undecided(f"delta inspection of key {key!r} failed: {exc}")
+        return Undecided(f"delta inspection of key {key!r}: {COMMIT_ATTEMPTS_MAX} fence commits conflicted")
+
+    def _inspect_on(self, dt: Any, path: Path, key: str, fence: int | None) -> InspectOutcome | None:
+        published = dt.transaction_version(key)
+        if published is not None and published > FENCE_MARKER_VERSION:
+            refs, commit = self._stored(path, key)
+            return Present(refs, commit.digest, int(published))
+        current = dt.transaction_version(key + FENCE_SUFFIX)
+        if fence is None or (current is not None and current >= fence):
+            return Absent(None if current is None else int(current))
+        empty = pa.schema(dt.schema().to_arrow()).empty_table()
+        props = self._dl.CommitProperties(
+            app_transactions=[
+                self._dl.Transaction(key, FENCE_MARKER_VERSION),
+                self._dl.Transaction(key + FENCE_SUFFIX, fence),
+            ],
+            custom_metadata={"dataflow_kind": "fence", "dataflow_key": key, "dataflow_token": fence},
+        )
+        try:
+            self._dl.write_deltalake(dt, empty, mode="append", commit_properties=props)
+        except self._dl.exceptions.CommitFailedError:
+            return None
+        return Absent(fence)
+
+    def read(self, target: PublishTarget) -> pa.Table:
+        """The table's current rows (all publications)."""
+        table: pa.Table = self._dl.DeltaTable(str(resolve_location(target))).to_pyarrow_table()
+        return table

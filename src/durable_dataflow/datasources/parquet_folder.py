@@ -1,0 +1,232 @@
+"""Parquet folder provider: one data file and one manifest per idempotency key.
+
+Layout of a sink folder:
+- `_locks/<h>.lock`      the per-key lock (`fcntl.flock`), held for every check-and-write;
+- `data/<h>.parquet`     the published rows of one key;
+- `_manifests/<h>.json`  the key's record: `{kind: publication|fence, key, digest, token, rows,
+                         file, fence}`; `h` is the sha256 of the key, so file names are injective
+                         and a key can never name a path.
+
+The manifest is the commit point: data is written to a temp file, fsynced and renamed into
+`data/`, then the manifest is written the same way. A data file without a publication manifest
+is not published (an orphan of a crash) and is removed by the next publish of that key. A fence
+is a manifest of kind `fence`; only a publication manifest ever replaces it.
+Proof horizon: as long as nobody deletes the manifests (they are the only record).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from durable_dataflow.datasources.contract import (
+    Absent,
+    AlreadyPublished,
+    Capability,
+    Fenced,
+    Inconclusive,
+    InspectOutcome,
+    Present,
+    PublicationRefs,
+    Published,
+    PublishOutcome,
+    PublishTarget,
+    Rejected,
+    Undecided,
+    check_key,
+    check_token,
+    resolve_location,
+)
+
+LOCK_WAIT_S = 30.0
+LOCK_POLL_S = 0.01
+MANIFEST_BYTES_MAX = 64 * 1024
+READ_FILES_MAX = 100_000
+MANIFEST_VERSION = 1
+
+
+def key_hash(key: str) -> str:
+    """The injective, path-safe file stem of a key."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+@contextlib.contextmanager
+def _key_lock(folder: Path, stem: str) -> Iterator[None]:
+    """Hold the exclusive per-key lock, waiting at most LOCK_WAIT_S."""
+    lock_path = folder / "_locks" / f"{stem}.lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"key lock not acquired within {LOCK_WAIT_S}s") from None
+                time.sleep(LOCK_POLL_S)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace_durably(tmp: Path, final: Path) -> None:
+    """fsync the temp file, rename it over `final` atomically, then fsync the directory."""
+    with open(tmp, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+
+
+class ParquetFolderProvider:
+    """Publishes each key's rows as one Parquet file in a folder, committed by a manifest."""
+
+    name = "parquet"
+    capabilities: frozenset[Capability] = frozenset({"read", "publish", "inspect"})
+
+    def _prepare(self, target: PublishTarget) -> Path:
+        folder = resolve_location(target)
+        for sub in ("_locks", "data", "_manifests"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def _refs(self, folder: Path, manifest: dict[str, Any]) -> PublicationRefs:
+        return PublicationRefs(
+            publication_ref=f"parquet://{folder}/_manifests/{key_hash(manifest['key'])}.json",
+            datasource_ref=f"parquet://{folder}",
+            materialization_ref=f"parquet://{folder}/{manifest['file']}",
+        )
+
+    def _read_manifest(self, folder: Path, key: str) -> dict[str, Any] | None:
+        path = folder / "_manifests" / f"{key_hash(key)}.json"
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if len(raw) > MANIFEST_BYTES_MAX:
+            raise ValueError(f"manifest {path.name} is larger than {MANIFEST_BYTES_MAX} bytes")
+        manifest: dict[str, Any] = json.loads(raw)
+        if manifest.get("key") != key or manifest.get("kind") not in ("publication", "fence"):
+            raise ValueError(f"manifest {path.name} does not record key {key!r}")
+        return manifest
+
+    def _write_manifest(self, folder: Path, manifest: dict[str, Any]) -> None:
+        stem = key_hash(manifest["key"])
+        tmp = folder / "_manifests" / f".{stem}.{uuid.uuid4().hex}.tmp"
+        tmp.write_bytes(json.dumps(manifest, sort_keys=True).encode("utf-8"))
+        _replace_durably(tmp, folder / "_manifests" / f"{stem}.json")
+
+    def publish(
+        self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
+    ) -> PublishOutcome:
+        """Check the manifest and write data + manifest under the key's lock (DESIGN §9)."""
+        check_key(key)
+        check_token(token)
+        if target.mode != "append":
+            return Rejected("a parquet folder publishes each key as its own file: only mode 'append'")
+        try:
+            folder = self._prepare(target)
+        except OSError as exc:
+            return Rejected(f"cannot prepare the sink folder: {exc.strerror}")
+        stem = key_hash(key)
+        try:
+            with _key_lock(folder, stem):
+                return self._publish_locked(folder, key, token, table, digest)
+        except TimeoutError as exc:
+            raise Inconclusive(f"parquet publish of key {key!r}: {exc}") from exc
+
+    def _publish_locked(
+        self, folder: Path, key: str, token: int, table: pa.Table, digest: str
+    ) -> PublishOutcome:
+        try:
+            existing = self._read_manifest(folder, key)
+        except (OSError, ValueError) as exc:
+            raise Inconclusive(f"cannot read the manifest of key {key!r}: {exc}") from exc
+        if existing is not None and existing["kind"] == "publication":
+            return AlreadyPublished(self._refs(folder, existing), existing["digest"])
+        fence = None if existing is None else int(existing["token"])
+        if fence is not None and token < fence:
+            return Fenced(fence)
+        stem = key_hash(key)
+        data_rel = f"data/{stem}.parquet"
+        try:
+            # A data file here has no publication manifest: an orphan of an earlier crash.
+            (folder / data_rel).unlink(missing_ok=True)
+            tmp = folder / "data" / f".{stem}.{uuid.uuid4().hex}.tmp"
+            pq.write_table(table, tmp)
+            _replace_durably(tmp, folder / data_rel)
+        except OSError as exc:
+            # Before the manifest is written nothing is published, whatever the data file's state.
+            return Rejected(f"writing the data file failed before the commit point: {exc}")
+        manifest = {
+            "v": MANIFEST_VERSION,
+            "kind": "publication",
+            "key": key,
+            "digest": digest,
+            "token": token,
+            "rows": table.num_rows,
+            "file": data_rel,
+            "fence": fence,
+        }
+        try:
+            self._write_manifest(folder, manifest)
+        except OSError as exc:
+            # The rename may or may not have reached the disk: only an inspection can tell.
+            raise Inconclusive(f"writing the manifest of key {key!r} failed: {exc}") from exc
+        return Published(self._refs(folder, manifest), digest)
+
+    def inspect(self, key: str, target: PublishTarget, fence: int | None = None) -> InspectOutcome:
+        """Read the key's manifest under its lock; with a fence, raise the fence before Absent."""
+        check_key(key)
+        if fence is not None:
+            check_token(fence, "fence")
+        try:
+            folder = self._prepare(target)
+            with _key_lock(folder, key_hash(key)):
+                return self._inspect_locked(folder, key, fence)
+        except (OSError, ValueError, TimeoutError) as exc:
+            return Undecided(f"parquet inspection of key {key!r} failed: {exc}")
+
+    def _inspect_locked(self, folder: Path, key: str, fence: int | None) -> InspectOutcome:
+        manifest = self._read_manifest(folder, key)
+        if manifest is not None and manifest["kind"] == "publication":
+            return Present(self._refs(folder, manifest), manifest["digest"], int(manifest["token"]))
+        current = None if manifest is None else int(manifest["token"])
+        if fence is None:
+            return Absent(current)
+        if current is not None and current >= fence:
+            return Absent(current)
+        self._write_manifest(folder, {"v": MANIFEST_VERSION, "kind": "fence", "key": key, "token": fence})
+        return Absent(fence)
+
+    def read(self, target: PublishTarget) -> pa.Table:
+        """Every published key's rows (publication manifests only; orphans and fences ignored)."""
+        folder = resolve_location(target)
+        manifests = sorted((folder / "_manifests").glob("*.json"))[:READ_FILES_MAX]
+        tables = []
+        for path in manifests:
+            manifest = json.loads(path.read_bytes())
+            if manifest.get("kind") == "publication":
+                tables.append(pq.read_table(folder / manifest["file"]))
+        if not tables:
+            return pa.table({})
+        return pa.concat_tables(tables)

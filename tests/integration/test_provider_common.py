@@ -1,0 +1,276 @@
+"""The DESIGN §9 contract, proved on each real sink: Parquet folder, Delta table, PostgreSQL table.
+
+Every test reads the sink directly (the manifests and data files, the Delta log, the PostgreSQL
+tables) rather than trusting the provider's answer.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from durable_dataflow.core.hashing import sha256_bytes
+from durable_dataflow.datasources.contract import (
+    Absent,
+    AlreadyPublished,
+    Fenced,
+    Present,
+    Provider,
+    Published,
+    PublishTarget,
+    Rejected,
+)
+from durable_dataflow.datasources.delta import DeltaProvider
+from durable_dataflow.datasources.parquet_folder import ParquetFolderProvider, key_hash
+from durable_dataflow.datasources.postgres_table import PostgresTableProvider
+
+CONCURRENT_PUBLISHERS = 8
+DSN_SECRET = "TEST_SINK_DSN"
+
+
+def result_table(n: int = 3, offset: int = 0) -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(range(offset, offset + n), pa.int64()),
+            "region": pa.array([f"r{i}" for i in range(n)], pa.string()),
+            "revenue": pa.array([Decimal(f"{i}.25") for i in range(n)], pa.decimal128(18, 2)),
+        }
+    )
+
+
+def digest_of(label: str) -> str:
+    return sha256_bytes(label.encode("utf-8"))
+
+
+@dataclass
+class Sink:
+    """A provider, its target, and direct readers of the sink for one key."""
+
+    provider: Provider
+    target: PublishTarget
+    publications: Callable[[str], int]  # how many publications of the key the sink holds
+    rows: Callable[[str], int]  # how many data rows belong to the key's publications
+
+
+def _parquet_sink(tmp_path: Path) -> Sink:
+    folder = tmp_path / "pq_sink"
+    target = PublishTarget("analytics.out", "pq_sink", "append", {"base_dir": str(tmp_path)})
+
+    def manifests(key: str) -> list[dict[str, object]]:
+        found = []
+        for path in (folder / "_manifests").glob("*.json"):
+            manifest = json.loads(path.read_text())
+            if manifest["key"] == key and manifest["kind"] == "publication":
+                found.append(manifest)
+        return found
+
+    def rows(key: str) -> int:
+        return sum(pq.read_table(folder / str(m["file"])).num_rows for m in manifests(key))
+
+    return Sink(ParquetFolderProvider(), target, lambda k: len(manifests(k)), rows)
+
+
+def delta_publication_commits(table_path: Path, key: str) -> list[dict[str, int]]:
+    """Read `_delta_log/*.json` directly: commits whose txn for `key` has a version >= 1, with rows."""
+    commits = []
+    for path in sorted((table_path / "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        txn = [a["txn"] for a in actions if "txn" in a and a["txn"]["appId"] == key]
+        if txn and txn[0]["version"] >= 1:
+            added = sum(json.loads(a["add"]["stats"])["numRecords"] for a in actions if "add" in a)
+            commits.append({"version": int(path.stem), "rows": added})
+    return commits
+
+
+def _delta_sink(tmp_path: Path) -> Sink:
+    target = PublishTarget("analytics.out", str(tmp_path / "delta_sink"), "append", {})
+
+    def rows(key: str) -> int:
+        return sum(c["rows"] for c in delta_publication_commits(tmp_path / "delta_sink", key))
+
+    return Sink(
+        DeltaProvider(), target, lambda k: len(delta_publication_commits(tmp_path / "delta_sink", k)), rows
+    )
+
+
+def _postgres_sink(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Sink:
+    monkeypatch.setenv(DSN_SECRET, pg_url)
+    plain = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    target = PublishTarget("analytics.out", "public.revenue", "append", {"dsn": {"secret": DSN_SECRET}})
+
+    def count(query: str, key: str) -> int:
+        with psycopg.connect(plain) as conn:
+            exists = conn.execute("SELECT to_regclass('public.revenue')").fetchone()
+            if exists is None or exists[0] is None:
+                return 0
+            row = conn.execute(query, (key,)).fetchone()
+            return int(row[0]) if row else 0
+
+    return Sink(
+        PostgresTableProvider(),
+        target,
+        lambda k: count("SELECT count(*) FROM sink_publications WHERE idempotency_key = %s", k),
+        lambda k: count("SELECT count(*) FROM public.revenue WHERE _publication_key = %s", k),
+    )
+
+
+@pytest.fixture(params=["parquet", "delta", "postgres"])
+def sink(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sink]:
+    """One real sink per provider; the PostgreSQL one gets a fresh database from `pg_url`."""
+    if request.param == "parquet":
+        yield _parquet_sink(tmp_path)
+    elif request.param == "delta":
+        yield _delta_sink(tmp_path)
+    else:
+        yield _postgres_sink(request.getfixturevalue("pg_url"), monkeypatch)
+
+
+def test_first_publish_then_replays_are_already_published(sink: Sink) -> None:
+    """A key publishes once: replays with the same or a higher token get the same refs and digest, no rows."""
+    first = sink.provider.publish("run-1/out", 1, result_table(), digest_of("a"), sink.target)
+    assert isinstance(first, Published)
+    assert first.digest == digest_of("a")
+    for token in (1, 2, 7):
+        again = sink.provider.publish("run-1/out", token, result_table(), digest_of("a"), sink.target)
+        assert again == AlreadyPublished(first.refs, digest_of("a"))
+    assert sink.publications("run-1/out") == 1
+    assert sink.rows("run-1/out") == 3
+
+
+def test_already_published_returns_the_stored_digest_not_the_callers(sink: Sink) -> None:
+    """A replay with another digest gets the stored digest back, so the caller can see the mismatch."""
+    sink.provider.publish("run-2/out", 1, result_table(), digest_of("stored"), sink.target)
+    again = sink.provider.publish("run-2/out", 2, result_table(5), digest_of("other"), sink.target)
+    assert isinstance(again, AlreadyPublished)
+    assert again.digest == digest_of("stored")
+    assert sink.rows("run-2/out") == 3
+
+
+def test_inspect_unknown_key_is_absent_without_fence(sink: Sink) -> None:
+    """Inspecting a key never published (even before the sink exists) proves Absent(None)."""
+    assert sink.provider.inspect("nobody", sink.target) == Absent(None)
+    assert sink.publications("nobody") == 0
+
+
+def test_fence_refuses_lower_tokens_and_admits_equal_or_higher(sink: Sink) -> None:
+    """Inspect with fence 3 records the fence: token 2 is Fenced with nothing written, token 3 publishes."""
+    assert sink.provider.inspect("run-3/out", sink.target, fence=3) == Absent(3)
+    assert sink.provider.inspect("run-3/out", sink.target) == Absent(3)
+    stale = sink.provider.publish("run-3/out", 2, result_table(), digest_of("x"), sink.target)
+    assert stale == Fenced(3)
+    assert sink.publications("run-3/out") == 0
+    assert sink.rows("run-3/out") == 0
+    fresh = sink.provider.publish("run-3/out", 3, result_table(), digest_of("x"), sink.target)
+    assert isinstance(fresh, Published)
+    assert sink.publications("run-3/out") == 1
+
+
+def test_fence_only_grows(sink: Sink) -> None:
+    """A fence request below the existing fence keeps the higher one and reports it."""
+    assert sink.provider.inspect("run-4/out", sink.target, fence=5) == Absent(5)
+    assert sink.provider.inspect("run-4/out", sink.target, fence=2) == Absent(5)
+    assert sink.provider.inspect("run-4/out", sink.target, fence=9) == Absent(9)
+    assert sink.provider.publish("run-4/out", 8, result_table(), digest_of("y"), sink.target) == Fenced(9)
+
+
+def test_already_published_wins_over_fenced(sink: Sink) -> None:
+    """After a publication, a fenced inspection reports Present and a low-token replay gets AlreadyPublished."""
+    first = sink.provider.publish("run-5/out", 4, result_table(), digest_of("z"), sink.target)
+    assert isinstance(first, Published)
+    found = sink.provider.inspect("run-5/out", sink.target, fence=10)
+    assert found == Present(first.refs, digest_of("z"), 4)
+    replay = sink.provider.publish("run-5/out", 1, result_table(), digest_of("z"), sink.target)
+    assert replay == AlreadyPublished(first.refs, digest_of("z"))
+    assert sink.publications("run-5/out") == 1
+
+
+def test_distinct_keys_publish_independently(sink: Sink) -> None:
+    """Two keys in one sink are two publications; a fence on one does not touch the other."""
+    sink.provider.inspect("k-fenced", sink.target, fence=6)
+    a = sink.provider.publish("k-a", 1, result_table(2), digest_of("a"), sink.target)
+    b = sink.provider.publish("k-b", 1, result_table(4, offset=10), digest_of("b"), sink.target)
+    assert isinstance(a, Published)
+    assert isinstance(b, Published)
+    assert a.refs.publication_ref != b.refs.publication_ref
+    assert (sink.rows("k-a"), sink.rows("k-b"), sink.rows("k-fenced")) == (2, 4, 0)
+
+
+def test_incompatible_schema_is_rejected_with_nothing_written(sink: Sink) -> None:
+    """A second key whose columns do not fit the existing table is Rejected before anything is written."""
+    if isinstance(sink.provider, ParquetFolderProvider):
+        other = sink.provider.publish("k-x", 1, result_table(), digest_of("x"), _overwrite(sink.target))
+        assert isinstance(other, Rejected)  # a folder has one file per key: only append is offered
+        assert sink.publications("k-x") == 0
+        return
+    assert isinstance(sink.provider.publish("k-1", 1, result_table(), digest_of("1"), sink.target), Published)
+    wrong = pa.table({"something_else": pa.array([1.5], pa.float64())})
+    outcome = sink.provider.publish("k-2", 1, wrong, digest_of("2"), sink.target)
+    assert isinstance(outcome, Rejected)
+    assert sink.publications("k-2") == 0
+    assert sink.provider.inspect("k-2", sink.target) == Absent(None)
+
+
+def _overwrite(target: PublishTarget) -> PublishTarget:
+    return PublishTarget(target.datasource, target.location, "overwrite", target.options)
+
+
+def test_concurrent_publishers_on_one_key_publish_once(sink: Sink) -> None:
+    """8 threads publish one key at once (a barrier releases them): exactly one Published, the rest AlreadyPublished."""
+    barrier = threading.Barrier(CONCURRENT_PUBLISHERS)
+
+    def publish(token: int) -> object:
+        barrier.wait()
+        return sink.provider.publish("race/out", token, result_table(), digest_of("r"), sink.target)
+
+    with ThreadPoolExecutor(CONCURRENT_PUBLISHERS) as pool:
+        outcomes = list(pool.map(publish, range(1, CONCURRENT_PUBLISHERS + 1)))
+    published = [o for o in outcomes if isinstance(o, Published)]
+    already = [o for o in outcomes if isinstance(o, AlreadyPublished)]
+    assert len(published) == 1, outcomes
+    assert len(already) == CONCURRENT_PUBLISHERS - 1, outcomes
+    assert all(o.refs == published[0].refs and o.digest == digest_of("r") for o in already)
+    assert sink.publications("race/out") == 1
+    assert sink.rows("race/out") == 3
+
+
+def test_concurrent_fence_and_stale_publisher_never_both_win(sink: Sink) -> None:
+    """A fencing inspection (fence 5) races publishers with token 2: either Present, or Absent(5) and nothing written."""
+    barrier = threading.Barrier(CONCURRENT_PUBLISHERS)
+
+    def act(i: int) -> object:
+        barrier.wait()
+        if i == 0:
+            return sink.provider.inspect("fence-race", sink.target, fence=5)
+        return sink.provider.publish("fence-race", 2, result_table(), digest_of("f"), sink.target)
+
+    with ThreadPoolExecutor(CONCURRENT_PUBLISHERS) as pool:
+        outcomes = list(pool.map(act, range(CONCURRENT_PUBLISHERS)))
+    inspection = outcomes[0]
+    if isinstance(inspection, Absent):
+        assert inspection.fenced_at == 5
+        assert all(isinstance(o, Fenced) for o in outcomes[1:]), outcomes
+        assert sink.publications("fence-race") == 0
+    else:
+        assert isinstance(inspection, Present), outcomes
+        assert sink.publications("fence-race") == 1
+    assert sum(isinstance(o, Published) for o in outcomes) == sink.publications("fence-race")
+
+
+def test_key_hash_is_injective_for_lookalike_keys(tmp_path: Path) -> None:
+    """Keys that differ only in path-like characters get distinct manifests (sha256 file names)."""
+    provider = ParquetFolderProvider()
+    target = PublishTarget("d", str(tmp_path / "f"), "append", {})
+    for key in ("a/b", "a_b", "../a/b", "a\\b"):
+        assert isinstance(provider.publish(key, 1, result_table(1), digest_of(key), target), Published)
+    assert len({key_hash(k) for k in ("a/b", "a_b", "../a/b", "a\\b")}) == 4
+    assert len(list((tmp_path / "f" / "_manifests").glob("*.json"))) == 4
