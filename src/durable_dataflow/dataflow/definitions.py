@@ -1,0 +1,470 @@
+"""Dataflow definitions: the YAML/JSON document, its pydantic models and its canonical body.
+
+A definition names typed parameters, sources, ordered SQL steps, a declared output schema with
+bounds, and an optional publication target (DESIGN §8). The canonical body is what gets hashed
+and pinned: ``Definition.model_validate(canonical_body(d)) == d`` always holds, so a run can
+re-execute exactly the body it recorded.
+
+Documents never hold credentials: a DSN or a password is a ``{secret: NAME}`` reference that is
+resolved in memory at execution time (``core.secrets``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import pyarrow as pa
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from durable_dataflow.core import hashing
+from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.secrets import SECRET_NAME_PATTERN
+from durable_dataflow.dataflow import parameters as parameters_mod
+
+IDENTIFIER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
+DEFINITION_BYTES_MAX = 1024 * 1024
+VERSION_MAX = 2**31 - 1
+PARAMETERS_MAX = 64
+SOURCES_MAX = 64
+STEPS_MAX = 64
+STEP_SQL_CHARS_MAX = 100_000
+OUTPUT_COLUMNS_MAX = 1024
+INLINE_ROWS_MAX = 10_000
+# Result bytes are stored in the platform database, so no definition may ask for more than this.
+OUTPUT_BYTES_CEILING = 1024**3
+JSON_INT_MAX = 2**53 - 1
+ERRORS_SHOWN_MAX = 10
+
+# Option keys that name a credential must hold a secret reference, never the value itself.
+CREDENTIAL_OPTION_WORDS = ("password", "passwd", "dsn", "secret", "token", "credential", "api_key")
+
+_SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$")
+_SIZE_UNITS = {
+    None: 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3,
+    "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3,
+}
+_DECIMAL_TYPE_PATTERN = re.compile(r"^decimal(?:128)?\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+_TIMESTAMP_TYPE_PATTERN = re.compile(r"^timestamp(?:\[\s*(s|ms|us|ns)\s*(?:,\s*tz\s*=\s*([A-Za-z0-9_/+:-]+)\s*)?\])?$")
+_SIMPLE_TYPES: dict[str, pa.DataType] = {
+    "string": pa.string(), "utf8": pa.string(), "large_string": pa.large_string(),
+    "binary": pa.binary(), "large_binary": pa.large_binary(),
+    "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
+    "uint8": pa.uint8(), "uint16": pa.uint16(), "uint32": pa.uint32(), "uint64": pa.uint64(),
+    "float32": pa.float32(), "float64": pa.float64(), "double": pa.float64(),
+    "bool": pa.bool_(), "boolean": pa.bool_(), "date": pa.date32(), "date32": pa.date32(),
+}
+DECIMAL_PRECISION_MAX = 38
+
+
+def parse_arrow_type(name: str) -> pa.DataType:
+    """The Arrow type for a declared type name; ValueError with the accepted names otherwise."""
+    text = name.strip()
+    simple = _SIMPLE_TYPES.get(text)
+    if simple is not None:
+        return simple
+    decimal = _DECIMAL_TYPE_PATTERN.match(text)
+    if decimal:
+        precision, scale = int(decimal.group(1)), int(decimal.group(2))
+        if not 1 <= precision <= DECIMAL_PRECISION_MAX or scale > precision:
+            raise ValueError(f"decimal({precision},{scale}) needs 1 <= precision <= 38 and scale <= precision")
+        return pa.decimal128(precision, scale)
+    timestamp = _TIMESTAMP_TYPE_PATTERN.match(text)
+    if timestamp:
+        return pa.timestamp(timestamp.group(1) or "us", tz=timestamp.group(2))
+    raise ValueError(
+        f"unknown type {name!r}: use string, int8..int64, uint8..uint64, float32, float64, bool, date, "
+        "timestamp, timestamp[us], timestamp[us, tz=UTC] or decimal(p,s)"
+    )
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes in a size written as an int or as '64MiB', '10MB', '512KiB'."""
+    if isinstance(value, int):
+        return value
+    match = _SIZE_PATTERN.match(value)
+    if not match:
+        raise ValueError(f"size {value!r} is not valid: write e.g. 1048576, '10MB', '512KiB' or '64MiB'")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
+def _check_json_value(value: Any, where: str) -> None:
+    """Refuse values that canonical JSON (RFC 8785) cannot hold exactly."""
+    pending: list[Any] = [value]
+    while pending:  # an explicit stack, not recursion (STYLE)
+        item = pending.pop()
+        if isinstance(item, bool) or item is None or isinstance(item, str):
+            continue
+        if isinstance(item, int):
+            if abs(item) > JSON_INT_MAX:
+                raise ValueError(f"{where}: integer {item} is outside +/-(2**53-1); write it as a string")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValueError(f"{where}: NaN and infinity are not allowed")
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        else:
+            raise ValueError(f"{where}: a value of type {type(item).__name__} is not JSON")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
+
+
+Identifier = Annotated[str, Field(pattern=IDENTIFIER_PATTERN)]
+ParameterType = Literal["string", "int", "float", "bool", "date", "timestamp", "decimal"]
+
+
+def _check_type_map(columns: dict[str, str]) -> dict[str, str]:
+    for column, type_name in columns.items():
+        if not column:
+            raise ValueError("a column name must not be empty")
+        try:
+            parse_arrow_type(type_name)
+        except ValueError as exc:
+            raise ValueError(f"column {column!r}: {exc}") from None
+    return columns
+
+
+def arrow_schema_of(columns: dict[str, str]) -> pa.Schema:
+    """An all-nullable Arrow schema for a validated column -> type-name map, in order."""
+    return pa.schema([pa.field(name, parse_arrow_type(t), nullable=True) for name, t in columns.items()])
+
+
+class ParameterSpec(_Model):
+    """A typed parameter. Without a default it is required; a default is stored in canonical form."""
+
+    type: ParameterType
+    default: str | int | float | bool | None = None
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _canonical_default(self) -> ParameterSpec:
+        if self.default is None:
+            return self
+        try:
+            canonical = parameters_mod.coerce(self.type, self.default)
+        except parameters_mod.ParameterValueError as exc:
+            raise ValueError(f"default {self.default!r} is not a valid {self.type}: {exc}") from None
+        object.__setattr__(self, "default", canonical)
+        return self
+
+
+class SecretRef(_Model):
+    """A reference to a secret by name, resolved in memory only when the value is needed."""
+
+    secret: str = Field(pattern=SECRET_NAME_PATTERN.pattern)
+
+
+class CsvSource(_Model):
+    """A CSV file; `schema` fixes column types (others are inferred)."""
+
+    kind: Literal["csv"]
+    path: str = Field(min_length=1)
+    delimiter: str = Field(default=",", min_length=1, max_length=1)
+    header: bool = True
+    columns: dict[str, str] | None = Field(default=None, alias="schema")
+
+    @field_validator("columns")
+    @classmethod
+    def _types(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return None if value is None else _check_type_map(value)
+
+
+class ParquetSource(_Model):
+    """A Parquet file, or a folder whose *.parquet files are read in sorted name order."""
+
+    kind: Literal["parquet"]
+    path: str = Field(min_length=1)
+
+
+class InlineSource(_Model):
+    """Rows written in the definition itself, typed by a required schema."""
+
+    kind: Literal["inline"]
+    rows: list[dict[str, Any]] = Field(max_length=INLINE_ROWS_MAX)
+    columns: dict[str, str] = Field(alias="schema", min_length=1)
+
+    @field_validator("columns")
+    @classmethod
+    def _types(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_type_map(value)
+
+    @model_validator(mode="after")
+    def _rows_match_schema(self) -> InlineSource:
+        for index, row in enumerate(self.rows):
+            unknown = sorted(set(row) - set(self.columns))
+            if unknown:
+                raise ValueError(f"row {index} has columns {unknown} that the schema does not declare")
+            _check_json_value(row, f"row {index}")
+        return self
+
+
+class PostgresSource(_Model):
+    """The result of one read-only query against PostgreSQL; the DSN is a secret reference."""
+
+    kind: Literal["postgres"]
+    dsn: SecretRef
+    query: str = Field(min_length=1, max_length=STEP_SQL_CHARS_MAX)
+
+    @field_validator("dsn", mode="before")
+    @classmethod
+    def _no_plain_dsn(cls, value: Any) -> Any:
+        # The message must not echo the value: a plain DSN usually carries a password.
+        if isinstance(value, str):
+            raise ValueError(
+                "a DSN must not be written in the definition; use a secret reference {secret: NAME} "
+                "and set NAME in the environment or in DATAFLOW_SECRETS_DIR"
+            )
+        return value
+
+
+class DeltaSource(_Model):
+    """A Delta table, at a pinned version or at its latest version when `version` is absent."""
+
+    kind: Literal["delta"]
+    path: str = Field(min_length=1)
+    version: int | None = Field(default=None, ge=0, le=JSON_INT_MAX)
+
+
+SOURCE_KINDS = ("csv", "parquet", "inline", "postgres", "delta")
+SourceSpec = Annotated[
+    CsvSource | ParquetSource | InlineSource | PostgresSource | DeltaSource, Field(discriminator="kind")
+]
+
+
+class StepSpec(_Model):
+    """One SQL SELECT; its result is visible to later steps under `name`."""
+
+    name: Identifier
+    sql: str = Field(min_length=1, max_length=STEP_SQL_CHARS_MAX)
+
+
+class OutputSpec(_Model):
+    """The declared result: ordered Arrow columns (document key `schema`) and its bounds."""
+
+    columns: dict[str, str] = Field(alias="schema", min_length=1, max_length=OUTPUT_COLUMNS_MAX)
+    max_rows: int = Field(ge=1, le=JSON_INT_MAX)
+    max_bytes: int | str
+
+    @field_validator("columns")
+    @classmethod
+    def _types(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_type_map(value)
+
+    @field_validator("max_bytes")
+    @classmethod
+    def _size(cls, value: int | str) -> int | str:
+        size = parse_size(value)
+        if not 1 <= size <= OUTPUT_BYTES_CEILING:
+            raise ValueError(f"max_bytes must be between 1 byte and {OUTPUT_BYTES_CEILING} bytes (1 GiB)")
+        return value
+
+    @property
+    def max_bytes_int(self) -> int:
+        """max_bytes in bytes."""
+        return parse_size(self.max_bytes)
+
+    def arrow_schema(self) -> pa.Schema:
+        """The declared schema; every column is nullable."""
+        return arrow_schema_of(self.columns)
+
+
+class TargetSpec(_Model):
+    """Where a published run's result goes (forward-recovery mode)."""
+
+    type: Literal["datasources.publication"]
+    provider: str = Field(min_length=1, max_length=200)
+    datasource: str = Field(min_length=1, max_length=200)
+    location: str = Field(min_length=1, max_length=2000)
+    mode: Literal["append", "overwrite"] = "append"
+    options: dict[str, SecretRef | str | int | float | bool | list[Any] | dict[str, Any] | None] = {}
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _secret_refs(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        options: dict[Any, Any] = {}
+        for key, item in value.items():
+            lowered = str(key).lower()
+            if isinstance(item, str) and any(word in lowered for word in CREDENTIAL_OPTION_WORDS):
+                raise ValueError(f"option {key!r} looks like a credential: use a secret reference {{secret: NAME}}")
+            if isinstance(item, dict) and set(item) == {"secret"}:
+                # Built here so the union below cannot mistake the reference for a plain mapping.
+                try:
+                    options[key] = SecretRef.model_validate(item)
+                except ValidationError:
+                    raise ValueError(f"option {key!r}: the secret name is not valid") from None
+            else:
+                _check_json_value(item, f"option {key!r}")
+                options[key] = item
+        return options
+
+
+class Definition(_Model):
+    """A whole dataflow definition document."""
+
+    name: Identifier
+    version: int = Field(ge=1, le=VERSION_MAX)
+    description: str = ""
+    parameters: dict[Identifier, ParameterSpec] = Field(default={}, max_length=PARAMETERS_MAX)
+    sources: dict[Identifier, SourceSpec] = Field(max_length=SOURCES_MAX)
+    steps: list[StepSpec] = Field(min_length=1, max_length=STEPS_MAX)
+    output: OutputSpec
+    target: TargetSpec | None = None
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Definition:
+        seen: set[str] = set()
+        for step in self.steps:
+            if step.name in self.sources:
+                raise ValueError(f"step {step.name!r} has the same name as a source")
+            if step.name in seen:
+                raise ValueError(f"step name {step.name!r} is used twice")
+            seen.add(step.name)
+        return self
+
+
+@dataclass(frozen=True)
+class LoadedDefinition:
+    """A definition with the file it came from; relative source paths resolve against base_dir."""
+
+    definition: Definition
+    path: Path
+    base_dir: Path
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader without implicit dates, anchors/aliases or duplicate keys.
+
+    Dates stay strings so the document stays JSON; aliases are refused because they can expand a
+    small file into a huge document; duplicate keys are refused because PyYAML keeps the last one
+    silently, which hides mistakes such as two sources with one name.
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(None, None, "anchors and aliases are not allowed", event.start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        keys: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in keys:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            keys.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _parse_document(text: str, origin: str) -> Any:
+    if len(text.encode("utf-8")) > DEFINITION_BYTES_MAX:
+        raise InputError(f"{origin}: the definition is larger than {DEFINITION_BYTES_MAX} bytes")
+    if origin.lower().endswith(".json"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{origin}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise InputError(f"{origin}: malformed YAML{where}: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{origin}: malformed YAML: {exc}") from None
+
+
+def _error_path(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for index, item in enumerate(loc):
+        # Pydantic puts the discriminator tag after the source name: sources.orders.csv.path.
+        if index == 2 and loc[0] == "sources" and item in SOURCE_KINDS:
+            continue
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or "(document)"
+
+
+def _error_text(error: Any) -> str:
+    # Only the location and the message: pydantic's `input` may hold a secret and is never shown.
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return "unknown field"
+    if kind == "missing":
+        return "required field is missing"
+    message = str(error["msg"])
+    return message.removeprefix("Value error, ")
+
+
+def format_validation_error(exc: ValidationError, origin: str) -> InputError:
+    """An InputError naming the file, each failing field's path and the problem."""
+    errors = exc.errors(include_input=False, include_url=False)
+    lines = [f"{_error_path(tuple(e['loc']))}: {_error_text(e)}" for e in errors[:ERRORS_SHOWN_MAX]]
+    if len(errors) > ERRORS_SHOWN_MAX:
+        lines.append(f"... and {len(errors) - ERRORS_SHOWN_MAX} more")
+    return InputError(f"{origin}: invalid definition: " + "; ".join(lines))
+
+
+def parse_definition(text: str, origin: str) -> Definition:
+    """Parse and validate a YAML or JSON definition; errors name origin, field path and problem."""
+    document = _parse_document(text, origin)
+    if not isinstance(document, dict):
+        raise InputError(f"{origin}: a definition must be a mapping with name, version, sources, steps, output")
+    try:
+        return Definition.model_validate(document)
+    except ValidationError as exc:
+        raise format_validation_error(exc, origin) from None
+
+
+def load_definition(path: Path) -> LoadedDefinition:
+    """Read, parse and validate a definition file."""
+    try:
+        size = path.stat().st_size
+        if size > DEFINITION_BYTES_MAX:
+            raise InputError(f"{path}: the definition is larger than {DEFINITION_BYTES_MAX} bytes")
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: the definition is not UTF-8 text") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the definition: {exc.strerror or exc}") from None
+    definition = parse_definition(text, str(path))
+    return LoadedDefinition(definition=definition, path=path, base_dir=path.resolve().parent)
+
+
+def canonical_body(d: Definition) -> dict[str, Any]:
+    """The JSON body that is hashed and pinned; validating it again gives an equal Definition."""
+    body: dict[str, Any] = d.model_dump(mode="json", by_alias=True)
+    return body
+
+
+def definition_hash(d: Definition) -> str:
+    """sha256 over the RFC 8785 canonical JSON of the canonical body."""
+    return hashing.digest(canonical_body(d))
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a definition document (for `dataflow schema`)."""
+    schema: dict[str, Any] = Definition.model_json_schema(by_alias=True)
+    return schema

@@ -1,0 +1,188 @@
+"""Request parameters: checked against their declared types, in canonical JSON form.
+
+The CLI passes every value as a string (``--param day=2026-11-02``); the API passes typed JSON.
+Both become the same canonical JSON value, so the request hash does not depend on how a value
+was typed: dates and timestamps as ISO strings (aware timestamps normalized to UTC), decimals as
+normalized strings, integers within +/-(2**53-1) so RFC 8785 can hash them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import math
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from durable_dataflow.core.errors import InputError
+
+if TYPE_CHECKING:
+    from durable_dataflow.dataflow.definitions import Definition
+
+JSON_INT_MAX = 2**53 - 1
+DECIMAL_DIGITS_MAX = 38
+STRING_PARAMETER_CHARS_MAX = 10_000
+VALUE_SHOWN_CHARS_MAX = 80
+
+_INT_TEXT = re.compile(r"^[+-]?\d{1,20}$")
+_TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
+_FALSE_WORDS = frozenset({"false", "0", "no", "off"})
+
+
+class ParameterValueError(ValueError):
+    """A value does not fit its declared type; the message says why."""
+
+
+def _int(raw: Any) -> int:
+    if isinstance(raw, bool):
+        raise ParameterValueError("a boolean is not an integer")
+    if isinstance(raw, str):
+        if not _INT_TEXT.match(raw.strip()):
+            raise ParameterValueError("not an integer")
+        raw = int(raw.strip())
+    if not isinstance(raw, int):
+        raise ParameterValueError("not an integer")
+    if abs(raw) > JSON_INT_MAX:
+        raise ParameterValueError("outside +/-(2**53-1)")
+    return raw
+
+
+def _float(raw: Any) -> float:
+    if isinstance(raw, bool):
+        raise ParameterValueError("a boolean is not a number")
+    if isinstance(raw, str):
+        try:
+            raw = float(raw.strip())
+        except ValueError:
+            raise ParameterValueError("not a number") from None
+    if not isinstance(raw, int | float):
+        raise ParameterValueError("not a number")
+    value = float(raw)
+    if not math.isfinite(value):
+        raise ParameterValueError("NaN and infinity are not allowed")
+    return value
+
+
+def _bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str):
+        word = raw.strip().lower()
+        if word in _TRUE_WORDS:
+            return True
+        if word in _FALSE_WORDS:
+            return False
+    raise ParameterValueError("not a boolean: use true or false")
+
+
+def _date(raw: Any) -> str:
+    if isinstance(raw, dt.datetime):
+        raise ParameterValueError("a timestamp is not a date")
+    if isinstance(raw, dt.date):
+        return raw.isoformat()
+    if not isinstance(raw, str):
+        raise ParameterValueError("not a date: use YYYY-MM-DD")
+    try:
+        return dt.date.fromisoformat(raw.strip()).isoformat()
+    except ValueError:
+        raise ParameterValueError("not a date: use YYYY-MM-DD") from None
+
+
+def _timestamp(raw: Any) -> str:
+    if isinstance(raw, dt.datetime):
+        value = raw
+    elif isinstance(raw, str):
+        try:
+            value = dt.datetime.fromisoformat(raw.strip())
+        except ValueError:
+            raise ParameterValueError("not a timestamp: use ISO 8601, e.g. 2026-11-02T08:30:00Z") from None
+    else:
+        raise ParameterValueError("not a timestamp: use ISO 8601, e.g. 2026-11-02T08:30:00Z")
+    if value.tzinfo is not None:
+        # One instant, one spelling: +01:00 and Z forms of the same moment hash alike.
+        value = value.astimezone(dt.UTC)
+    return value.isoformat()
+
+
+def _decimal(raw: Any) -> str:
+    if isinstance(raw, bool | float):
+        raise ParameterValueError("give a decimal as a string (e.g. \"12.50\") so it stays exact")
+    if not isinstance(raw, str | int):
+        raise ParameterValueError("not a decimal")
+    try:
+        value = decimal.Decimal(str(raw).strip())
+    except decimal.InvalidOperation:
+        raise ParameterValueError("not a decimal") from None
+    if not value.is_finite():
+        raise ParameterValueError("NaN and infinity are not allowed")
+    if len(value.as_tuple().digits) > DECIMAL_DIGITS_MAX:
+        raise ParameterValueError(f"more than {DECIMAL_DIGITS_MAX} digits")
+    text = format(value.normalize(), "f")
+    return "0" if text in ("-0", "0") else text
+
+
+def _string(raw: Any) -> str:
+    if not isinstance(raw, str):
+        raise ParameterValueError("not a string")
+    if len(raw) > STRING_PARAMETER_CHARS_MAX:
+        raise ParameterValueError(f"longer than {STRING_PARAMETER_CHARS_MAX} characters")
+    return raw
+
+
+_COERCE = {
+    "string": _string, "int": _int, "float": _float, "bool": _bool,
+    "date": _date, "timestamp": _timestamp, "decimal": _decimal,
+}
+
+
+def coerce(type_name: str, raw: Any) -> Any:
+    """The canonical JSON value of raw for a declared type; ParameterValueError when it does not fit."""
+    if raw is None:
+        raise ParameterValueError("null is not a value")
+    return _COERCE[type_name](raw)
+
+
+def to_python(type_name: str, canonical: Any) -> Any:
+    """The Python value to bind in DuckDB for a canonical value."""
+    if type_name == "date":
+        return dt.date.fromisoformat(canonical)
+    if type_name == "timestamp":
+        return dt.datetime.fromisoformat(canonical)
+    if type_name == "decimal":
+        return decimal.Decimal(canonical)
+    return canonical
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= VALUE_SHOWN_CHARS_MAX else text[:VALUE_SHOWN_CHARS_MAX] + "..."
+
+
+def check_parameters(d: Definition, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Canonical values for every declared parameter: typed, defaults filled, unknown names refused."""
+    declared = d.parameters
+    unknown = sorted(set(raw) - set(declared))
+    if unknown:
+        names = ", ".join(sorted(declared)) or "none"
+        raise InputError(f"unknown parameter {unknown[0]!r}: {d.name} declares {names}")
+    values: dict[str, Any] = {}
+    for name, spec in declared.items():
+        if name not in raw:
+            if spec.default is None:
+                raise InputError(f"parameter {name!r} ({spec.type}) is required and has no default")
+            values[name] = spec.default
+            continue
+        try:
+            values[name] = coerce(spec.type, raw[name])
+        except ParameterValueError as exc:
+            raise InputError(
+                f"parameter {name!r} is declared {spec.type} but received {_shown(raw[name])}: {exc}"
+            ) from None
+    return values
+
+
+def bind_values(d: Definition, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Python values (date, datetime, Decimal, ...) for DuckDB named parameters ``$name``."""
+    canonical = check_parameters(d, params)
+    return {name: to_python(d.parameters[name].type, value) for name, value in canonical.items()}

@@ -1,0 +1,68 @@
+"""Result bytes: the Arrow IPC stream that is stored, and exports to CSV, Parquet and JSON."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import math
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from durable_dataflow.core.errors import InputError
+
+ExportFormat = Literal["csv", "parquet", "json"]
+EXPORT_FORMATS: tuple[ExportFormat, ...] = ("csv", "parquet", "json")
+
+
+def encode_ipc(table: pa.Table) -> bytes:
+    """One-batch-per-column IPC stream bytes of table (chunks combined first, so stable for equal tables)."""
+    combined = table.combine_chunks()
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, combined.schema) as writer:
+        writer.write_table(combined)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def decode_ipc(data: bytes) -> pa.Table:
+    """The table stored as IPC stream bytes."""
+    try:
+        with ipc.open_stream(pa.BufferReader(data)) as reader:
+            return reader.read_all()
+    except pa.ArrowInvalid as exc:
+        raise InputError(f"stored result bytes are not an Arrow IPC stream: {exc}") from None
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN or infinity
+    return value
+
+
+def _export_json(table: pa.Table) -> bytes:
+    rows = [{k: _json_value(v) for k, v in row.items()} for row in table.to_pylist()]
+    return json.dumps(rows, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def export(table: pa.Table, fmt: ExportFormat) -> bytes:
+    """The table as CSV (with header), Parquet, or JSON (a list of row objects, decimals as strings)."""
+    if fmt == "json":
+        return _export_json(table)
+    sink = pa.BufferOutputStream()
+    if fmt == "csv":
+        pacsv.write_csv(table, sink)
+    elif fmt == "parquet":
+        pq.write_table(table, sink)
+    else:
+        raise InputError(f"unknown export format {fmt!r}: use csv, parquet or json")
+    return bytes(sink.getvalue().to_pybytes())
