@@ -244,7 +244,7 @@ def test_concurrent_publishers_on_one_key_publish_once(sink: Sink) -> None:
 
 
 def test_concurrent_fence_and_stale_publisher_never_both_win(sink: Sink) -> None:
-    """A fencing inspection (fence 5) races publishers with token 2: either Present, or Absent(5) and nothing written."""
+    """A fencing inspection (fence 5) races token-2 publishers: either Present, or Absent(5) and nothing written."""
     barrier = threading.Barrier(CONCURRENT_PUBLISHERS)
 
     def act(i: int) -> object:

@@ -1,0 +1,165 @@
+"""Delta provider specifics: stale snapshots conflict (CommitFailedError path), the fence encoding, the log."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from durable_dataflow.core.hashing import sha256_bytes
+from durable_dataflow.datasources import delta as delta_module
+from durable_dataflow.datasources.contract import (
+    Absent,
+    AlreadyPublished,
+    Fenced,
+    Inconclusive,
+    Present,
+    Published,
+    PublishTarget,
+    Undecided,
+)
+from durable_dataflow.datasources.delta import FENCE_SUFFIX, PLACEHOLDER_COLUMN, DeltaProvider
+
+PROCESS_PUBLISHERS = 8
+
+
+def table(n: int = 3) -> pa.Table:
+    return pa.table({"id": pa.array(range(n), pa.int64()), "v": pa.array(["x"] * n, pa.string())})
+
+
+def target(path: Path) -> PublishTarget:
+    return PublishTarget("ds", str(path), "append", {})
+
+
+def log_actions(path: Path) -> list[list[dict[str, object]]]:
+    return [
+        [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        for p in sorted((path / "_delta_log").glob("*.json"))
+    ]
+
+
+def test_stale_snapshot_publish_conflicts_and_the_retry_finds_the_key(tmp_path: Path) -> None:
+    """After A publishes K, B's commit on its stale handle conflicts (None); B's fresh decision is AlreadyPublished."""
+    provider = DeltaProvider()
+    path = tmp_path / "t"
+    provider.publish("other", 1, table(), sha256_bytes(b"o"), target(path))
+    stale = DeltaTable(str(path))
+    first = provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
+    assert isinstance(first, Published)
+    # B checked on the old snapshot (K absent there) and commits on that same object: conflict.
+    assert stale.transaction_version("K") is None
+    decided = provider._publish_on(stale, path, "K", 2, table(), sha256_bytes(b"k"), target(path))
+    assert decided is None
+    assert provider.publish("K", 2, table(), sha256_bytes(b"k"), target(path)) == AlreadyPublished(
+        first.refs, sha256_bytes(b"k")
+    )
+    published = [a for a in log_actions(path) if any("txn" in x and x["txn"]["appId"] == "K" for x in a)]  # type: ignore[index]
+    assert len(published) == 1
+
+
+def test_stale_publish_conflicts_with_a_concurrent_fence_commit(tmp_path: Path) -> None:
+    """A publisher that checked before a fence commit cannot commit after it: the fence restates the key's txn."""
+    provider = DeltaProvider()
+    path = tmp_path / "t"
+    provider.publish("other", 1, table(), sha256_bytes(b"o"), target(path))
+    stale = DeltaTable(str(path))
+    assert provider.inspect("K", target(path), fence=5) == Absent(5)
+    assert provider._publish_on(stale, path, "K", 2, table(), sha256_bytes(b"k"), target(path)) is None
+    assert provider.publish("K", 2, table(), sha256_bytes(b"k"), target(path)) == Fenced(5)
+    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 3  # only "other"'s rows
+
+
+def test_stale_fence_conflicts_with_a_concurrent_publication(tmp_path: Path) -> None:
+    """An inspection that saw K absent cannot fence after K is published: it decides again and finds Present."""
+    provider = DeltaProvider()
+    path = tmp_path / "t"
+    provider.publish("other", 1, table(), sha256_bytes(b"o"), target(path))
+    stale = DeltaTable(str(path))
+    published = provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
+    assert isinstance(published, Published)
+    assert provider._inspect_on(stale, path, "K", 5) is None
+    assert provider.inspect("K", target(path), fence=5) == Present(published.refs, sha256_bytes(b"k"), 1)
+    assert DeltaTable(str(path)).transaction_version("K" + FENCE_SUFFIX) is None
+
+
+def test_fence_encoding_in_the_log(tmp_path: Path) -> None:
+    """A fence is a commit without rows, txns (K,0) and (K#fence,m), kind=fence; a publication has txn (K,t)."""
+    provider = DeltaProvider()
+    path = tmp_path / "t"
+    assert provider.inspect("K", target(path), fence=3) == Absent(3)
+    published = provider.publish("K", 4, table(), sha256_bytes(b"k"), target(path))
+    assert isinstance(published, Published)
+    commits = log_actions(path)
+    fence_commit = next(c for c in commits if any(a.get("commitInfo", {}).get("dataflow_kind") == "fence" for a in c))  # type: ignore[union-attr]
+    assert {"appId": "K", "version": 0} in [a["txn"] for a in fence_commit if "txn" in a]
+    assert {"appId": "K#fence", "version": 3} in [a["txn"] for a in fence_commit if "txn" in a]
+    assert not any("add" in a for a in fence_commit)
+    dt = DeltaTable(str(path))
+    assert (dt.transaction_version("K"), dt.transaction_version("K#fence")) == (4, 3)
+    assert published.refs.materialization_ref == f"delta://{path}@v{dt.version()}"
+    assert DeltaTable(str(path), version=dt.version()).to_pyarrow_table().num_rows == 3
+
+
+def test_fence_on_missing_table_creates_placeholder_and_publication_replaces_schema(tmp_path: Path) -> None:
+    """A fence on a missing table creates it with the placeholder column; the first publication sets the schema."""
+    provider = DeltaProvider()
+    path = tmp_path / "new"
+    assert provider.inspect("K", target(path), fence=2) == Absent(2)
+    assert [f.name for f in DeltaTable(str(path)).schema().fields] == [PLACEHOLDER_COLUMN]
+    assert isinstance(provider.publish("K", 2, table(), sha256_bytes(b"k"), target(path)), Published)
+    dt = DeltaTable(str(path))
+    assert [f.name for f in dt.schema().fields] == ["id", "v"]
+    assert dt.to_pyarrow_table().num_rows == 3
+    assert dt.transaction_version("K#fence") == 2
+
+
+def test_lost_commit_info_is_undecided_not_guessed(tmp_path: Path) -> None:
+    """Txn says published but the commit info is gone (log retention): Undecided / Inconclusive, never guessed."""
+    provider = DeltaProvider()
+    path = tmp_path / "t"
+    provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
+    # Simulate log cleanup: the JSON commits are gone, the txn survives in a checkpoint.
+    DeltaTable(str(path)).create_checkpoint()
+    for commit in (path / "_delta_log").glob("*.json"):
+        commit.unlink()
+    assert isinstance(provider.inspect("K", target(path)), Undecided)
+    with pytest.raises(Inconclusive, match="commit info"):
+        provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
+
+
+def _publish_in_process(path: str, token: int) -> str:
+    outcome = DeltaProvider().publish("proc-race", token, table(), sha256_bytes(b"p"), target(Path(path)))
+    return type(outcome).__name__
+
+
+def test_processes_racing_on_one_key_publish_once(tmp_path: Path) -> None:
+    """8 processes publish one key on an existing table: one Published, seven AlreadyPublished, one commit."""
+    path = tmp_path / "t"
+    DeltaProvider().publish("seed", 1, table(1), sha256_bytes(b"s"), target(path))
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(PROCESS_PUBLISHERS) as pool:
+        names = pool.starmap(_publish_in_process, [(str(path), t) for t in range(1, PROCESS_PUBLISHERS + 1)])
+    assert sorted(names) == ["AlreadyPublished"] * (PROCESS_PUBLISHERS - 1) + ["Published"]
+    dt = DeltaTable(str(path))
+    assert dt.to_pyarrow_table().num_rows == 1 + 3
+    assert delta_module.find_publication_commit(path, "proc-race") is not None
+
+
+def test_commit_conflicts_beyond_the_limit_are_inconclusive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If every commit attempt conflicts, publish gives up after COMMIT_ATTEMPTS_MAX and says Inconclusive."""
+    provider = DeltaProvider()
+    path = tmp_path / "t"
+    calls: list[int] = []
+
+    def always_conflict(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        return None
+
+    monkeypatch.setattr(provider, "_publish_on", always_conflict)
+    with pytest.raises(Inconclusive, match="conflicts"):
+        provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
+    assert len(calls) == delta_module.COMMIT_ATTEMPTS_MAX

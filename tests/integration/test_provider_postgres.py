@@ -1,0 +1,139 @@
+"""PostgreSQL provider specifics: the DSN stays secret, COMMIT ambiguity is Inconclusive, server errors are Rejected."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pytest
+
+from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.hashing import sha256_bytes
+from durable_dataflow.datasources import postgres_table
+from durable_dataflow.datasources.contract import (
+    Absent,
+    Inconclusive,
+    Present,
+    Published,
+    PublishTarget,
+    Rejected,
+    Undecided,
+)
+from durable_dataflow.datasources.postgres_table import PostgresTableProvider
+
+SECRET = "TEST_PG_SINK_DSN"
+PASSWORD = "hunter2-very-secret"
+
+
+def rows(n: int = 2) -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "amount": pa.array([Decimal("12.50")] * n, pa.decimal128(12, 2)),
+        }
+    )
+
+
+@pytest.fixture
+def sink_dsn(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The test database's libpq DSN, also published as the secret TEST_PG_SINK_DSN."""
+    monkeypatch.setenv(SECRET, pg_url)
+    return pg_url.replace("postgresql+psycopg://", "postgresql://")
+
+
+def target(location: str = "results") -> PublishTarget:
+    return PublishTarget("ds", location, "append", {"dsn": {"secret": SECRET}})
+
+
+def test_created_table_maps_arrow_types_and_tags_rows_with_the_key(sink_dsn: str) -> None:
+    """The first publish creates the table (decimal -> numeric(12,2)) and the publication row in one go."""
+    outcome = PostgresTableProvider().publish("k", 1, rows(), sha256_bytes(b"k"), target())
+    assert isinstance(outcome, Published)
+    with psycopg.connect(sink_dsn) as conn:
+        col = conn.execute(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = 'results'::regclass AND attname = 'amount'"
+        ).fetchone()
+        assert col == ("numeric(12,2)",)
+        data = conn.execute("SELECT _publication_key, id, amount FROM results ORDER BY id").fetchall()
+        assert data == [("k", 0, Decimal("12.50")), ("k", 1, Decimal("12.50"))]
+        pub = conn.execute("SELECT digest, token, row_count FROM sink_publications").fetchall()
+        assert pub == [(sha256_bytes(b"k"), 1, 2)]
+
+
+def test_server_error_before_commit_is_rejected_and_writes_nothing(sink_dsn: str) -> None:
+    """A value that does not fit numeric(12,2) aborts the transaction: Rejected, no rows, no record, key absent."""
+    provider = PostgresTableProvider()
+    provider.publish("ok", 1, rows(), sha256_bytes(b"ok"), target())
+    too_big = pa.table({"id": pa.array([9], pa.int64()), "amount": pa.array([Decimal("1e15")], pa.decimal128(20, 2))})
+    outcome = provider.publish("big", 1, too_big, sha256_bytes(b"big"), target())
+    assert isinstance(outcome, Rejected)
+    assert provider.inspect("big", target()) == Absent(None)
+    with psycopg.connect(sink_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM results WHERE _publication_key = 'big'").fetchone() == (0,)
+
+
+class _CommitThenDrop:
+    """A connection proxy whose COMMIT succeeds at the server and then reports a lost connection."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+
+    def commit(self) -> None:
+        self._conn.commit()
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def test_lost_connection_at_commit_is_inconclusive_and_inspection_settles_it(
+    sink_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """COMMIT happened but its answer was lost: publish raises Inconclusive (no retry); inspect then finds Present."""
+    provider = PostgresTableProvider()
+    # Create the bookkeeping tables first, so the publish's only COMMIT is the publication's.
+    assert provider.inspect("warm-up", target()) == Absent(None)
+    real_connect = psycopg.connect
+    monkeypatch.setattr(postgres_table.psycopg, "connect", lambda *a, **k: _CommitThenDrop(real_connect(*a, **k)))
+    with pytest.raises(Inconclusive, match="COMMIT"):
+        provider.publish("k", 1, rows(), sha256_bytes(b"k"), target())
+    monkeypatch.setattr(postgres_table.psycopg, "connect", real_connect)
+    found = provider.inspect("k", target(), fence=2)
+    assert isinstance(found, Present)
+    assert (found.digest, found.token) == (sha256_bytes(b"k"), 1)
+
+
+def test_unreachable_database_is_rejected_without_leaking_the_dsn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connecting fails (nothing could be written): Rejected, and neither the DSN nor the password appear."""
+    dsn = f"postgresql://writer:{PASSWORD}@127.0.0.1:1/nowhere?connect_timeout=2"
+    monkeypatch.setenv(SECRET, dsn)
+    provider = PostgresTableProvider()
+    outcome = provider.publish("k", 1, rows(), sha256_bytes(b"k"), target())
+    assert isinstance(outcome, Rejected)
+    assert PASSWORD not in outcome.reason and dsn not in outcome.reason
+    inspected = provider.inspect("k", target(), fence=3)
+    assert isinstance(inspected, Undecided)
+    assert PASSWORD not in inspected.reason
+
+
+def test_plain_dsn_and_bad_table_names_are_refused() -> None:
+    """The DSN must be a secret reference and the location an identifier: InputError before any connection."""
+    provider = PostgresTableProvider()
+    plain = PublishTarget("ds", "results", "append", {"dsn": "postgresql://u:p@h/db"})
+    with pytest.raises(InputError, match="secret reference"):
+        provider.publish("k", 1, rows(), sha256_bytes(b"k"), plain)
+    with pytest.raises(InputError, match="identifiers"):
+        provider.publish("k", 1, rows(), sha256_bytes(b"k"), target("results; drop table x"))
+
+
+def test_overwrite_mode_replaces_the_rows_in_the_same_transaction(sink_dsn: str) -> None:
+    """mode=overwrite deletes the earlier rows and writes the new publication atomically with its record."""
+    provider = PostgresTableProvider()
+    provider.publish("a", 1, rows(3), sha256_bytes(b"a"), target())
+    over = PublishTarget("ds", "results", "overwrite", {"dsn": {"secret": SECRET}})
+    assert isinstance(provider.publish("b", 1, rows(1), sha256_bytes(b"b"), over), Published)
+    with psycopg.connect(sink_dsn) as conn:
+        assert conn.execute("SELECT _publication_key, count(*) FROM results GROUP BY 1").fetchall() == [("b", 1)]

@@ -1,0 +1,150 @@
+"""Provider discovery, capability checks, input guards and the named-datasource registry."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from durable_dataflow.core.errors import Conflict, InputError, NotFound
+from durable_dataflow.datasources import registry
+from durable_dataflow.datasources.contract import (
+    KEY_CHARS_MAX,
+    MissingCapability,
+    Provider,
+    PublishTarget,
+    check_key,
+    check_token,
+    resolve_location,
+)
+from durable_dataflow.datasources.delta import DeltaProvider
+from durable_dataflow.datasources.parquet_folder import ParquetFolderProvider
+from durable_dataflow.datasources.postgres_table import PostgresTableProvider
+from durable_dataflow.datasources.schema import metadata
+
+
+@pytest.mark.parametrize(
+    ("name", "cls"),
+    [("delta", DeltaProvider), ("postgres", PostgresTableProvider), ("parquet", ParquetFolderProvider)],
+)
+def test_builtin_providers_load_through_entry_points(name: str, cls: type) -> None:
+    """Each built-in provider is found by its entry point and satisfies the Provider protocol."""
+    provider = registry.load_provider(name)
+    assert isinstance(provider, cls)
+    assert isinstance(provider, Provider)
+    assert provider.name == name
+    registry.require_capabilities(provider, {"read", "publish", "inspect"})
+    assert name in registry.available_providers()
+
+
+def test_unknown_provider_is_a_missing_capability() -> None:
+    """A name no entry point or registration provides raises MissingCapability naming it."""
+    with pytest.raises(MissingCapability, match="no provider named 'iceberg'") as info:
+        registry.load_provider("iceberg")
+    assert info.value.code == "missing_capability"
+
+
+def test_missing_optional_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With deltalake not importable, loading 'delta' is MissingCapability telling which extra to install."""
+    monkeypatch.setitem(sys.modules, "deltalake", None)  # makes `import deltalake` raise ImportError
+    with pytest.raises(MissingCapability, match=r"durable-dataflow\[delta\]"):
+        registry.load_provider("delta")
+
+
+class _PublishOnly:
+    name = "publish-only"
+    capabilities = frozenset({"publish"})
+
+
+def test_require_capabilities_names_what_is_missing() -> None:
+    """A provider without inspect fails the publish+inspect requirement, and the message names 'inspect'."""
+    with pytest.raises(MissingCapability, match="inspect"):
+        registry.require_capabilities(_PublishOnly(), {"publish", "inspect"})  # type: ignore[arg-type]
+
+
+def test_in_process_registration_shadows_and_unregisters() -> None:
+    """register_provider makes a factory loadable; unregister_provider removes it again."""
+    registry.register_provider("parquet-custom", ParquetFolderProvider)
+    try:
+        assert isinstance(registry.load_provider("parquet-custom"), ParquetFolderProvider)
+    finally:
+        registry.unregister_provider("parquet-custom")
+    with pytest.raises(MissingCapability):
+        registry.load_provider("parquet-custom")
+
+
+@pytest.mark.parametrize("key", ["", "a\x00b", "x" * (KEY_CHARS_MAX + 1)])
+def test_bad_keys_are_refused(key: str) -> None:
+    """Empty, control-character and oversized keys are InputError before the sink is touched."""
+    with pytest.raises(InputError):
+        check_key(key)
+
+
+@pytest.mark.parametrize("token", [0, -1, True])
+def test_tokens_must_be_positive_attempt_numbers(token: int) -> None:
+    """Token 0 (reserved for Delta's fence marker), negatives and booleans are refused."""
+    with pytest.raises(InputError):
+        check_token(token)
+
+
+def test_location_may_not_escape_base_dir(tmp_path: Path) -> None:
+    """A relative location resolves inside base_dir; '..' escapes and missing base_dir are refused."""
+    inside = PublishTarget("d", "sinks/a", "append", {"base_dir": str(tmp_path)})
+    assert resolve_location(inside) == tmp_path.resolve() / "sinks" / "a"
+    with pytest.raises(InputError, match="escapes"):
+        resolve_location(PublishTarget("d", "../outside", "append", {"base_dir": str(tmp_path)}))
+    with pytest.raises(InputError, match="base_dir"):
+        resolve_location(PublishTarget("d", "relative", "append", {}))
+    with pytest.raises(InputError):
+        resolve_location(PublishTarget("d", "/abs/../etc", "append", {}))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.Engine]:
+    """The datasources table built from `schema.metadata`, on SQLite and on PostgreSQL (pg_url)."""
+    sqlite_url = f"sqlite:///{tmp_path}/registry.db"
+    url = sqlite_url if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    eng = sa.create_engine(url)
+    metadata.create_all(eng)
+    yield eng
+    eng.dispose()
+
+
+def test_register_get_and_list_datasources(engine: sa.Engine) -> None:
+    """A registered datasource reads back with its options; a second registration of the name is a Conflict."""
+    with engine.begin() as conn:
+        registry.register_datasource(
+            conn, "analytics.revenue", "postgres", "public.revenue", {"dsn": {"secret": "CRM_DSN"}, "batch": 10}
+        )
+        registry.register_datasource(conn, "lake.orders", "delta", "warehouse/orders", {})
+    with engine.begin() as conn:
+        found = registry.get_datasource(conn, "analytics.revenue")
+        assert (found.provider, found.location) == ("postgres", "public.revenue")
+        assert found.options == {"dsn": {"secret": "CRM_DSN"}, "batch": 10}
+        assert found.registered_at.tzinfo is not None
+        assert [d.name for d in registry.list_datasources(conn)] == ["analytics.revenue", "lake.orders"]
+        with pytest.raises(Conflict):
+            registry.register_datasource(conn, "lake.orders", "delta", "elsewhere", {})
+        with pytest.raises(NotFound):
+            registry.get_datasource(conn, "missing")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"dsn": "postgresql://u:p@h/db"},
+        {"password": "hunter2"},
+        {"auth": {"api_key": "abc"}},
+        {"Token": "t"},
+        {"secret": "plain"},
+    ],
+)
+def test_plain_credentials_are_refused(engine: sa.Engine, options: dict[str, object]) -> None:
+    """A plain value under a credential-like option name is InputError, and nothing is stored."""
+    with engine.begin() as conn:
+        with pytest.raises(InputError, match="credential"):
+            registry.register_datasource(conn, "x", "postgres", "t", options)
+        assert registry.list_datasources(conn) == []
