@@ -53,6 +53,7 @@ LOCK_WAIT_S = 30.0
 LOCK_POLL_S = 0.01
 MANIFEST_BYTES_MAX = 64 * 1024
 READ_FILES_MAX = 100_000
+ORPHANS_MAX = 1_000
 MANIFEST_VERSION = 1
 
 
@@ -168,14 +169,17 @@ class ParquetFolderProvider:
             return Fenced(fence)
         stem = key_hash(key)
         data_rel = f"data/{stem}.parquet"
+        tmp = folder / "data" / f".{stem}.{uuid.uuid4().hex}.tmp"
         try:
-            # A data file here has no publication manifest: an orphan of an earlier crash.
+            # A data or temp file here has no publication manifest: an orphan of an earlier crash.
             (folder / data_rel).unlink(missing_ok=True)
-            tmp = folder / "data" / f".{stem}.{uuid.uuid4().hex}.tmp"
+            for orphan in list((folder / "data").glob(f".{stem}.*.tmp"))[:ORPHANS_MAX]:
+                orphan.unlink(missing_ok=True)
             pq.write_table(table, tmp)
             _replace_durably(tmp, folder / data_rel)
-        except OSError as exc:
+        except Exception as exc:
             # Before the manifest is written nothing is published, whatever the data file's state.
+            tmp.unlink(missing_ok=True)
             return Rejected(f"writing the data file failed before the commit point: {exc}")
         manifest = {
             "v": MANIFEST_VERSION,
@@ -200,6 +204,9 @@ class ParquetFolderProvider:
         if fence is not None:
             check_token(fence, "fence")
         try:
+            folder = resolve_location(target)
+            if fence is None and not (folder / "_manifests").is_dir():
+                return Absent(None)  # no sink folder yet: nothing was ever published or fenced here
             folder = self._prepare(target)
             with _key_lock(folder, key_hash(key)):
                 return self._inspect_locked(folder, key, fence)
