@@ -1,0 +1,175 @@
+"""User SQL runs sandboxed: only one SELECT, no files/extensions/settings, bounded in time and memory."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from durable_dataflow.core.errors import ExecutionError, InputError, LimitExceeded
+from durable_dataflow.dataflow import sandbox
+from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.execution import ExecutionContext, ExecutionLimits, ResolvedSource, execute
+
+THREADS = 2
+RUNS_PER_THREAD = 15
+
+
+def _definition(*sqls: str, columns: dict[str, str] | None = None, rows: list[dict[str, Any]] | None = None,
+                max_rows: int = 1000) -> Definition:
+    return Definition.model_validate({
+        "name": "sandboxed", "version": 1,
+        "sources": {"t": {"kind": "inline", "rows": rows if rows is not None else [{"n": 1}, {"n": 2}],
+                          "schema": {"n": "int64"}}},
+        "steps": [{"name": f"s{i}", "sql": sql} for i, sql in enumerate(sqls)],
+        "output": {"schema": columns or {"n": "int64"}, "max_rows": max_rows, "max_bytes": "1MiB"},
+    })
+
+
+def _ctx(tmp_path: Path, **limits: Any) -> ExecutionContext:
+    return ExecutionContext(base_dir=tmp_path, allowed_roots=(tmp_path,), limits=ExecutionLimits(**limits))
+
+
+@pytest.mark.parametrize(
+    ("sql", "statement_type"),
+    [
+        ("drop view t", "DROP"),
+        ("copy (select 1) to '/tmp/dataflow-escape.csv'", "COPY"),
+        ("attach ':memory:' as m", "ATTACH"),
+        ("attach '/tmp/other.duckdb' as o", "ATTACH"),
+        ("install httpfs", "LOAD"),
+        ("load httpfs", "LOAD"),
+        ("set enable_external_access = true", "SET"),
+        ("reset lock_configuration", "SET"),
+        ("pragma enable_profiling", "PRAGMA"),
+        ("call pragma_version()", "CALL"),
+        ("create table z as select 1 as n", "CREATE"),
+        ("insert into t values (3)", "INSERT"),
+        ("export database '/tmp/x'", "EXPORT"),
+    ],
+)
+def test_non_select_statements_are_refused_before_running(tmp_path: Path, sql: str, statement_type: str) -> None:
+    """Proves each non-SELECT statement is refused with an InputError naming the step and the statement type."""
+    d = _definition("select n from t", sql)
+    with pytest.raises(InputError, match=f"step 's1' must be a SELECT .*found a {statement_type} statement"):
+        execute(d, {}, _ctx(tmp_path))
+
+
+def test_several_statements_are_refused(tmp_path: Path) -> None:
+    """Proves a string with two statements (even two SELECTs) is refused, naming the count."""
+    d = _definition("select n from t; drop view t")
+    with pytest.raises(InputError, match="step 's0' must be exactly one SELECT statement, found 2 statements"):
+        execute(d, {}, _ctx(tmp_path))
+
+
+def test_refusal_happens_before_any_step_runs(tmp_path: Path) -> None:
+    """Proves the gate checks every step first: a bad last step stops a runaway first step from starting."""
+    runaway = "with recursive r(n) as (select 1 union all select n + 1 from r) select count(*) as n from r"
+    d = _definition(runaway, "drop view t")
+    with pytest.raises(InputError, match="DROP"):
+        execute(d, {}, _ctx(tmp_path, time_limit_s=30))
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "select count(*) as n from read_csv('/etc/passwd')",
+        "select count(*) as n from read_text('/etc/passwd')",
+        "select count(*) as n from glob('/etc/*')",
+        "select count(*) as n from read_parquet('https://example.com/x.parquet')",
+    ],
+)
+def test_file_and_network_access_in_a_select_is_refused(tmp_path: Path, sql: str) -> None:
+    """Proves a SELECT that reads files or the network fails with an InputError saying the sandbox forbids it."""
+    with pytest.raises(InputError, match="step 's0' tried to reach files, the network or extensions"):
+        execute(_definition(sql), {}, _ctx(tmp_path))
+
+
+def test_sql_errors_name_the_step(tmp_path: Path) -> None:
+    """Proves an ordinary SQL error is an ExecutionError naming the step; a parse error an InputError."""
+    with pytest.raises(ExecutionError, match=r"step 's1' failed: .*no_such_table"):
+        execute(_definition("select n from t", "select n from no_such_table"), {}, _ctx(tmp_path))
+    with pytest.raises(InputError, match="step 's0': the SQL does not parse"):
+        execute(_definition("selec n frm t"), {}, _ctx(tmp_path))
+
+
+def test_undeclared_parameter_is_refused(tmp_path: Path) -> None:
+    """Proves a step using $x that the definition does not declare is refused before running."""
+    with pytest.raises(InputError, match=r"step 's0' uses \$x, which is not a declared parameter"):
+        execute(_definition("select n from t where n = $x"), {}, _ctx(tmp_path))
+
+
+def test_query_that_never_ends_hits_the_time_limit_and_database_stays_usable(tmp_path: Path) -> None:
+    """Proves an endless recursive CTE stops at the time limit with LimitExceeded, and the sandbox still works."""
+    runaway = "with recursive r(n) as (select 1 union all select n + 1 from r) select count(*) as n from r"
+    with pytest.raises(LimitExceeded, match=r"step 's0' exceeded the time limit of 0\.5 s"):
+        execute(_definition(runaway), {}, _ctx(tmp_path, time_limit_s=0.5))
+    after = execute(_definition("select sum(n) as n from t"), {}, _ctx(tmp_path, time_limit_s=0.5))
+    assert after.table.to_pylist() == [{"n": 3}]
+
+
+def test_exploding_cross_join_hits_the_time_limit(tmp_path: Path) -> None:
+    """Proves an exploding cross join is stopped by the time limit, naming the limit."""
+    cross = "select count(*) as n from range(100000) a, range(100000) b, range(1000) c"
+    with pytest.raises(LimitExceeded, match="exceeded the time limit"):
+        execute(_definition(cross), {}, _ctx(tmp_path, time_limit_s=0.5))
+
+
+def test_query_that_exhausts_memory_hits_the_memory_limit(tmp_path: Path) -> None:
+    """Proves a query that needs more memory than the limit fails with LimitExceeded naming the memory limit.
+
+    The 64 MB database is a separate sandbox database (limits are per database), so the shared one is
+    unaffected.
+    """
+    hog = "select list(range) as l from range(50000000)"  # one 400 MB list, kept as the step's result
+    d = _definition(hog, "select len(l) as n from s0")
+    with pytest.raises(LimitExceeded, match="step 's0' exceeded the memory limit of 64MB"):
+        execute(d, {}, _ctx(tmp_path, memory_limit="64MB", time_limit_s=60))
+
+
+def test_registered_views_and_temp_tables_are_private_to_a_cursor() -> None:
+    """Proves two cursors on the shared database see only their own view 't' and TEMP table 's0', interleaved."""
+    limits = ExecutionLimits()
+    first, second = sandbox.open_cursor(limits), sandbox.open_cursor(limits)
+    try:
+        first.register("t", pa.table({"n": [1]}))
+        second.register("t", pa.table({"n": [2]}))
+        first.execute('create temp table "s0" as select n * 10 as n from t')
+        assert second.execute("select count(*) from duckdb_tables() where table_name = 's0'").fetchall() == [(0,)]
+        second.execute('create temp table "s0" as select n * 100 as n from t')
+        assert first.execute('select n from "s0"').fetchall() == [(10,)]
+        assert second.execute('select n from "s0"').fetchall() == [(200,)]
+    finally:
+        first.close()
+        second.close()
+
+
+def test_concurrent_executions_in_threads_see_only_their_own_sources(tmp_path: Path) -> None:
+    """Proves isolation under threads: each of two threads runs the same view name with its own data."""
+    d = _definition("select sum(n) as n from t")
+    ctx = _ctx(tmp_path)
+    barrier = threading.Barrier(THREADS)
+    seen: dict[int, list[int]] = {k: [] for k in range(THREADS)}
+    failures: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            barrier.wait()
+            for run in range(RUNS_PER_THREAD):
+                value = k * 1000 + run
+                source = ResolvedSource("t", "inline", pa.table({"n": pa.array([value], pa.int64())}), "sha256:x")
+                seen[k].append(execute(d, {}, ctx, sources=[source]).table.column("n")[0].as_py())
+        except BaseException as exc:  # collected and re-raised by the main thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+    for k in range(THREADS):
+        assert seen[k] == [k * 1000 + run for run in range(RUNS_PER_THREAD)]
