@@ -1,0 +1,117 @@
+"""Dataflow's ledger entry kinds and the facts each terminal state must show (DESIGN §6, Verify).
+
+Core verifies the chain; the functions here check that the chain carries what a state claims:
+success needs the recorded digest, a conclusive response or inspection with that digest, and
+stored result bytes that hash to it. A check returns the empty string or the problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from durable_dataflow.core import checkpoints, ledger
+from durable_dataflow.core.secrets import Secret
+from durable_dataflow.dataflow import arrowdigest, results
+from durable_dataflow.dataflow.runs import MODULE
+from durable_dataflow.dataflow.schema import run_results
+
+RUN_RECORDED = "run.recorded"
+ATTEMPT_STARTED = "attempt.started"
+RESULT_COMMITTED = "result.committed"
+DISPATCH_AUTHORIZED = "dispatch.authorized"
+PUBLICATION_CONFIRMED = "publication.confirmed"
+PUBLICATION_REJECTED = "publication.rejected"
+PUBLICATION_MISMATCH = "publication.mismatch"
+PUBLICATION_UNKNOWN = "publication.unknown"
+RUN_SUCCEEDED = "run.succeeded"
+RUN_FAILED = "run.failed"
+ATTEMPT_RECOVERED = "attempt.recovered"
+ATTEMPT_OUTCOME_UNKNOWN = "attempt.outcome_unknown"
+EVIDENCE_FAILED = "evidence.failed"
+RECONCILE_STARTED = "reconcile.started"
+RECONCILE_PRESENT = "reconcile.present"
+RECONCILE_ABSENT = "reconcile.absent"
+RECONCILE_MISMATCH = "reconcile.mismatch"
+RECONCILE_UNDECIDED = "reconcile.undecided"
+RESUME_STARTED = "resume.started"
+
+CONCLUSIVE_PRESENCE = frozenset({PUBLICATION_CONFIRMED, RECONCILE_PRESENT})
+
+
+def stored_result_digest(conn: Connection, run_id: str) -> str | None:
+    """The digest recomputed from the stored result bytes (not the digest stored beside them)."""
+    data = conn.execute(sa.select(run_results.c.bytes).where(run_results.c.run_id == run_id)).scalar_one_or_none()
+    if data is None:
+        return None
+    return arrowdigest.output_digest(results.decode_ipc(bytes(data)))
+
+
+def _last(entries: Sequence[ledger.Entry], kind: str) -> ledger.Entry | None:
+    for entry in reversed(entries):
+        if entry.kind == kind:
+            return entry
+    return None
+
+
+def _recorded_problem(entries: Sequence[ledger.Entry], attempt: int) -> str:
+    if not entries or entries[0].kind != RUN_RECORDED:
+        return "the chain does not start with run.recorded"
+    if not any(
+        e.kind in (ATTEMPT_STARTED, RESUME_STARTED, RECONCILE_STARTED) and e.attempt == attempt for e in entries
+    ):
+        return f"attempt {attempt} has no start entry"
+    return ""
+
+
+def atomic_success_problem(entries: Sequence[ledger.Entry], attempt: int, result_digest: str | None) -> str:
+    """Atomic success: recorded, started, and a result.committed whose digest the stored bytes match."""
+    problem = _recorded_problem(entries, attempt)
+    if problem:
+        return problem
+    committed = _last(entries, RESULT_COMMITTED)
+    if committed is None or committed.attempt != attempt:
+        return f"no result.committed entry for attempt {attempt}"
+    if result_digest is None or committed.payload.get("output_digest") != result_digest:
+        return "the stored result bytes do not hash to the recorded output digest"
+    return ""
+
+
+def forward_success_problem(entries: Sequence[ledger.Entry], attempt: int, result_digest: str | None) -> str:
+    """Forward success: authorized digest, a later conclusive presence with that digest, matching bytes."""
+    problem = _recorded_problem(entries, attempt)
+    if problem:
+        return problem
+    authorized = _last(entries, DISPATCH_AUTHORIZED)
+    if authorized is None:
+        return "no dispatch.authorized entry: nothing was authorized for publication"
+    recorded_digest = authorized.payload.get("output_digest")
+    conclusive = [e for e in entries if e.kind in CONCLUSIVE_PRESENCE and e.seq > authorized.seq]
+    if not conclusive:
+        return "no conclusive publication response or inspection after the dispatch authorization"
+    evidence = conclusive[-1]
+    if evidence.payload.get("digest") != recorded_digest:
+        return "the sink's digest does not match the recorded output digest"
+    if not evidence.payload.get("publication_ref") or not evidence.payload.get("materialization_ref"):
+        return "the conclusive evidence carries no publication or materialization reference"
+    if result_digest != recorded_digest:
+        return "the stored result bytes do not hash to the recorded output digest"
+    return ""
+
+
+def verify_run(
+    conn: Connection, run_id: str, mode: str, status: str, attempt: int, key: Secret | None
+) -> ledger.Verification:
+    """Verify a run's chain and, for a succeeded run, the facts of its success (``dataflow verify``)."""
+
+    def facts(entries: Sequence[ledger.Entry]) -> str:
+        if status != "succeeded":
+            return ""
+        digest = stored_result_digest(conn, run_id)
+        if mode == "atomic":
+            return atomic_success_problem(entries, attempt, digest)
+        return forward_success_problem(entries, attempt, digest)
+
+    return checkpoints.verify_subject(conn, MODULE, run_id, evidence_key=key, facts_check=facts)

@@ -1,0 +1,237 @@
+"""Forward recovery (DESIGN §6 steps 1-5): runs that publish to an external sink, never twice.
+
+1. Check the provider's publish and inspect capabilities before anything else.
+2. Execute (recomputable).
+3. Pre-dispatch fenced commit: the bounded result and its digests, ``dispatch.authorized``.
+   From this commit on, dispatch "may have started" and the attempt is never retried.
+4. Call the provider with the stable key, the attempt as fencing token, and the stored result.
+5. Record what the sink conclusively said, or ``outcome_unknown`` when it said nothing conclusive.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from durable_dataflow.core import checkpoints, fencing, hashing, leases
+from durable_dataflow.core.errors import DataflowError, EvidenceError, StaleAttempt
+from durable_dataflow.dataflow import crashpoints, evidence, results, runs
+from durable_dataflow.dataflow.runs import MODULE, RecoveryStatus, Run, RunStatus
+from durable_dataflow.datasources import registry
+from durable_dataflow.datasources.contract import (
+    AlreadyPublished,
+    Capability,
+    Fenced,
+    Inconclusive,
+    MissingCapability,
+    Provider,
+    Published,
+    PublishOutcome,
+    PublishTarget,
+    Rejected,
+)
+
+if TYPE_CHECKING:
+    from durable_dataflow.dataflow.execution import ExecutionResult
+    from durable_dataflow.dataflow.service import RunService
+
+REQUIRED_CAPABILITIES: tuple[Capability, ...] = ("publish", "inspect")
+
+
+def publication_key(run: Run) -> str:
+    """Stable for the run, never per attempt."""
+    return f"dataflow/{run.tenant}/{run.run_id}"
+
+
+def publish_target(run: Run) -> PublishTarget:
+    target = run.target or {}
+    options = dict(target.get("options") or {})
+    options["base_dir"] = run.base_dir
+    return PublishTarget(
+        datasource=str(target["datasource"]),
+        location=str(target["location"]),
+        mode=target.get("mode", "append"),
+        options=options,
+    )
+
+
+def load_capable_provider(run: Run) -> Provider:
+    """The run's provider, with publish and inspect; raises MissingCapability otherwise."""
+    provider = registry.load_provider(str((run.target or {}).get("provider")))
+    registry.require_capabilities(provider, REQUIRED_CAPABILITIES)
+    return provider
+
+
+def execute_forward(service: RunService, run: Run, attempt: int) -> None:
+    try:
+        provider = load_capable_provider(run)
+    except MissingCapability as error:
+        service.fail_before_dispatch(run.run_id, attempt, error, missing_capability=True)
+        return
+    try:
+        result = service.compute(run)
+    except DataflowError as error:
+        service.fail_before_dispatch(run.run_id, attempt, error)
+        return
+    crashpoints.reach(crashpoints.BEFORE_PREDISPATCH_COMMIT)
+    try:
+        authorize_dispatch(service, run, attempt, result)
+    except StaleAttempt:
+        return  # never authorized: the sweeper proves this attempt absent and retries the run
+    crashpoints.reach(crashpoints.AFTER_PREDISPATCH_COMMIT)
+    dispatch(service, run, attempt, provider)
+
+
+def authorize_dispatch(service: RunService, run: Run, attempt: int, result: ExecutionResult) -> None:
+    """The pre-dispatch fenced commit: result, digests, ``dispatch.authorized``."""
+    from durable_dataflow.dataflow.service import result_facts, store_result
+
+    key = publication_key(run)
+    target = run.target or {}
+    idem_digest = hashing.digest(
+        {"publication_idempotency_key": key, "output_digest": result.output_digest, "target": target}
+    )
+    db = service.db
+    with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
+        store_result(conn, run.run_id, attempt, result)
+        payload = {
+            **result_facts(result),
+            "publication_idempotency_key": key,
+            "publication_idempotency_digest": idem_digest,
+            "target": target,
+        }
+        service._append(conn, run.run_id, attempt, evidence.DISPATCH_AUTHORIZED, payload)
+        runs.update(
+            conn, run.run_id, db.now_us(conn),
+            recovery_status=RecoveryStatus.DISPATCH_AUTHORIZED, row_count=result.row_count,
+            output_digest=result.output_digest, source_fingerprint_digest=result.source_fingerprint_digest,
+            publication_idempotency_key=key, publication_idempotency_digest=idem_digest,
+        )  # fmt: skip
+
+
+def dispatch(service: RunService, run: Run, attempt: int, provider: Provider) -> None:
+    """Steps 4 and 5: publish the *stored* bytes under the stable key with fence ``attempt``."""
+    run = service.get(run.run_id)
+    recorded_digest = str(run.output_digest)
+    table = results.decode_ipc(service.result_bytes(run.run_id))
+    try:
+        outcome: PublishOutcome = provider.publish(
+            publication_key(run), attempt, table, recorded_digest, publish_target(run)
+        )
+    except Inconclusive as error:
+        crashpoints.reach(crashpoints.AFTER_PROVIDER_CALL)
+        record_unknown(service, run, attempt, f"the provider could not say whether it published: {error.message}")
+        return
+    except Exception as error:  # anything unexpected at dispatch is an unknown outcome
+        crashpoints.reach(crashpoints.AFTER_PROVIDER_CALL)
+        record_unknown(service, run, attempt, f"the provider call failed inconclusively: {type(error).__name__}")
+        return
+    crashpoints.reach(crashpoints.AFTER_PROVIDER_CALL)
+    apply_publish_outcome(service, run, attempt, outcome, recorded_digest)
+
+
+def apply_publish_outcome(
+    service: RunService, run: Run, attempt: int, outcome: PublishOutcome, recorded_digest: str
+) -> None:
+    crashpoints.reach(crashpoints.BEFORE_TERMINAL_COMMIT)
+    try:
+        if isinstance(outcome, Fenced):
+            return  # this attempt is stale and wrote nothing at the sink; it records nothing
+        if isinstance(outcome, Rejected):
+            reject(service, run, attempt, outcome.reason)
+        elif outcome.digest != recorded_digest:
+            mismatch(service, run, attempt, evidence.PUBLICATION_MISMATCH, outcome)
+        else:
+            kind = "published" if isinstance(outcome, Published) else "already_published"
+            commit_success(service, run, attempt, evidence.PUBLICATION_CONFIRMED, outcome, kind)
+    except StaleAttempt:
+        return  # the lease was lost: the sweeper marks this authorized attempt outcome_unknown
+    except EvidenceError as error:
+        service.record_evidence_failure(run.run_id, attempt, str(error))
+    crashpoints.reach(crashpoints.AFTER_TERMINAL_COMMIT)
+
+
+def _refs(outcome: Published | AlreadyPublished | Any) -> dict[str, str]:
+    return {
+        "publication_ref": outcome.refs.publication_ref,
+        "datasource_ref": outcome.refs.datasource_ref,
+        "materialization_ref": outcome.refs.materialization_ref,
+    }
+
+
+def commit_success(service: RunService, run: Run, attempt: int, kind: str, outcome: Any, how: str) -> None:
+    """Refs, ``run.succeeded`` and the verified checkpoint commit together, or not at all."""
+    db = service.db
+    refs = _refs(outcome)
+    with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
+        service._append(conn, run.run_id, attempt, kind, {"outcome": how, "digest": outcome.digest, **refs})
+        service._append(conn, run.run_id, attempt, evidence.RUN_SUCCEEDED, {"output_digest": outcome.digest})
+
+        def facts(entries: Any) -> str:
+            stored = evidence.stored_result_digest(conn, run.run_id)
+            return evidence.forward_success_problem(entries, attempt, stored)
+
+        checkpoints.write_verified(
+            conn, db, MODULE, run.run_id, attempt, RunStatus.SUCCEEDED,
+            {"output_digest": outcome.digest, **refs},
+            evidence_key=service.config.evidence_key, facts_check=facts,
+        )  # fmt: skip
+        recovery = RecoveryStatus.RECONCILED_PRESENT if kind == evidence.RECONCILE_PRESENT else RecoveryStatus.VERIFIED
+        runs.update(
+            conn, run.run_id, db.now_us(conn), status=RunStatus.SUCCEEDED, recovery_status=recovery,
+            warning=None, error_code=None, error_message=None, **refs,
+        )  # fmt: skip
+        leases.release(conn, db, MODULE, run.run_id, attempt)
+
+
+def reject(service: RunService, run: Run, attempt: int, reason: str) -> None:
+    """The sink proved nothing was created: the run failed, with that evidence."""
+    db = service.db
+    with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
+        service._append(conn, run.run_id, attempt, evidence.PUBLICATION_REJECTED, {"reason": reason})
+        service._append(
+            conn, run.run_id, attempt, evidence.RUN_FAILED,
+            {"code": "publication_rejected", "message": reason, "no_external_output": True},
+        )  # fmt: skip
+        runs.update(
+            conn, run.run_id, db.now_us(conn), status=RunStatus.FAILED,
+            recovery_status=RecoveryStatus.NO_EXTERNAL_OUTPUT,
+            error_code="publication_rejected", error_message=reason,
+        )  # fmt: skip
+        leases.release(conn, db, MODULE, run.run_id, attempt)
+
+
+def mismatch(service: RunService, run: Run, attempt: int, kind: str, outcome: Any) -> None:
+    """The key exists with another digest: unresolved, with a loud warning; never success."""
+    db = service.db
+    refs = _refs(outcome)
+    with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
+        service._append(conn, run.run_id, attempt, kind, {"digest": outcome.digest, **refs})
+        warning = (
+            "UNRESOLVED: the sink holds a publication under idempotency key "
+            f"{run.publication_idempotency_key} whose digest {outcome.digest} differs from the recorded "
+            f"output digest {run.output_digest}. External output exists but is not this run's result; "
+            "investigate the sink before acting. Nothing was re-published."
+        )
+        runs.update(
+            conn, run.run_id, db.now_us(conn), status=RunStatus.OUTCOME_UNKNOWN,
+            recovery_status=RecoveryStatus.OUTCOME_UNKNOWN, warning=warning, **refs,
+        )  # fmt: skip
+        leases.release(conn, db, MODULE, run.run_id, attempt)
+
+
+def record_unknown(service: RunService, run: Run, attempt: int, reason: str) -> None:
+    """No conclusive response: ``outcome_unknown``; no automatic retry, ever."""
+    db = service.db
+    try:
+        with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
+            service._append(conn, run.run_id, attempt, evidence.PUBLICATION_UNKNOWN, {"reason": reason})
+            current = runs.get(conn, run.run_id)
+            unknown = current.model_copy(update={"recovery_status": RecoveryStatus.OUTCOME_UNKNOWN})
+            runs.update(
+                conn, run.run_id, db.now_us(conn), status=RunStatus.OUTCOME_UNKNOWN,
+                recovery_status=RecoveryStatus.OUTCOME_UNKNOWN, warning=runs.unresolved_warning(unknown),
+                error_code=Inconclusive.code, error_message=reason,
+            )  # fmt: skip
+            leases.release(conn, db, MODULE, run.run_id, attempt)
+    except (StaleAttempt, DataflowError):
+        return  # lease lost or database down: the sweeper will find the authorized attempt expired

@@ -1,0 +1,139 @@
+"""Reconciliation (DESIGN §6): settle an unresolved run by inspecting the sink, never by guessing.
+
+Take a new fenced attempt *m*, inspect the sink by the stable key *with fence m*, and compare the
+recorded output digest:
+- present, digest matches -> ``reconciled_present``: refs, success and checkpoint commit together;
+- present, another digest -> stays unresolved, with a warning that says so;
+- conclusively absent (and fenced at >= m) -> ``reconciled_absent``; a resume may then re-dispatch
+  the *stored* result under a newer attempt with the *same* key;
+- undecided -> unchanged.
+There is no path that marks a run absent without a conclusive, fenced inspection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Connection
+
+from durable_dataflow.core import fencing, leases, ledger
+from durable_dataflow.core.errors import Conflict, DataflowError
+from durable_dataflow.dataflow import crashpoints, evidence, forward, runs
+from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
+from durable_dataflow.dataflow.service import RunService
+from durable_dataflow.datasources.contract import Absent, InspectOutcome, Present, Undecided
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    run: Run
+    finding: str  # "present" | "mismatch" | "absent" | "undecided"
+    detail: str
+    resumed: bool = False
+
+
+def reconcile(service: RunService, run_id: str, *, tenant: str | None = None, resume: bool = False) -> Reconciliation:
+    """Inspect the sink for an ``outcome_unknown`` run (or resume a ``reconciled_absent`` one)."""
+    run = service.get(run_id, tenant)
+    if run.mode != Mode.FORWARD_RECOVERY or run.publication_idempotency_key is None:
+        raise Conflict(f"run {run_id} never authorized a publication: there is nothing at a sink to reconcile")
+    if run.recovery_status == RecoveryStatus.RECONCILED_ABSENT:
+        if not resume:
+            return Reconciliation(run, "absent", "already reconciled: absent; pass --resume to publish it")
+        return _resume(service, run)
+    if run.status != RunStatus.OUTCOME_UNKNOWN:
+        raise Conflict(
+            f"run {run_id} is {run.status} ({run.recovery_status}), not outcome_unknown: nothing to reconcile"
+        )
+    provider = forward.load_capable_provider(run)
+    attempt = _take_lease(service, run, evidence.RECONCILE_STARTED)
+    try:
+        finding = provider.inspect(forward.publication_key(run), forward.publish_target(run), fence=attempt)
+    except Exception as error:  # an inspection that fails decides nothing
+        finding = Undecided(f"the inspection failed: {type(error).__name__}: {str(error)[:300]}")
+    result = _apply(service, run, attempt, finding)
+    if resume and result.finding == "absent":
+        return _resume(service, service.get(run_id))
+    return result
+
+
+def _take_lease(service: RunService, run: Run, kind: str) -> int:
+    db = service.db
+    with db.begin() as conn:
+        lease = leases.acquire(
+            conn, db, MODULE, run.run_id, service.config.holder, service.config.lease_ttl_s,
+            expected_attempt=run.attempt,
+        )  # fmt: skip
+        service._append(conn, run.run_id, lease.attempt, kind, {"holder": lease.holder})
+        runs.update(conn, run.run_id, db.now_us(conn), attempt=lease.attempt)
+    return lease.attempt
+
+
+def _apply(service: RunService, run: Run, attempt: int, finding: InspectOutcome) -> Reconciliation:
+    recorded = str(run.output_digest)
+    if isinstance(finding, Present) and finding.digest == recorded:
+        forward.commit_success(service, run, attempt, evidence.RECONCILE_PRESENT, finding, "present")
+        return Reconciliation(service.get(run.run_id), "present", f"found with the recorded digest {recorded}")
+    if isinstance(finding, Present):
+        forward.mismatch(service, run, attempt, evidence.RECONCILE_MISMATCH, finding)
+        return Reconciliation(service.get(run.run_id), "mismatch", f"found with another digest {finding.digest}")
+    if isinstance(finding, Absent) and finding.fenced_at is not None and finding.fenced_at >= attempt:
+        _record_absent(service, run, attempt, finding.fenced_at)
+        return Reconciliation(service.get(run.run_id), "absent", f"proven absent and fenced at {finding.fenced_at}")
+    reason = finding.reason if isinstance(finding, Undecided) else "the sink reported absence without a durable fence"
+    _record_undecided(service, run, attempt, reason)
+    return Reconciliation(service.get(run.run_id), "undecided", reason)
+
+
+def _record_absent(service: RunService, run: Run, attempt: int, fenced_at: int) -> None:
+    db = service.db
+    with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
+        service._append(conn, run.run_id, attempt, evidence.RECONCILE_ABSENT, {"fenced_at": fenced_at})
+        warning = (
+            f"No external output: the sink proved key {run.publication_idempotency_key} absent and fenced it at "
+            f"attempt {fenced_at}, so no earlier attempt can publish. Resume to publish the stored result: "
+            f"`dataflow reconcile {run.run_id} --resume`."
+        )
+        runs.update(
+            conn, run.run_id, db.now_us(conn), status=RunStatus.FAILED,
+            recovery_status=RecoveryStatus.RECONCILED_ABSENT, warning=warning,
+        )  # fmt: skip
+        leases.release(conn, db, MODULE, run.run_id, attempt)
+
+
+def _record_undecided(service: RunService, run: Run, attempt: int, reason: str) -> None:
+    db = service.db
+    with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
+        service._append(conn, run.run_id, attempt, evidence.RECONCILE_UNDECIDED, {"reason": reason[:1000]})
+        leases.release(conn, db, MODULE, run.run_id, attempt)
+
+
+def _resume(service: RunService, run: Run) -> Reconciliation:
+    """Re-dispatch the stored result with the same key under a new fenced attempt."""
+    provider = forward.load_capable_provider(run)
+    db = service.db
+    with db.begin() as conn:
+        lease = leases.acquire(
+            conn, db, MODULE, run.run_id, service.config.holder, service.config.lease_ttl_s,
+            expected_attempt=run.attempt,
+        )  # fmt: skip
+        attempt = lease.attempt
+        service._append(conn, run.run_id, attempt, evidence.RESUME_STARTED, {"holder": lease.holder})
+        service._append(conn, run.run_id, attempt, evidence.DISPATCH_AUTHORIZED, _authorization_of(conn, service, run))
+        runs.update(
+            conn, run.run_id, db.now_us(conn), attempt=attempt, status=RunStatus.RUNNING,
+            recovery_status=RecoveryStatus.DISPATCH_AUTHORIZED, warning=None,
+        )  # fmt: skip
+    crashpoints.reach(crashpoints.AFTER_PREDISPATCH_COMMIT)
+    with contextlib.suppress(DataflowError):  # the lease then expires; the sweeper records outcome_unknown
+        forward.dispatch(service, run, attempt, provider)
+    final = service.get(run.run_id)
+    return Reconciliation(final, "absent", f"resumed under attempt {attempt}: {final.status}", resumed=True)
+
+
+def _authorization_of(conn: Connection, service: RunService, run: Run) -> dict[str, object]:
+    """The original authorization's facts: the same digests and key, never recomputed."""
+    entries = ledger.read(conn, MODULE, run.run_id)
+    original = next(e for e in entries if e.kind == evidence.DISPATCH_AUTHORIZED)
+    return dict(original.payload)

@@ -1,0 +1,211 @@
+"""The DataflowRun projection: statuses, the run as scripts see it, and its storage statements.
+
+The projection is derived from the ledger and written in the same transactions; run histories,
+the CLI and the API read it. Its JSON form is a documented interface (docs/cli.md): scripts parse
+it, so fields are only ever added.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy.engine import Connection
+
+from durable_dataflow.core.errors import NotFound
+from durable_dataflow.dataflow.schema import dataflow_runs
+
+MODULE = "dataflow"
+PAGE_SIZE_MAX = 500
+PAGE_SIZE_DEFAULT = 50
+
+
+class RunStatus(enum.StrEnum):
+    QUEUED = "queued"  # recorded, waiting for a worker (or for its next attempt)
+    RUNNING = "running"  # an attempt holds the lease
+    SUCCEEDED = "succeeded"  # terminal, with verified evidence
+    FAILED = "failed"  # terminal, and no external output exists (proven)
+    OUTCOME_UNKNOWN = "outcome_unknown"  # dispatch may have happened; only an inspection can tell
+    EVIDENCE_FAILED = "evidence_failed"  # verification refused the success projection
+
+
+class RecoveryStatus(enum.StrEnum):
+    RECORDED = "recorded"  # run.recorded committed, no attempt yet
+    LEASED = "leased"  # an attempt holds the lease
+    DISPATCH_AUTHORIZED = "dispatch_authorized"  # the pre-dispatch commit is durable; dispatch may start
+    VERIFIED = "verified"  # terminal state with a verified checkpoint
+    RECOVERED = "recovered"  # an expired attempt was proven absent and the run queued again
+    OUTCOME_UNKNOWN = "outcome_unknown"  # dispatch may have started, no conclusive response
+    RECONCILED_PRESENT = "reconciled_present"  # an inspection found the publication with the digest
+    RECONCILED_ABSENT = "reconciled_absent"  # an inspection proved (and fenced) the absence
+    EVIDENCE_FAILED = "evidence_failed"  # the evidence chain or its facts did not verify
+    NO_EXTERNAL_OUTPUT = "no_external_output"  # failed before dispatch, or the sink proved nothing made
+
+
+class Mode(enum.StrEnum):
+    ATOMIC = "atomic"  # database-only: result, projection and checkpoint commit together
+    FORWARD_RECOVERY = "forward_recovery"  # publishes to an external sink; never twice
+
+
+UNRESOLVED_RECOVERY = frozenset({RecoveryStatus.OUTCOME_UNKNOWN, RecoveryStatus.EVIDENCE_FAILED})
+TERMINAL_STATUSES = frozenset(
+    {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.OUTCOME_UNKNOWN, RunStatus.EVIDENCE_FAILED}
+)
+
+
+class Run(BaseModel):
+    """A run as scripts and operators see it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    tenant: str
+    idempotency_key: str
+    definition_name: str
+    definition_hash: str
+    request_hash: str
+    mode: str
+    status: str
+    recovery_status: str
+    attempt: int
+    max_attempts: int
+    parameters: dict[str, Any]
+    provenance: dict[str, Any]
+    principal: str
+    access_context_digest: str
+    target: dict[str, Any] | None
+    base_dir: str
+    row_count: int | None
+    output_digest: str | None
+    source_fingerprint_digest: str | None
+    publication_idempotency_key: str | None
+    publication_idempotency_digest: str | None
+    publication_ref: str | None
+    datasource_ref: str | None
+    materialization_ref: str | None
+    warning: str | None
+    error_code: str | None
+    error_message: str | None
+    created_at_us: int
+    updated_at_us: int
+
+    @property
+    def unresolved(self) -> bool:
+        return self.recovery_status in UNRESOLVED_RECOVERY
+
+    def public(self) -> dict[str, Any]:
+        """The documented JSON form (no local paths)."""
+        data = self.model_dump()
+        data.pop("base_dir")
+        data["unresolved"] = self.unresolved
+        return data
+
+
+def new_run_id() -> str:
+    """A time-ordered UUIDv7 (RFC 9562): 48 bits of milliseconds, then random bits."""
+    millis = time.time_ns() // 1_000_000
+    value = (millis & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76
+    value |= int.from_bytes(os.urandom(10), "big") & ((1 << 76) - 1)
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)
+    text = f"{value:032x}"
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+def from_row(row: sa.Row[Any]) -> Run:
+    data = dict(row._mapping)
+    data["parameters"] = json.loads(data.pop("parameters_json"))
+    data["provenance"] = json.loads(data.pop("provenance_json"))
+    target_json = data.pop("target_json")
+    data["target"] = json.loads(target_json) if target_json else None
+    return Run.model_validate(data)
+
+
+def insert(conn: Connection, values: Mapping[str, Any]) -> None:
+    conn.execute(dataflow_runs.insert().values(**values))
+
+
+def get(conn: Connection, run_id: str, tenant: str | None = None, *, for_update: bool = False) -> Run:
+    query = sa.select(dataflow_runs).where(dataflow_runs.c.run_id == run_id)
+    if tenant is not None:
+        query = query.where(dataflow_runs.c.tenant == tenant)
+    if for_update:
+        query = query.with_for_update()
+    row = conn.execute(query).one_or_none()
+    if row is None:
+        raise NotFound(f"run {run_id} does not exist")
+    return from_row(row)
+
+
+def find_by_key(conn: Connection, tenant: str, idempotency_key: str) -> Run | None:
+    row = conn.execute(
+        sa.select(dataflow_runs).where(
+            dataflow_runs.c.tenant == tenant, dataflow_runs.c.idempotency_key == idempotency_key
+        )
+    ).one_or_none()
+    return from_row(row) if row is not None else None
+
+
+def update(conn: Connection, run_id: str, now_us: int, **values: Any) -> None:
+    """Update the projection of one run; the caller's transaction is fenced or guarded."""
+    result = conn.execute(
+        dataflow_runs.update().where(dataflow_runs.c.run_id == run_id).values(updated_at_us=now_us, **values)
+    )
+    if result.rowcount != 1:
+        raise NotFound(f"run {run_id} does not exist")
+
+
+def list_page(
+    conn: Connection,
+    *,
+    tenant: str | None = None,
+    status: str | None = None,
+    recovery_status: str | None = None,
+    definition_name: str | None = None,
+    created_after_us: int | None = None,
+    created_before_us: int | None = None,
+    before: tuple[int, str] | None = None,
+    limit: int = PAGE_SIZE_DEFAULT,
+) -> list[Run]:
+    """Newest first; ``before`` is the (created_at_us, run_id) cursor of the previous page's last run."""
+    query = sa.select(dataflow_runs)
+    conditions = [
+        (tenant, dataflow_runs.c.tenant),
+        (status, dataflow_runs.c.status),
+        (recovery_status, dataflow_runs.c.recovery_status),
+        (definition_name, dataflow_runs.c.definition_name),
+    ]
+    for value, column in conditions:
+        if value is not None:
+            query = query.where(column == value)
+    if created_after_us is not None:
+        query = query.where(dataflow_runs.c.created_at_us >= created_after_us)
+    if created_before_us is not None:
+        query = query.where(dataflow_runs.c.created_at_us < created_before_us)
+    if before is not None:
+        query = query.where(sa.tuple_(dataflow_runs.c.created_at_us, dataflow_runs.c.run_id) < sa.tuple_(*before))
+    query = query.order_by(dataflow_runs.c.created_at_us.desc(), dataflow_runs.c.run_id.desc())
+    rows = conn.execute(query.limit(max(1, min(limit, PAGE_SIZE_MAX)))).all()
+    return [from_row(row) for row in rows]
+
+
+def unresolved_warning(run: Run) -> str:
+    """The operator's warning for an unresolved run: what it means and what to do. Never 'failed'."""
+    if run.recovery_status == RecoveryStatus.EVIDENCE_FAILED:
+        return (
+            "UNRESOLVED: the evidence for this run did not verify, so success was not recorded. "
+            f"Output may exist under idempotency key {run.publication_idempotency_key or run.idempotency_key} "
+            f"with output digest {run.output_digest}. Inspect the ledger with `dataflow verify {run.run_id}` "
+            "and the sink before acting; do not assume the output is absent."
+        )
+    return (
+        "UNRESOLVED: external output may exist. The publication may have reached the sink under "
+        f"idempotency key {run.publication_idempotency_key} with output digest {run.output_digest}. "
+        f"Do not re-run it; reconcile by inspecting the sink: `dataflow reconcile {run.run_id}`."
+    )

@@ -1,0 +1,78 @@
+"""Dataflow tables (DESIGN §4): pinned definitions, the DataflowRun projection and stored results.
+
+The projection is what run histories read; the ledger (core) is the evidence. Every column that
+could identify a secret holds a digest or a reference, never a value.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+HASH = 71
+KEY_LENGTH = 255
+TENANT_LENGTH = 128
+STATUS_LENGTH = 32
+REF_LENGTH = 1000
+
+definitions = sa.Table(
+    "definitions",
+    metadata,
+    sa.Column("definition_hash", sa.String(HASH), primary_key=True),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("body_json", sa.Text, nullable=False),
+    sa.Column("registered_at_us", sa.BigInteger, nullable=False),
+    sa.Index("ix_definitions_name_version", "name", "version"),
+)
+
+dataflow_runs = sa.Table(
+    "dataflow_runs",
+    metadata,
+    sa.Column("run_id", sa.String(36), primary_key=True),
+    sa.Column("tenant", sa.String(TENANT_LENGTH), nullable=False),
+    sa.Column("idempotency_key", sa.String(KEY_LENGTH), nullable=False),
+    sa.Column("definition_hash", sa.String(HASH), nullable=False),
+    sa.Column("definition_name", sa.String(200), nullable=False),
+    sa.Column("request_hash", sa.String(HASH), nullable=False),
+    sa.Column("mode", sa.String(STATUS_LENGTH), nullable=False),
+    sa.Column("status", sa.String(STATUS_LENGTH), nullable=False),
+    sa.Column("recovery_status", sa.String(STATUS_LENGTH), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("parameters_json", sa.Text, nullable=False),
+    sa.Column("provenance_json", sa.Text, nullable=False),
+    sa.Column("principal", sa.String(200), nullable=False),
+    sa.Column("access_context_digest", sa.String(HASH), nullable=False),
+    sa.Column("target_json", sa.Text, nullable=True),
+    sa.Column("base_dir", sa.String(2000), nullable=False),
+    sa.Column("row_count", sa.BigInteger, nullable=True),
+    sa.Column("output_digest", sa.String(HASH), nullable=True),
+    sa.Column("source_fingerprint_digest", sa.String(HASH), nullable=True),
+    sa.Column("publication_idempotency_key", sa.String(KEY_LENGTH), nullable=True),
+    sa.Column("publication_idempotency_digest", sa.String(HASH), nullable=True),
+    sa.Column("publication_ref", sa.String(REF_LENGTH), nullable=True),
+    sa.Column("datasource_ref", sa.String(REF_LENGTH), nullable=True),
+    sa.Column("materialization_ref", sa.String(REF_LENGTH), nullable=True),
+    sa.Column("warning", sa.Text, nullable=True),
+    sa.Column("error_code", sa.String(64), nullable=True),
+    sa.Column("error_message", sa.Text, nullable=True),
+    sa.Column("created_at_us", sa.BigInteger, nullable=False),
+    sa.Column("updated_at_us", sa.BigInteger, nullable=False),
+    sa.UniqueConstraint("tenant", "idempotency_key", name="uq_dataflow_runs_tenant_key"),
+    sa.Index("ix_dataflow_runs_tenant_created", "tenant", "created_at_us", "run_id"),
+    sa.Index("ix_dataflow_runs_status", "status", "created_at_us"),
+    sa.Index("ix_dataflow_runs_recovery_status", "recovery_status"),
+)
+
+run_results = sa.Table(
+    "run_results",
+    metadata,
+    sa.Column("run_id", sa.String(36), primary_key=True),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("output_digest", sa.String(HASH), nullable=False),
+    sa.Column("format", sa.String(32), nullable=False),
+    sa.Column("row_count", sa.BigInteger, nullable=False),
+    sa.Column("bytes", sa.LargeBinary, nullable=False),
+)

@@ -1,0 +1,414 @@
+"""The run service: submit (with replay), claim, and the atomic-mode attempt (DESIGN §6).
+
+Commit budget (DESIGN §10): an inline atomic run costs 2 commits — record+claim, then the fenced
+terminal transaction; a replay of an existing key costs none (it only reads). Forward-recovery
+attempts continue in :mod:`durable_dataflow.dataflow.forward`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc
+from sqlalchemy.engine import Connection
+
+from durable_dataflow.core import checkpoints, fencing, hashing, leases, ledger
+from durable_dataflow.core.db import Database
+from durable_dataflow.core.errors import (
+    Conflict,
+    DataflowError,
+    EvidenceError,
+    InputError,
+    LeaseUnavailable,
+    NotFound,
+    StaleAttempt,
+)
+from durable_dataflow.core.heartbeat import KeepAlive
+from durable_dataflow.core.secrets import Secret
+from durable_dataflow.dataflow import crashpoints, evidence, execution, parameters, runs, sandbox, sources
+from durable_dataflow.dataflow.definitions import Definition, canonical_body, definition_hash
+from durable_dataflow.dataflow.requests import RunRequest, check_request, request_hash
+from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
+from durable_dataflow.dataflow.schema import dataflow_runs, definitions, run_results
+
+RESULT_FORMAT = "arrow-ipc-stream"
+ERROR_MESSAGE_CHARS_MAX = 2000
+LEASE_TTL_ENV = "DATAFLOW_LEASE_TTL"
+
+
+def lease_ttl_from_env(explicit: float | None = None) -> float:
+    """The lease TTL: explicit, else ``DATAFLOW_LEASE_TTL``, else the core default."""
+    if explicit is not None:
+        return explicit
+    raw = os.environ.get(LEASE_TTL_ENV)
+    if not raw:
+        return leases.LEASE_TTL_S_DEFAULT
+    try:
+        return float(raw)
+    except ValueError as error:
+        raise InputError(f"{LEASE_TTL_ENV} must be a number of seconds, got {raw!r}") from error
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    lease_ttl_s: float = leases.LEASE_TTL_S_DEFAULT
+    holder: str = field(default_factory=lambda: f"{os.uname().nodename}:{os.getpid()}")
+    limits: execution.ExecutionLimits = field(default_factory=execution.ExecutionLimits)
+    evidence_key: Secret | None = None
+
+
+@dataclass(frozen=True)
+class Submission:
+    run: Run
+    created: bool  # False: an existing run was returned for this idempotency key (a replay)
+
+
+@dataclass(frozen=True)
+class Claim:
+    run: Run
+    attempt: int
+
+
+class RunService:
+    """Records, claims and executes runs against one platform database."""
+
+    def __init__(self, db: Database, config: ServiceConfig | None = None) -> None:
+        self.db = db
+        self.config = config or ServiceConfig()
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    def get(self, run_id: str, tenant: str | None = None) -> Run:
+        with self.db.read() as conn:
+            return runs.get(conn, run_id, tenant)
+
+    def definition_of(self, run: Run) -> Definition:
+        with self.db.read() as conn:
+            body = conn.execute(
+                sa.select(definitions.c.body_json).where(definitions.c.definition_hash == run.definition_hash)
+            ).scalar_one_or_none()
+        if body is None:
+            raise NotFound(f"definition {run.definition_hash} of run {run.run_id} is not stored")
+        return Definition.model_validate(json.loads(body))
+
+    def result_bytes(self, run_id: str) -> bytes:
+        with self.db.read() as conn:
+            data = conn.execute(
+                sa.select(run_results.c.bytes).where(run_results.c.run_id == run_id)
+            ).scalar_one_or_none()
+        if data is None:
+            raise NotFound(f"run {run_id} has no stored result")
+        return bytes(data)
+
+    # ---- submit ----------------------------------------------------------------------------
+
+    def submit(self, request: RunRequest, *, claim: bool = False) -> Submission:
+        """Record a run (and, inline, claim attempt 1 in the same commit); replays return the existing run."""
+        check_request(request)
+        defn = request.definition
+        params = parameters.check_parameters(defn, request.parameters)
+        d_hash = definition_hash(defn)
+        target = defn.target.model_dump(mode="json") if defn.target is not None else None
+        r_hash = request_hash(d_hash, params, target)
+        key = request.idempotency_key
+        if key is not None:
+            existing = self._replay(request.access.tenant, key, r_hash)
+            if existing is not None:
+                return Submission(existing, created=False)
+        preflight(defn, request.base_dir, self.config.limits)
+        run_id = runs.new_run_id()
+        values = _run_values(request, run_id, key or f"run:{run_id}", d_hash, r_hash, params, target)
+        try:
+            with self.db.begin() as conn:
+                self._record(conn, defn, d_hash, values, request, claim)
+                run = runs.get(conn, run_id)
+        except exc.IntegrityError as error:
+            existing = self._replay(request.access.tenant, values["idempotency_key"], r_hash)
+            if existing is None:
+                raise Conflict("the run could not be recorded: a concurrent write conflicted") from error
+            return Submission(existing, created=False)
+        crashpoints.reach(crashpoints.AFTER_RECORD if not claim else crashpoints.AFTER_CLAIM)
+        return Submission(run, created=True)
+
+    def _replay(self, tenant: str, key: str, r_hash: str) -> Run | None:
+        with self.db.read() as conn:
+            existing = runs.find_by_key(conn, tenant, key)
+        if existing is not None and existing.request_hash != r_hash:
+            raise Conflict(
+                f"idempotency key {key!r} already names run {existing.run_id} with a different request "
+                f"({existing.request_hash}); nothing was written"
+            )
+        return existing
+
+    def _record(
+        self, conn: Connection, defn: Definition, d_hash: str, values: dict[str, Any], request: RunRequest, claim: bool
+    ) -> None:
+        _store_definition(conn, self.db, defn, d_hash)
+        now = self.db.now_us(conn)
+        runs.insert(conn, {**values, "created_at_us": now, "updated_at_us": now})
+        run_id = values["run_id"]
+        self._append(conn, run_id, 0, evidence.RUN_RECORDED, _recorded_payload(values))
+        if claim:
+            self._start_attempt(conn, run_id, expected_attempt=0)
+
+    def _append(self, conn: Connection, run_id: str, attempt: int, kind: str, payload: Mapping[str, Any]) -> None:
+        ledger.append(conn, self.db, MODULE, run_id, attempt, kind, payload, evidence_key=self.config.evidence_key)
+
+    def _start_attempt(self, conn: Connection, run_id: str, expected_attempt: int) -> int:
+        lease = leases.acquire(
+            conn,
+            self.db,
+            MODULE,
+            run_id,
+            self.config.holder,
+            self.config.lease_ttl_s,
+            expected_attempt=expected_attempt,
+        )
+        self._append(conn, run_id, lease.attempt, evidence.ATTEMPT_STARTED, {"holder": lease.holder})
+        runs.update(
+            conn,
+            run_id,
+            self.db.now_us(conn),
+            attempt=lease.attempt,
+            status=RunStatus.RUNNING,
+            recovery_status=RecoveryStatus.LEASED,
+        )
+        return lease.attempt
+
+    # ---- claim -----------------------------------------------------------------------------
+
+    def claim_next(self) -> Claim | None:
+        """Claim the oldest queued run (``FOR UPDATE SKIP LOCKED`` on PostgreSQL)."""
+        query = (
+            sa.select(dataflow_runs.c.run_id, dataflow_runs.c.attempt)
+            .where(dataflow_runs.c.status == RunStatus.QUEUED)
+            .order_by(dataflow_runs.c.created_at_us)
+            .limit(1)
+        )
+        if self.db.dialect == "postgresql":
+            query = query.with_for_update(skip_locked=True)
+        try:
+            with self.db.begin() as conn:
+                row = conn.execute(query).one_or_none()
+                if row is None:
+                    return None
+                attempt = self._start_attempt(conn, row.run_id, expected_attempt=int(row.attempt))
+                run = runs.get(conn, row.run_id)
+        except LeaseUnavailable:
+            return None
+        crashpoints.reach(crashpoints.AFTER_CLAIM)
+        return Claim(run, attempt)
+
+    # ---- execute ---------------------------------------------------------------------------
+
+    def execute(self, claim: Claim) -> Run:
+        """Carry one claimed attempt to its end, heartbeating the lease meanwhile."""
+        run, attempt = claim.run, claim.attempt
+        with KeepAlive(self.db, MODULE, run.run_id, attempt, self.config.lease_ttl_s):
+            if run.mode == Mode.ATOMIC:
+                self._execute_atomic(run, attempt)
+            else:
+                from durable_dataflow.dataflow import forward
+
+                forward.execute_forward(self, run, attempt)
+        return self.get(run.run_id)
+
+    def compute(self, run: Run) -> execution.ExecutionResult:
+        """Resolve sources and run the steps: recomputable, nothing committed."""
+        defn = self.definition_of(run)
+        ctx = context_for(Path(run.base_dir), self.config.limits)
+        resolved = sources.resolve_sources(defn, ctx)
+        crashpoints.reach(crashpoints.DURING_EXECUTION)
+        return execution.execute(defn, run.parameters, ctx, resolved)
+
+    def _execute_atomic(self, run: Run, attempt: int) -> None:
+        try:
+            result = self.compute(run)
+        except DataflowError as error:
+            self.fail_before_dispatch(run.run_id, attempt, error)
+            return
+        crashpoints.reach(crashpoints.BEFORE_TERMINAL_COMMIT)
+        try:
+            self.commit_atomic_success(run.run_id, attempt, result)
+        except EvidenceError as error:
+            self.record_evidence_failure(run.run_id, attempt, str(error))
+        crashpoints.reach(crashpoints.AFTER_TERMINAL_COMMIT)
+
+    def commit_atomic_success(self, run_id: str, attempt: int, result: execution.ExecutionResult) -> None:
+        """ONE fenced transaction: result, ledger, verification, checkpoint, projection, release."""
+        with fencing.fenced(self.db, MODULE, run_id, attempt) as conn:
+            store_result(conn, run_id, attempt, result)
+            self._append(conn, run_id, attempt, evidence.RESULT_COMMITTED, result_facts(result))
+            self._append(conn, run_id, attempt, evidence.RUN_SUCCEEDED, {"output_digest": result.output_digest})
+
+            def facts(entries: Any) -> str:
+                return evidence.atomic_success_problem(entries, attempt, evidence.stored_result_digest(conn, run_id))
+
+            checkpoints.write_verified(
+                conn, self.db, MODULE, run_id, attempt, RunStatus.SUCCEEDED,
+                {"output_digest": result.output_digest, "row_count": str(result.row_count)},
+                evidence_key=self.config.evidence_key, facts_check=facts,
+            )  # fmt: skip
+            runs.update(
+                conn, run_id, self.db.now_us(conn),
+                status=RunStatus.SUCCEEDED, recovery_status=RecoveryStatus.VERIFIED,
+                row_count=result.row_count, output_digest=result.output_digest,
+                source_fingerprint_digest=result.source_fingerprint_digest, warning=None,
+            )  # fmt: skip
+            leases.release(conn, self.db, MODULE, run_id, attempt)
+
+    def fail_before_dispatch(self, run_id: str, attempt: int, error: DataflowError, **facts: Any) -> None:
+        """Terminal failure with nothing dispatched: no external output was created."""
+        message = error.message[:ERROR_MESSAGE_CHARS_MAX]
+        payload = {"code": error.code, "message": message, "no_external_output": True, **facts}
+        try:
+            with fencing.fenced(self.db, MODULE, run_id, attempt) as conn:
+                self._append(conn, run_id, attempt, evidence.RUN_FAILED, payload)
+                runs.update(
+                    conn, run_id, self.db.now_us(conn),
+                    status=RunStatus.FAILED, recovery_status=RecoveryStatus.NO_EXTERNAL_OUTPUT,
+                    error_code=error.code, error_message=message,
+                )  # fmt: skip
+                leases.release(conn, self.db, MODULE, run_id, attempt)
+        except StaleAttempt:
+            return  # another attempt owns the run now; this one records nothing
+
+    def record_evidence_failure(self, run_id: str, attempt: int, reason: str) -> None:
+        """Verification refused success: leave the run unresolved, with the reason, loudly."""
+        try:
+            with fencing.fenced(self.db, MODULE, run_id, attempt) as conn:
+                self._append(
+                    conn, run_id, attempt, evidence.EVIDENCE_FAILED, {"reason": reason[:ERROR_MESSAGE_CHARS_MAX]}
+                )
+                run = runs.get(conn, run_id)
+                projection = {"status": RunStatus.EVIDENCE_FAILED, "recovery_status": RecoveryStatus.EVIDENCE_FAILED}
+                warned = run.model_copy(update=projection)
+                runs.update(
+                    conn, run_id, self.db.now_us(conn), **projection,
+                    error_code=EvidenceError.code, error_message=reason[:ERROR_MESSAGE_CHARS_MAX],
+                    warning=runs.unresolved_warning(warned),
+                )  # fmt: skip
+                leases.release(conn, self.db, MODULE, run_id, attempt)
+        except StaleAttempt:
+            return
+
+    def run_inline(self, request: RunRequest) -> Submission:
+        """Record, claim and execute in this process (``dataflow run``); a replay executes nothing."""
+        submission = self.submit(request, claim=True)
+        if not submission.created:
+            return submission
+        run = self.execute(Claim(submission.run, submission.run.attempt))
+        return Submission(run, created=True)
+
+
+def context_for(base_dir: Path, limits: execution.ExecutionLimits) -> execution.ExecutionContext:
+    extra = [Path(p) for p in os.environ.get(execution.DATA_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    return execution.ExecutionContext(base_dir=base_dir, allowed_roots=(base_dir, *extra), limits=limits)
+
+
+def preflight(defn: Definition, base_dir: Path, limits: execution.ExecutionLimits) -> None:
+    """Refuse hostile SQL and escaping paths before anything is recorded."""
+    cursor = sandbox.open_cursor(limits)
+    try:
+        for step in defn.steps:
+            sandbox.gate_step(cursor, step.name, step.sql)
+    finally:
+        cursor.close()
+    ctx = context_for(base_dir, limits)
+    for name, spec in defn.sources.items():
+        path = getattr(spec, "path", None)
+        if isinstance(path, str):
+            sources.confine_path(name, path, ctx)
+
+
+def store_result(conn: Connection, run_id: str, attempt: int, result: execution.ExecutionResult) -> None:
+    """Store the bounded result; a result left by an earlier attempt of the run is replaced."""
+    conn.execute(run_results.delete().where(run_results.c.run_id == run_id))
+    conn.execute(
+        run_results.insert().values(
+            run_id=run_id,
+            attempt=attempt,
+            output_digest=result.output_digest,
+            format=RESULT_FORMAT,
+            row_count=result.row_count,
+            bytes=result.ipc_bytes,
+        )
+    )
+
+
+def result_facts(result: execution.ExecutionResult) -> dict[str, Any]:
+    return {
+        "output_digest": result.output_digest,
+        "row_count": str(result.row_count),
+        "source_fingerprint_digest": result.source_fingerprint_digest,
+        "sources": [{"source": n, "kind": k, "fingerprint": f} for n, k, f in result.sources],
+        "format": RESULT_FORMAT,
+    }
+
+
+def _store_definition(conn: Connection, db: Database, defn: Definition, d_hash: str) -> None:
+    exists = conn.execute(
+        sa.select(definitions.c.definition_hash).where(definitions.c.definition_hash == d_hash)
+    ).one_or_none()
+    if exists is not None:
+        return
+    conn.execute(
+        definitions.insert().values(
+            definition_hash=d_hash,
+            name=defn.name,
+            version=defn.version,
+            body_json=hashing.canonical_json(canonical_body(defn)).decode("utf-8"),
+            registered_at_us=db.now_us(conn),
+        )
+    )
+
+
+def _run_values(
+    request: RunRequest,
+    run_id: str,
+    key: str,
+    d_hash: str,
+    r_hash: str,
+    params: Mapping[str, Any],
+    target: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    mode = Mode.FORWARD_RECOVERY if target is not None else Mode.ATOMIC
+    return {
+        "run_id": run_id,
+        "tenant": request.access.tenant,
+        "idempotency_key": key,
+        "definition_hash": d_hash,
+        "definition_name": request.definition.name,
+        "request_hash": r_hash,
+        "mode": mode,
+        "status": RunStatus.QUEUED,
+        "recovery_status": RecoveryStatus.RECORDED,
+        "attempt": 0,
+        "max_attempts": request.max_attempts,
+        "parameters_json": hashing.canonical_json(dict(params)).decode("utf-8"),
+        "provenance_json": hashing.canonical_json(request.provenance.as_json()).decode("utf-8"),
+        "principal": request.access.principal,
+        "access_context_digest": request.access.digest(),
+        "target_json": hashing.canonical_json(dict(target)).decode("utf-8") if target is not None else None,
+        "base_dir": str(request.base_dir),
+    }
+
+
+def _recorded_payload(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "run_id": values["run_id"],
+        "tenant": values["tenant"],
+        "idempotency_key": values["idempotency_key"],
+        "definition_hash": values["definition_hash"],
+        "request_hash": values["request_hash"],
+        "mode": str(values["mode"]),
+        "provenance": json.loads(values["provenance_json"]),
+        "access_context_digest": values["access_context_digest"],
+        "max_attempts": values["max_attempts"],
+    }

@@ -1,0 +1,61 @@
+"""The platform object: one database and the services over it, built from a URL.
+
+No process-wide singletons: tests open two platforms on one database to play two workers.
+"""
+
+from __future__ import annotations
+
+import os
+from types import TracebackType
+
+from durable_dataflow import migrations
+from durable_dataflow.core import secrets
+from durable_dataflow.core.db import Database
+from durable_dataflow.core.secrets import Secret
+from durable_dataflow.dataflow.execution import ExecutionLimits
+from durable_dataflow.dataflow.service import RunService, ServiceConfig, lease_ttl_from_env
+
+EVIDENCE_KEY_NAME = "DATAFLOW_EVIDENCE_KEY"
+
+
+def evidence_key_from_env() -> Secret | None:
+    """The keyed-evidence secret when configured (environment or secrets directory), else None."""
+    configured = os.environ.get(EVIDENCE_KEY_NAME) or (
+        os.environ.get("DATAFLOW_SECRETS_DIR")
+        and os.path.isfile(os.path.join(os.environ["DATAFLOW_SECRETS_DIR"], EVIDENCE_KEY_NAME))
+    )
+    return secrets.resolve(EVIDENCE_KEY_NAME) if configured else None
+
+
+class Platform:
+    """A platform database with its run service."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        lease_ttl_s: float | None = None,
+        holder: str | None = None,
+        limits: ExecutionLimits | None = None,
+        migrate: bool = True,
+    ) -> None:
+        self.db = Database(url)
+        if migrate:
+            migrations.upgrade(self.db)
+        config = ServiceConfig(
+            lease_ttl_s=lease_ttl_from_env(lease_ttl_s),
+            limits=limits or ExecutionLimits(),
+            evidence_key=evidence_key_from_env(),
+        )
+        if holder is not None:
+            config = ServiceConfig(config.lease_ttl_s, holder, config.limits, config.evidence_key)
+        self.runs = RunService(self.db, config)
+
+    def close(self) -> None:
+        self.db.dispose()
+
+    def __enter__(self) -> Platform:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
