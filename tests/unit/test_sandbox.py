@@ -12,7 +12,13 @@ import pytest
 from durable_dataflow.core.errors import ExecutionError, InputError, LimitExceeded
 from durable_dataflow.dataflow import sandbox
 from durable_dataflow.dataflow.definitions import Definition
-from durable_dataflow.dataflow.execution import ExecutionContext, ExecutionLimits, ResolvedSource, execute
+from durable_dataflow.dataflow.execution import (
+    ExecutionContext,
+    ExecutionLimits,
+    ResolvedSource,
+    execute,
+    preflight,
+)
 
 THREADS = 2
 RUNS_PER_THREAD = 15
@@ -54,8 +60,25 @@ def _ctx(tmp_path: Path, **limits: Any) -> ExecutionContext:
 def test_non_select_statements_are_refused_before_running(tmp_path: Path, sql: str, statement_type: str) -> None:
     """Proves each non-SELECT statement is refused with an InputError naming the step and the statement type."""
     d = _definition("select n from t", sql)
-    with pytest.raises(InputError, match=f"step 's1' must be a SELECT .*found a {statement_type} statement"):
+    with pytest.raises(InputError, match=f"step 's1' must be a SELECT .*found a statement of type {statement_type}"):
         execute(d, {}, _ctx(tmp_path))
+
+
+def test_preflight_refuses_without_reading_sources(tmp_path: Path) -> None:
+    """Proves preflight() refuses hostile SQL, undeclared parameters and escaping paths, and passes good input."""
+    ctx = _ctx(tmp_path)
+    preflight(_definition("select n from t"), ctx)
+    with pytest.raises(InputError, match="found a statement of type ATTACH"):
+        preflight(_definition("attach ':memory:' as m"), ctx)
+    with pytest.raises(InputError, match=r"uses \$day"):
+        preflight(_definition("select n from t where n = $day"), ctx)
+    escaping = Definition.model_validate({
+        "name": "f", "version": 1, "sources": {"t": {"kind": "csv", "path": "/etc/passwd"}},
+        "steps": [{"name": "s", "sql": "select 1 as n"}],
+        "output": {"schema": {"n": "int64"}, "max_rows": 1, "max_bytes": 100},
+    })
+    with pytest.raises(InputError, match="resolves outside the allowed data roots"):
+        preflight(escaping, ctx)
 
 
 def test_several_statements_are_refused(tmp_path: Path) -> None:

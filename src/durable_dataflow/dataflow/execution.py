@@ -21,7 +21,12 @@ import pyarrow as pa
 from durable_dataflow.core.errors import ExecutionError, InputError, LimitExceeded
 from durable_dataflow.dataflow import arrowdigest, parameters, results, sandbox
 from durable_dataflow.dataflow.definitions import Definition, LoadedDefinition
-from durable_dataflow.dataflow.sources import ResolvedSource, resolve_sources, source_fingerprint_digest
+from durable_dataflow.dataflow.sources import (
+    ResolvedSource,
+    confine_path,
+    resolve_sources,
+    source_fingerprint_digest,
+)
 
 DATA_ROOTS_ENV = "DATAFLOW_DATA_ROOTS"
 SOURCE_BYTES_MAX_DEFAULT = 1024**3
@@ -33,6 +38,7 @@ __all__ = [
     "ExecutionResult",
     "ResolvedSource",
     "execute",
+    "preflight",
     "resolve_sources",
     "source_fingerprint_digest",
 ]
@@ -188,6 +194,21 @@ def _run_steps(
 def _register_sources(cursor: duckdb.DuckDBPyConnection, resolved: list[ResolvedSource]) -> None:
     for source in resolved:
         cursor.register(source.name, source.table)
+
+
+def preflight(d: Definition, ctx: ExecutionContext) -> None:
+    """Everything that can be refused without reading data: the SQL gate, undeclared $parameters and
+    file paths outside the allowed roots. Call it before recording a run so hostile input leaves no trace.
+    """
+    cursor = sandbox.open_cursor(ctx.limits)
+    try:
+        _gate_all(cursor, d)
+    finally:
+        cursor.close()
+    for name, spec in d.sources.items():
+        path = getattr(spec, "path", None)
+        if isinstance(path, str):
+            confine_path(name, path, ctx)
 
 
 def execute(

@@ -93,8 +93,8 @@ def gate_step(cursor: duckdb.DuckDBPyConnection, step_name: str, sql: str) -> Ga
     statement = statements[0]
     if statement.type != duckdb.StatementType.SELECT:
         raise InputError(
-            f"step {step_name!r} must be a SELECT (or WITH … SELECT) statement, found a "
-            f"{statement.type.name} statement"
+            f"step {step_name!r} must be a SELECT (or WITH … SELECT) statement, found a statement of type "
+            f"{statement.type.name}"
         )
     return GatedStep(step_name, sql, frozenset(statement.named_parameters))
 
