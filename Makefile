@@ -38,7 +38,8 @@ venv: $(STAMP)
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "No Python >= 3.11 found on PATH (set PYTHON=...)" >&2; exit 1; }
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+	  echo "'$(PYTHON) -m venv' failed; on Debian/Ubuntu: apt-get install python3-venv" >&2; exit 1; }
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
