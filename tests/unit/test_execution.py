@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import decimal
 import os
 import re
@@ -162,6 +163,20 @@ def test_data_roots_env_admits_another_directory(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv(DATA_ROOTS_ENV, os.pathsep.join(["", str(shared)]))
     result = execute(loaded.definition, {}, ExecutionContext.for_definition(loaded))
     assert result.table.to_pylist() == [{"n": 2}]
+
+
+def test_csv_schema_names_headerless_columns_and_must_match(tmp_path: Path) -> None:
+    """Proves a headerless CSV takes its column names from the schema, and a declared column must exist."""
+    (tmp_path / "plain.csv").write_text("1,2026-11-02\n2,2026-11-03\n")
+    (tmp_path / "headed.csv").write_text("n,day\n1,2026-11-02\n")
+    headerless = _definition({"t": {"kind": "csv", "path": "plain.csv", "header": False,
+                                    "schema": {"n": "int64", "day": "date"}}},
+                             "select max(day) as day from t", {"day": "date"})
+    assert execute(headerless, {}, _ctx(tmp_path)).table.column("day").to_pylist() == [dt.date(2026, 11, 3)]
+    wrong = _definition({"t": {"kind": "csv", "path": "headed.csv", "schema": {"amount": "decimal(10,2)"}}},
+                        "select 1 as n", {"n": "int64"})
+    with pytest.raises(ExecutionError, match="has no column 'amount' that its schema declares"):
+        execute(wrong, {}, _ctx(tmp_path))
 
 
 def test_source_larger_than_the_limit_is_refused(tmp_path: Path) -> None:

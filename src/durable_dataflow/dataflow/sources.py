@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,9 @@ def _read_bounded(source: str, path: Path, bytes_max: int) -> bytes:
             raise InputError(f"source {source!r}: {path.name!r} is not a regular file")
         if path.stat().st_size > bytes_max:
             raise InputError(f"source {source!r}: {path.name!r} is larger than the source limit of {bytes_max} bytes")
-        with path.open("rb") as handle:
+        # O_NOFOLLOW: a file swapped for a symlink after confine_path() is refused, not followed.
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(descriptor, "rb") as handle:
             data = handle.read(bytes_max + 1)
     except OSError as exc:
         raise InputError(f"source {source!r}: cannot read {path.name!r}: {exc.strerror or exc}") from None
@@ -101,15 +104,20 @@ def _resolve_csv(name: str, spec: CsvSource, ctx: ExecutionContext) -> ResolvedS
     path = confine_path(name, spec.path, ctx)
     data = _read_bounded(name, path, ctx.limits.source_bytes_max)
     types = {column: parse_arrow_type(t) for column, t in (spec.columns or {}).items()}
+    # Without a header line the declared schema names the columns, in order.
+    names = list(types) if not spec.header and types else None
     try:
         table = pacsv.read_csv(
             pa.BufferReader(data),
-            read_options=pacsv.ReadOptions(autogenerate_column_names=not spec.header),
+            read_options=pacsv.ReadOptions(column_names=names, autogenerate_column_names=not spec.header and not names),
             parse_options=pacsv.ParseOptions(delimiter=spec.delimiter),
             convert_options=pacsv.ConvertOptions(column_types=types),
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ExecutionError(f"source {name!r}: cannot parse {spec.path!r} as CSV: {exc}") from None
+    missing = [column for column in types if column not in table.column_names]
+    if missing:
+        raise ExecutionError(f"source {name!r}: {spec.path!r} has no column {missing[0]!r} that its schema declares")
     return ResolvedSource(name, "csv", table, hashing.sha256_bytes(data))
 
 
