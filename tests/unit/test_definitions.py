@@ -39,7 +39,7 @@ def _doc(**changes: Any) -> dict[str, Any]:
 
 
 def _parse(document: dict[str, Any], origin: str = "flow.yaml") -> Definition:
-    return definitions.parse_definition(yaml.safe_dump(document), origin)
+    return definitions.parse_definition(yaml.safe_dump(document, sort_keys=False), origin)
 
 
 def test_examples_load_and_canonical_body_round_trips() -> None:
@@ -65,6 +65,21 @@ def test_yaml_and_json_spellings_hash_alike() -> None:
     assert definitions.definition_hash(from_yaml) == definitions.definition_hash(from_json)
     changed = _parse(_doc(version=2))
     assert definitions.definition_hash(changed) != definitions.definition_hash(from_yaml)
+
+
+def test_column_order_survives_canonical_json_and_changes_the_hash() -> None:
+    """Proves declared column order is kept through RFC 8785 (which sorts keys) and is part of the hash."""
+    document = _doc(output={"schema": {"z": "int64", "a": "string"}, "max_rows": 1, "max_bytes": 100})
+    document["sources"]["nums"]["schema"] = {"n": "int64", "m": "string"}
+    d = _parse(document)
+    pinned = json.loads(hashing.canonical_json(definitions.canonical_body(d)))
+    again = Definition.model_validate(pinned)
+    assert again == d
+    assert list(again.output.columns) == ["z", "a"]
+    assert list(again.sources["nums"].columns) == ["n", "m"]  # type: ignore[union-attr]
+    swapped = _parse(_doc(output={"schema": {"a": "string", "z": "int64"}, "max_rows": 1, "max_bytes": 100}))
+    assert definitions.definition_hash(swapped) != definitions.definition_hash(_parse(_doc(
+        output={"schema": {"z": "int64", "a": "string"}, "max_rows": 1, "max_bytes": 100})))
 
 
 def test_malformed_yaml_names_file_line_and_column() -> None:

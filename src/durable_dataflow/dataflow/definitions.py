@@ -124,6 +124,20 @@ Identifier = Annotated[str, Field(pattern=IDENTIFIER_PATTERN)]
 ParameterType = Literal["string", "int", "float", "bool", "date", "timestamp", "decimal"]
 
 
+def ordered_columns(value: Any) -> Any:
+    """Accept a column map also as a list of [name, type] pairs: the pinned form keeps the order.
+
+    RFC 8785 sorts object keys, so the canonical body writes ordered column maps as pairs; a
+    document may use either form.
+    """
+    if isinstance(value, list) and all(isinstance(p, list | tuple) and len(p) == 2 for p in value):
+        names = [str(p[0]) for p in value]
+        if len(set(names)) != len(names):
+            raise ValueError("a column name is declared twice")
+        return {str(name): type_name for name, type_name in value}
+    return value
+
+
 def _check_type_map(columns: dict[str, str]) -> dict[str, str]:
     for column, type_name in columns.items():
         if not column:
@@ -174,6 +188,8 @@ class CsvSource(_Model):
     header: bool = True
     columns: dict[str, str] | None = Field(default=None, alias="schema")
 
+    _ordered = field_validator("columns", mode="before")(ordered_columns)
+
     @field_validator("columns")
     @classmethod
     def _types(cls, value: dict[str, str] | None) -> dict[str, str] | None:
@@ -193,6 +209,8 @@ class InlineSource(_Model):
     kind: Literal["inline"]
     rows: list[dict[str, Any]] = Field(max_length=INLINE_ROWS_MAX)
     columns: dict[str, str] = Field(alias="schema", min_length=1)
+
+    _ordered = field_validator("columns", mode="before")(ordered_columns)
 
     @field_validator("columns")
     @classmethod
@@ -255,6 +273,8 @@ class OutputSpec(_Model):
     columns: dict[str, str] = Field(alias="schema", min_length=1, max_length=OUTPUT_COLUMNS_MAX)
     max_rows: int = Field(ge=1, le=JSON_INT_MAX)
     max_bytes: int | str
+
+    _ordered = field_validator("columns", mode="before")(ordered_columns)
 
     @field_validator("columns")
     @classmethod
@@ -456,6 +476,12 @@ def load_definition(path: Path) -> LoadedDefinition:
 def canonical_body(d: Definition) -> dict[str, Any]:
     """The JSON body that is hashed and pinned; validating it again gives an equal Definition."""
     body: dict[str, Any] = d.model_dump(mode="json", by_alias=True)
+    # Column order is meaning: write ordered maps as [name, type] pairs, which RFC 8785 keeps in order.
+    body["output"]["schema"] = [[name, t] for name, t in d.output.columns.items()]
+    for name, spec in d.sources.items():
+        columns = getattr(spec, "columns", None)
+        if columns is not None:
+            body["sources"][name]["schema"] = [[column, t] for column, t in columns.items()]
     return body
 
 

@@ -263,7 +263,9 @@ def _fetch_bounded(name: str, cur: Any) -> list[tuple[Any, ...]]:
 
 def _resolve_inline(name: str, spec: InlineSource) -> ResolvedSource:
     table = _rows_to_table(name, spec.rows, arrow_schema_of(spec.columns))
-    fingerprint = hashing.digest({"schema": spec.columns, "rows": spec.rows})
+    # Pairs, not a map: RFC 8785 sorts keys, and column order changes the table.
+    columns = [[column, type_name] for column, type_name in spec.columns.items()]
+    fingerprint = hashing.digest({"schema": columns, "rows": spec.rows})
     return ResolvedSource(name, "inline", table, fingerprint)
 
 
