@@ -31,7 +31,7 @@ from durable_dataflow.core.errors import (
 )
 from durable_dataflow.core.heartbeat import KeepAlive
 from durable_dataflow.core.secrets import Secret
-from durable_dataflow.dataflow import crashpoints, evidence, execution, parameters, runs, sandbox, sources
+from durable_dataflow.dataflow import crashpoints, evidence, execution, parameters, runs, sources
 from durable_dataflow.dataflow.definitions import Definition, canonical_body, definition_hash
 from durable_dataflow.dataflow.requests import RunRequest, check_request, request_hash
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
@@ -121,7 +121,7 @@ class RunService:
             existing = self._replay(request.access.tenant, key, r_hash)
             if existing is not None:
                 return Submission(existing, created=False)
-        preflight(defn, request.base_dir, self.config.limits)
+        execution.preflight(defn, context_for(request.base_dir, self.config.limits))
         run_id = runs.new_run_id()
         values = _run_values(request, run_id, key or f"run:{run_id}", d_hash, r_hash, params, target)
         try:
@@ -310,21 +310,6 @@ class RunService:
 def context_for(base_dir: Path, limits: execution.ExecutionLimits) -> execution.ExecutionContext:
     extra = [Path(p) for p in os.environ.get(execution.DATA_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
     return execution.ExecutionContext(base_dir=base_dir, allowed_roots=(base_dir, *extra), limits=limits)
-
-
-def preflight(defn: Definition, base_dir: Path, limits: execution.ExecutionLimits) -> None:
-    """Refuse hostile SQL and escaping paths before anything is recorded."""
-    cursor = sandbox.open_cursor(limits)
-    try:
-        for step in defn.steps:
-            sandbox.gate_step(cursor, step.name, step.sql)
-    finally:
-        cursor.close()
-    ctx = context_for(base_dir, limits)
-    for name, spec in defn.sources.items():
-        path = getattr(spec, "path", None)
-        if isinstance(path, str):
-            sources.confine_path(name, path, ctx)
 
 
 def store_result(conn: Connection, run_id: str, attempt: int, result: execution.ExecutionResult) -> None:

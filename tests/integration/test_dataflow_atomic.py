@@ -1,0 +1,192 @@
+"""Atomic-mode runs on both engines: record before execute, all-or-nothing, evidence, idempotency."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from durable_dataflow.core import checkpoints, ledger
+from durable_dataflow.core.errors import Conflict, InputError
+from durable_dataflow.core.schema import ledger_entries
+from durable_dataflow.dataflow import crashpoints, service, sweeper
+from durable_dataflow.dataflow.schema import run_results
+from durable_dataflow.platform import Platform
+from support import flows
+
+
+@pytest.fixture
+def platform(db_url: str) -> Iterator[Platform]:
+    with Platform(db_url, lease_ttl_s=5) as opened:
+        yield opened
+    crashpoints.set_hook(None)
+
+
+def test_inline_atomic_run_succeeds_with_verified_evidence(platform: Platform, tmp_path: Path) -> None:
+    """A run records, claims, executes and commits; the ledger, checkpoint and result agree."""
+    run = platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1")).run
+    assert (run.status, run.recovery_status, run.attempt, run.row_count) == ("succeeded", "verified", 1, 2)
+    assert flows.kinds(platform, run.run_id) == ["run.recorded", "attempt.started", "result.committed", "run.succeeded"]
+    with platform.db.read() as conn:
+        checkpoint = checkpoints.latest(conn, "dataflow", run.run_id)
+        stored = conn.execute(sa.select(run_results.c.output_digest)).scalar_one()
+    assert checkpoint is not None and checkpoint.status == "succeeded"
+    assert stored == run.output_digest
+
+
+def test_record_before_execute(platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant 1: when sources are read, run.recorded and attempt.started are already committed (seen from
+    another connection)."""
+    seen: list[list[str]] = []
+    real = service.sources.resolve_sources
+
+    def probe(defn: object, ctx: object) -> object:
+        with platform.db.read() as conn:  # a separate connection sees only committed rows
+            run_id = conn.execute(sa.text("SELECT run_id FROM dataflow_runs")).scalar_one()
+            seen.append([e.kind for e in ledger.read(conn, "dataflow", run_id)])
+        return real(defn, ctx)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(service.sources, "resolve_sources", probe)
+    platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1"))
+    assert seen == [["run.recorded", "attempt.started"]]
+
+
+def test_terminal_commit_is_all_or_nothing(platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant 4: a failure inside the terminal transaction leaves no result, no success and no checkpoint."""
+
+    def explode(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("disk full while releasing")
+
+    monkeypatch.setattr(service.leases, "release", explode)
+    with pytest.raises(RuntimeError):
+        platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1"))
+    with platform.db.read() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(run_results)).scalar_one() == 0
+        run_id = conn.execute(sa.text("SELECT run_id FROM dataflow_runs")).scalar_one()
+        assert checkpoints.latest(conn, "dataflow", run_id) is None
+    run = platform.runs.get(run_id)
+    assert run.status == "running" and run.output_digest is None
+    assert "result.committed" not in flows.kinds(platform, run_id)
+
+
+def test_tampered_ledger_blocks_success(platform: Platform, tmp_path: Path) -> None:
+    """Invariant 10: an entry edited before the terminal commit makes verification fail: evidence_failed,
+    no success projection, no checkpoint, a warning."""
+
+    def tamper(point: str) -> None:
+        if point == crashpoints.BEFORE_TERMINAL_COMMIT:
+            with platform.db.begin() as conn:
+                conn.execute(ledger_entries.update().where(ledger_entries.c.seq == 1).values(payload_json='{"x":1}'))
+
+    crashpoints.set_hook(tamper)
+    run = platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1")).run
+    assert (run.status, run.recovery_status) == ("evidence_failed", "evidence_failed")
+    assert run.warning and "UNRESOLVED" in run.warning and "failed" not in run.warning.lower().split("verif")[0]
+    assert "run.succeeded" not in flows.kinds(platform, run.run_id)
+    with platform.db.read() as conn:
+        assert checkpoints.latest(conn, "dataflow", run.run_id) is None
+        assert conn.execute(sa.select(sa.func.count()).select_from(run_results)).scalar_one() == 0
+
+
+def test_replay_returns_the_existing_run_and_executes_nothing(
+    platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant 11: the same key returns the same run, writes nothing and reads no source."""
+    first = platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1")).run
+    before = flows.row_counts(platform)
+    calls: list[object] = []
+    monkeypatch.setattr(service.sources, "resolve_sources", lambda *a: calls.append(a))
+    again = platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1"))
+    assert (again.created, again.run.run_id, again.run.status) == (False, first.run_id, "succeeded")
+    assert calls == []
+    assert flows.row_counts(platform) == before
+
+
+def test_conflicting_replay_writes_nothing(platform: Platform, tmp_path: Path) -> None:
+    """Invariant 11: the same key with other parameters is a Conflict and leaves every table unchanged."""
+    platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1"))
+    before = flows.row_counts(platform)
+    with pytest.raises(Conflict, match="different request"):
+        platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1", params={"factor": "2"}))
+    assert flows.row_counts(platform) == before
+
+
+def test_replay_of_an_unfinished_run_returns_it(platform: Platform, tmp_path: Path) -> None:
+    """A replay of a queued (never executed) run returns that run as it is."""
+    queued = platform.runs.submit(flows.request(flows.definition(), tmp_path, "k1")).run
+    again = platform.runs.submit(flows.request(flows.definition(), tmp_path, "k1"))
+    assert (again.created, again.run.run_id, again.run.status) == (False, queued.run_id, "queued")
+
+
+def test_stale_attempt_leaves_no_trace_and_is_retried(platform: Platform, tmp_path: Path) -> None:
+    """A lease that expires before the terminal commit refuses the commit; the sweeper proves the attempt
+    absent (invariant 9) and the next attempt succeeds."""
+
+    def expire(point: str) -> None:
+        if point == crashpoints.BEFORE_TERMINAL_COMMIT:
+            platform.db.advance_clock(6)
+
+    crashpoints.set_hook(expire)
+    with pytest.raises(Exception, match="lost its lease"):
+        platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1"))
+    crashpoints.set_hook(None)
+    with platform.db.read() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(run_results)).scalar_one() == 0
+    decisions = sweeper.sweep(platform.db)
+    assert [d.decision for d in decisions] == ["recovered"]
+    claim = platform.runs.claim_next()
+    assert claim is not None and claim.attempt == 2
+    run = platform.runs.execute(claim)
+    assert (run.status, run.attempt) == ("succeeded", 2)
+    assert flows.kinds(platform, run.run_id).count("attempt.recovered") == 1
+
+
+def test_attempts_exhausted_fail_with_no_external_output(platform: Platform, tmp_path: Path) -> None:
+    """With max_attempts=1, an expired attempt is recovered and the run fails, recording no external output."""
+    platform.runs.submit(flows.request(flows.definition(), tmp_path, "k1", max_attempts=1))
+    claim = platform.runs.claim_next()
+    assert claim is not None
+    platform.db.advance_clock(6)
+    assert [d.decision for d in sweeper.sweep(platform.db)] == ["failed"]
+    run = platform.runs.get(claim.run.run_id)
+    assert (run.status, run.recovery_status, run.error_code) == ("failed", "no_external_output", "attempts_exhausted")
+    assert platform.runs.claim_next() is None
+
+
+@pytest.mark.parametrize(
+    ("sql", "problem"),
+    [
+        ("select * from read_csv('/etc/passwd')", "external"),
+        ("copy (select 1) to '/tmp/x.csv'", "COPY"),
+        ("attach '/tmp/x.db'", "ATTACH"),
+        ("drop view sales", "DROP"),
+        ("select 1; select 2", "statement"),
+    ],
+)
+def test_hostile_sql_is_refused_and_writes_nothing(
+    platform: Platform, tmp_path: Path, sql: str, problem: str
+) -> None:
+    """Hostile SQL gets a clear error; gate failures write nothing, sandbox refusals fail the run cleanly."""
+    before = flows.row_counts(platform)
+    defn = flows.definition(sql=sql)
+    try:
+        run = platform.runs.run_inline(flows.request(defn, tmp_path, "k1")).run
+    except InputError as error:
+        assert problem.lower() in error.message.lower() or "select" in error.message.lower()
+        assert flows.row_counts(platform) == before
+        return
+    assert run.status == "failed" and run.recovery_status == "no_external_output"
+    assert run.error_message
+    with platform.db.read() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(run_results)).scalar_one() == 0
+
+
+def test_source_path_escape_is_refused_before_recording(platform: Platform, tmp_path: Path) -> None:
+    """A csv source outside the allowed roots is an InputError naming the source; nothing is written."""
+    before = flows.row_counts(platform)
+    extra = {"leak": {"kind": "csv", "path": "../../../etc/passwd"}}
+    with pytest.raises(InputError, match="leak"):
+        platform.runs.run_inline(flows.request(flows.definition(extra_sources=extra), tmp_path, "k1"))
+    assert flows.row_counts(platform) == before

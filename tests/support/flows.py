@@ -1,0 +1,80 @@
+"""Small dataflow definitions and requests for protocol tests (no files needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from durable_dataflow.core import ledger
+from durable_dataflow.dataflow.definitions import Definition, parse_definition
+from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.platform import Platform
+
+ROWS = [{"region": "north", "amount": "10.50"}, {"region": "south", "amount": "4.25"}, {"region": "north", "amount": "1.00"}]
+
+
+def definition(target: dict[str, Any] | None = None, *, name: str = "totals", extra_sources: dict[str, Any] | None = None,
+               sql: str | None = None) -> Definition:
+    """Totals per region from an inline source; with a target it is a forward-recovery dataflow."""
+    document: dict[str, Any] = {
+        "name": name,
+        "version": 1,
+        "parameters": {"factor": {"type": "int", "default": 1}},
+        "sources": {"sales": {"kind": "inline", "rows": ROWS, "schema": {"region": "string", "amount": "decimal(12,2)"}},
+                    **(extra_sources or {})},
+        "steps": [{"name": "totals", "sql": sql or (
+            "select region, (sum(amount) * $factor)::DECIMAL(18,2) as total, count(*)::BIGINT as n "
+            "from sales group by region order by region")}],
+        "output": {"schema": {"region": "string", "total": "decimal(18,2)", "n": "int64"}, "max_rows": 100,
+                   "max_bytes": "1MiB"},
+    }
+    if target is not None:
+        document["target"] = target
+    return parse_definition(json.dumps(document), "<test>")
+
+
+def parquet_target(provider: str = "parquet", location: str = "sink") -> dict[str, Any]:
+    return {"type": "datasources.publication", "provider": provider, "datasource": "analytics.totals",
+            "location": location, "mode": "append"}
+
+
+def request(defn: Definition, base_dir: Path, key: str | None = None, *, tenant: str = "acme",
+            params: dict[str, Any] | None = None, max_attempts: int = 3) -> RunRequest:
+    return RunRequest(defn, base_dir, params or {}, AccessContext(tenant, "tester", ("operator",), (), "test"),
+                      Provenance("tester", "cli"), idempotency_key=key, max_attempts=max_attempts)
+
+
+def kinds(platform: Platform, run_id: str) -> list[str]:
+    with platform.db.read() as conn:
+        return [entry.kind for entry in ledger.read(conn, "dataflow", run_id)]
+
+
+def row_counts(platform: Platform) -> dict[str, int]:
+    """Rows per platform table: 'nothing written' means these are unchanged."""
+    tables = ("ledger_entries", "leases", "checkpoints", "definitions", "dataflow_runs", "run_results")
+    with platform.db.read() as conn:
+        return {t: int(conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one()) for t in tables}
+
+
+def manifests(sink: Path) -> list[dict[str, Any]]:
+    """Publication manifests of a Parquet-folder sink, read directly from disk."""
+    folder = sink / "_manifests"
+    if not folder.exists():
+        return []
+    found = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    return [m for m in found if m.get("kind") == "publication"]
+
+
+def delta_publications(table_dir: Path, key: str | None = None) -> list[dict[str, Any]]:
+    """Publication commits in a Delta table's log, read from the JSON commit files directly."""
+    log = table_dir / "_delta_log"
+    found: list[dict[str, Any]] = []
+    for commit in sorted(log.glob("*.json")) if log.exists() else []:
+        for line in commit.read_text().splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info and info.get("dataflow_kind") == "publication" and (key is None or info.get("dataflow_key") == key):
+                found.append(info)
+    return found
