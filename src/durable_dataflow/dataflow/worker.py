@@ -1,0 +1,283 @@
+"""The worker loop (DESIGN §6 claim and sweeper, §10 distributed deployment).
+
+A worker sweeps expired leases every sweep interval, claims queued runs (``FOR UPDATE SKIP
+LOCKED`` on PostgreSQL) up to its concurrency, and carries each claimed attempt to its end in a
+thread (the core is synchronous; :meth:`RunService.execute` heartbeats the lease meanwhile).
+Any number of workers on any number of hosts may share one database: claims and sweeper
+decisions are guarded updates, so two workers never take or decide the same attempt.
+
+Database outages: claiming and sweeping are guarded statements, so they are retried after a
+bounded exponential back-off. An attempt that loses the database mid-execution is never
+retried here: it is abandoned, its lease expires, and a sweeper decides it by the protocol
+(proven absent and retried before dispatch authorization, ``outcome_unknown`` after it).
+
+Stopping: :meth:`Worker.request_stop` (SIGTERM/SIGINT in the CLI) stops claiming; in-flight
+attempts run to their end (or their leases expire) and nothing is half written, because every
+write of an attempt is one fenced transaction.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, TypeVar
+
+import structlog
+
+from durable_dataflow.core.errors import DataflowError, InputError, StorageUnavailable
+from durable_dataflow.dataflow import runs, sweeper
+from durable_dataflow.dataflow.runs import RunStatus
+from durable_dataflow.dataflow.service import Claim, RunService
+
+# The database pool holds 8 + 16 connections; each in-flight attempt uses up to two at once (its
+# work and its heartbeat), plus the loop's own: more threads would wait on the pool, not work.
+CONCURRENCY_MAX = 8
+SWEEP_INTERVAL_S_DEFAULT = 5.0
+POLL_INTERVAL_S_DEFAULT = 1.0
+INTERVAL_S_MIN = 0.01
+INTERVAL_S_MAX = 3600.0
+# Back-off after the database was unavailable: doubles from the initial delay up to the maximum.
+BACKOFF_INITIAL_S = 0.1
+BACKOFF_MAX_S = 10.0
+BACKOFF_FACTOR = 2.0
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How one worker process behaves; validated on construction."""
+
+    concurrency: int = 1
+    once: bool = False  # handle one claim (or none, if nothing is queued) and exit
+    until_idle: bool = False  # exit once nothing is queued or running anywhere and nothing is in flight
+    sweep_interval_s: float = SWEEP_INTERVAL_S_DEFAULT
+    poll_interval_s: float = POLL_INTERVAL_S_DEFAULT
+    backoff_initial_s: float = BACKOFF_INITIAL_S
+    backoff_max_s: float = BACKOFF_MAX_S
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.concurrency <= CONCURRENCY_MAX:
+            raise InputError(f"concurrency must be between 1 and {CONCURRENCY_MAX}, got {self.concurrency}")
+        for name in ("sweep_interval_s", "poll_interval_s", "backoff_initial_s", "backoff_max_s"):
+            value = getattr(self, name)
+            if not INTERVAL_S_MIN <= value <= INTERVAL_S_MAX:
+                raise InputError(f"{name} must be between {INTERVAL_S_MIN} and {INTERVAL_S_MAX} s, got {value}")
+
+
+@dataclass
+class WorkerSummary:
+    """What one worker did, for its last log line and for tests."""
+
+    claimed: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)  # final run status -> count
+    abandoned: int = 0  # attempts left to the sweeper (database lost, unexpected error)
+    swept: dict[str, int] = field(default_factory=dict)  # sweeper decision -> count
+    storage_failures: int = 0
+    stopped_by_request: bool = False
+
+
+class Backoff:
+    """Bounded exponential delay for retrying guarded statements while the database is down."""
+
+    def __init__(self, initial_s: float, max_s: float) -> None:
+        self._initial_s = initial_s
+        self._max_s = max_s
+        self._next_s = initial_s
+
+    def next_delay_s(self) -> float:
+        delay = self._next_s
+        self._next_s = min(self._max_s, self._next_s * BACKOFF_FACTOR)
+        return delay
+
+    def reset(self) -> None:
+        self._next_s = self._initial_s
+
+
+class Worker:
+    """Sweeps, claims and executes runs of one platform database until stopped or idle."""
+
+    def __init__(self, service: RunService, options: WorkerOptions | None = None, *, log: Any = None) -> None:
+        self.service = service
+        self.options = options or WorkerOptions()
+        self.summary = WorkerSummary()
+        self._log = log if log is not None else structlog.get_logger("dataflow.worker")
+        self._stop = threading.Event()
+        self._inflight: dict[futures.Future[None], Claim] = {}
+        self._backoff = Backoff(self.options.backoff_initial_s, self.options.backoff_max_s)
+        self._last_sweep_s: float | None = None
+        self._summary_lock = threading.Lock()
+
+    # ---- control ---------------------------------------------------------------------------
+
+    def request_stop(self, reason: str = "requested") -> None:
+        """Stop claiming; in-flight attempts finish (or their leases expire). Safe from any thread."""
+        if self._stop.is_set():
+            self._log.info("worker.stop_repeated", event_reason=reason, inflight=len(self._inflight))
+            return
+        self.summary.stopped_by_request = True
+        self._log.info("worker.stopping", event_reason=reason, inflight=len(self._inflight))
+        self._stop.set()
+
+    def run(self) -> WorkerSummary:
+        """The loop; it runs forever unless stopped, ``once`` or ``until_idle`` (see WorkerOptions)."""
+        config = self.service.config
+        self._log.info(
+            "worker.started", holder=config.holder, lease_ttl_s=config.lease_ttl_s,
+            concurrency=self.options.concurrency, once=self.options.once, until_idle=self.options.until_idle,
+        )  # fmt: skip
+        pool = futures.ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="dataflow-attempt")
+        try:
+            while not self._stop.is_set() and self._step(pool):
+                pass
+        finally:
+            pool.shutdown(wait=True)  # in-flight attempts end by themselves: never cut one short
+            self._reap()
+        self._log.info(
+            "worker.stopped", claimed=self.summary.claimed, outcomes=self.summary.outcomes,
+            abandoned=self.summary.abandoned, swept=self.summary.swept,
+            storage_failures=self.summary.storage_failures,
+        )  # fmt: skip
+        return self.summary
+
+    # ---- one turn of the loop --------------------------------------------------------------
+
+    def _step(self, pool: futures.ThreadPoolExecutor) -> bool:
+        """One turn: reap, sweep when due, claim when there is room. False ends the loop."""
+        self._reap()
+        if self._sweep_due() and not self._guarded("sweep", self._sweep)[0]:
+            return True
+        if len(self._inflight) >= self.options.concurrency:
+            self._wait_for_room()
+            return True
+        ok, claim = self._guarded("claim", self.service.claim_next)
+        if not ok:
+            return True
+        if claim is not None:
+            self._start(pool, claim)
+            if self.options.once:
+                futures.wait(list(self._inflight))
+                return False
+            return True
+        if self.options.once:
+            self._log.info("worker.nothing_queued")
+            return False
+        if self.options.until_idle and not self._inflight and self._idle():
+            self._log.info("worker.idle")
+            return False
+        self._wait_for_work()
+        return True
+
+    def _idle(self) -> bool:
+        """Sweep first (a dead worker's run is not idle until decided), then: nothing queued or running."""
+        ok, _ = self._guarded("sweep", self._sweep)
+        if not ok:
+            return False
+        ok, busy = self._guarded("idle_check", self._runs_pending)
+        return ok and not busy
+
+    def _runs_pending(self) -> bool:
+        with self.service.db.read() as conn:
+            return any(runs.list_page(conn, status=status, limit=1) for status in (RunStatus.QUEUED, RunStatus.RUNNING))
+
+    def _sweep_due(self) -> bool:
+        last = self._last_sweep_s
+        return last is None or time.monotonic() - last >= self.options.sweep_interval_s
+
+    def _sweep(self) -> None:
+        decisions = sweeper.sweep(self.service.db, evidence_key=self.service.config.evidence_key)
+        self._last_sweep_s = time.monotonic()
+        for decision in decisions:
+            self.summary.swept[decision.decision] = self.summary.swept.get(decision.decision, 0) + 1
+            if decision.decision != "skipped":
+                self._log.info(
+                    "sweep.decided", run_id=decision.run_id, attempt=decision.attempt, outcome=decision.decision
+                )
+        if len(decisions) >= sweeper.SWEEP_BATCH_MAX:
+            self._last_sweep_s = None  # a full batch: more expired leases may wait, sweep again next turn
+
+    def _guarded(self, operation: str, fn: Callable[[], T]) -> tuple[bool, T | None]:
+        """Run a guarded (claim/sweep/read) operation; on a down database log, back off, report failure."""
+        try:
+            value = fn()
+        except StorageUnavailable as error:
+            self.summary.storage_failures += 1
+            delay_s = self._backoff.next_delay_s()
+            self._log.warning(
+                "storage.unavailable", operation=operation, retry_in_s=round(delay_s, 3), error=error.message
+            )
+            self._stop.wait(delay_s)
+            return False, None
+        self._backoff.reset()
+        return True, value
+
+    def _wait_for_room(self) -> None:
+        futures.wait(list(self._inflight), timeout=self.options.poll_interval_s, return_when=futures.FIRST_COMPLETED)
+
+    def _wait_for_work(self) -> None:
+        self._stop.wait(self.options.poll_interval_s)
+
+    # ---- attempts --------------------------------------------------------------------------
+
+    def _start(self, pool: futures.ThreadPoolExecutor, claim: Claim) -> None:
+        self.summary.claimed += 1
+        self._log.info("run.claimed", run_id=claim.run.run_id, attempt=claim.attempt, mode=str(claim.run.mode))
+        self._inflight[pool.submit(self._execute, claim)] = claim
+
+    def _reap(self) -> None:
+        for done in [f for f in self._inflight if f.done()]:
+            del self._inflight[done]
+
+    def _execute(self, claim: Claim) -> None:
+        """Carry one attempt to its end; never raises (a failure leaves the attempt to the sweeper)."""
+        log = self._log.bind(run_id=claim.run.run_id, attempt=claim.attempt)
+        try:
+            run = self.service.execute(claim)
+        except StorageUnavailable as error:
+            self._abandoned(log, "storage_unavailable", error.message)
+            return
+        except DataflowError as error:
+            self._abandoned(log, error.code, error.message)
+            return
+        except Exception as error:  # a bug must not take the worker down; the lease decides the attempt
+            self._abandoned(log, "unexpected_error", type(error).__name__)
+            return
+        with self._summary_lock:
+            self.summary.outcomes[str(run.status)] = self.summary.outcomes.get(str(run.status), 0) + 1
+        log.info(
+            "run.finished", outcome=str(run.status), recovery_status=str(run.recovery_status),
+            unresolved=run.unresolved, error_code=run.error_code,
+        )  # fmt: skip
+
+    def _abandoned(self, log: Any, reason: str, detail: str) -> None:
+        with self._summary_lock:
+            self.summary.abandoned += 1
+        log.warning(
+            "attempt.abandoned", outcome="abandoned", reason=reason, error=detail,
+            note="left to the sweeper once its lease expires; never retried blindly",
+        )  # fmt: skip
+
+
+SignalHandler = Callable[[int, FrameType | None], Any] | int | None
+
+
+def install_signal_handlers(worker: Worker) -> dict[int, SignalHandler]:
+    """SIGTERM/SIGINT stop claiming (call from the main thread); returns the previous handlers."""
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        worker.request_stop(signal.Signals(signum).name)
+
+    previous: dict[int, SignalHandler] = {}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        previous[signum] = signal.signal(signum, on_signal)
+    return previous
+
+
+def restore_signal_handlers(previous: dict[int, SignalHandler]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
