@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 
 # The demo, one shell command per line; run with `set -e`, so the first failure stops it.
 define DEMO_SCRIPT
-$(BIN)/dataflow run examples/revenue_by_region/dataflow.yaml --param day=2026-11-02
+$(BIN)/dataflow run examples/revenue_by_region/dataflow.yaml --param day=2026-11-02 --idempotency-key demo-revenue-2026-11-02
 $(BIN)/dataflow runs
 endef
 export DEMO_SCRIPT

@@ -1,0 +1,215 @@
+"""What every command shares: global settings, the one error table, output helpers.
+
+The CLI is a thin shell (DESIGN §2): it parses options, calls a service and prints. Errors map
+to exit statuses in ONE table (``EXIT_CODES``); their messages go to stderr as
+``error [code]: message`` and a traceback only with ``--debug``. Nothing resolved from
+``core.secrets`` is ever printed: runs carry digests and references only, and error messages are
+masked where they are raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import sys
+import time
+import traceback
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from durable_dataflow.core.db import redact_url
+from durable_dataflow.core.errors import DataflowError, InputError
+from durable_dataflow.dataflow import runs
+from durable_dataflow.dataflow.runs import Run, RunStatus
+from durable_dataflow.platform import Platform
+
+# Exit statuses of a run's outcome (``run``, ``reconcile``).
+EXIT_OK = 0
+EXIT_RUN_FAILED = 1
+EXIT_UNRESOLVED = 3
+EXIT_NOT_FINISHED = 9  # a replay returned a run that is still queued or running
+# The one error table: DataflowError.code -> exit status. Codes not listed exit EXIT_ERROR.
+EXIT_ERROR = 1
+EXIT_CODES: Mapping[str, int] = {
+    "invalid_input": 2,
+    "not_found": 4,
+    "conflict": 5,
+    "missing_capability": 6,
+    "storage_unavailable": 7,
+    "stale_attempt": 8,
+}
+EXIT_INTERRUPTED = 130
+# Rich wraps at 80 columns when stdout is not a terminal; run ids and digests read better unwrapped.
+PIPE_WIDTH_COLUMNS = 200
+PAYLOAD_CHARS_SHOWN_MAX = 100
+RUN_ID_TAIL_CHARS = 12
+US_PER_S = 1_000_000
+
+
+@dataclass
+class CliState:
+    """Global options, filled by the root callback before any command runs.
+
+    Mutable on purpose: ``main`` creates it empty and hands it to click as ``obj`` so that, when a
+    command fails, ``main`` still knows whether ``--debug`` was given.
+    """
+
+    db_url: str | None = None
+    debug: bool = False
+    lease_ttl_s: float | None = None
+
+
+def state_of(ctx: typer.Context) -> CliState:
+    state = ctx.find_object(CliState)
+    if state is None:  # commands invoked without main() (e.g. typer's test runner)
+        state = ctx.ensure_object(CliState)
+    return state
+
+
+@contextlib.contextmanager
+def open_platform(ctx: typer.Context) -> Iterator[Platform]:
+    """The platform on the ``--db`` URL (else DATAFLOW_DB, else the embedded default), migrated."""
+    state = state_of(ctx)
+    platform = Platform(state.db_url, lease_ttl_s=state.lease_ttl_s)
+    try:
+        yield platform
+    finally:
+        platform.close()
+
+
+def db_option_hint(ctx: typer.Context) -> str:
+    """``--db URL `` (password hidden) when one was given, so printed commands can be pasted."""
+    url = state_of(ctx).db_url
+    return f"--db {redact_url(url)} " if url else ""
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+
+def exit_code_for(error: DataflowError) -> int:
+    return EXIT_CODES.get(error.code, EXIT_ERROR)
+
+
+def report_error(error: BaseException, debug: bool) -> int:
+    """Print an error to stderr (traceback only with --debug) and return its exit status."""
+    if debug:
+        traceback.print_exception(error, file=sys.stderr)
+    if isinstance(error, DataflowError):
+        sys.stderr.write(f"error [{error.code}]: {error.message}\n")
+        return exit_code_for(error)
+    # An unexpected exception is a bug. Its message could echo anything it was handed, so only
+    # its type is printed; --debug shows the whole traceback.
+    sys.stderr.write(f"error [internal]: unexpected {type(error).__name__}; rerun with --debug for the traceback\n")
+    return EXIT_ERROR
+
+
+def fail(message: str) -> NoReturn:
+    """Refuse bad command-line input (exit 2 through the error table)."""
+    raise InputError(message)
+
+
+# ---- output ------------------------------------------------------------------------------------
+
+
+def stdout_console() -> Console:
+    terminal = sys.stdout.isatty()
+    return Console(highlight=False, width=None if terminal else PIPE_WIDTH_COLUMNS, soft_wrap=not terminal)
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+@contextlib.contextmanager
+def spinner(message: str) -> Iterator[None]:
+    """A Rich status spinner on stderr, only when stderr is a terminal (never in pipes or logs)."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    with stderr_console().status(message):
+        yield
+
+
+def emit_json(data: Any) -> None:
+    """Stable, machine-readable JSON on stdout: field order as documented, one trailing newline."""
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def run_json(run: Run, **extra: Any) -> dict[str, Any]:
+    """``run.public()`` plus command-specific fields (only ever added, docs/cli.md)."""
+    return {**run.public(), **extra}
+
+
+def warning_of(run: Run) -> str | None:
+    """The run's warning; an unresolved run always has one, even if the projection lacks it."""
+    if run.warning:
+        return run.warning
+    return runs.unresolved_warning(run) if run.unresolved else None
+
+
+def status_text(run: Run) -> Text:
+    """The status cell: unresolved runs in bold yellow with their recovery status, never 'failed'."""
+    if run.unresolved:
+        return Text(f"UNRESOLVED ({run.recovery_status})", style="bold yellow")
+    style = {RunStatus.SUCCEEDED: "green", RunStatus.FAILED: "red"}.get(RunStatus(run.status), "cyan")
+    return Text(run.status, style=style)
+
+
+def short_id(run_id: str) -> str:
+    """The random tail of a UUIDv7, accepted by every command that takes a run id."""
+    return run_id[-RUN_ID_TAIL_CHARS:]
+
+
+def time_text(us: int) -> str:
+    return dt.datetime.fromtimestamp(us / US_PER_S, tz=dt.UTC).isoformat(timespec="milliseconds")
+
+
+def age_text(us: int, now_s: float | None = None) -> str:
+    seconds = max(0, int((now_s if now_s is not None else time.time()) - us / US_PER_S))
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def short_payload(payload: Mapping[str, Any]) -> str:
+    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+    if len(text) <= PAYLOAD_CHARS_SHOWN_MAX:
+        return text
+    return text[: PAYLOAD_CHARS_SHOWN_MAX - 1] + "…"
+
+
+def print_warning_block(console: Console, run: Run, ctx: typer.Context) -> None:
+    """The loud block an unresolved run gets wherever it is shown in detail."""
+    warning = warning_of(run)
+    if warning is None:
+        return
+    console.print(Text(f"WARNING: {warning}", style="bold yellow"))
+    if not run.unresolved:
+        return
+    console.print(Text(f"  idempotency key:  {run.publication_idempotency_key or run.idempotency_key}", style="yellow"))
+    console.print(Text(f"  output digest:    {run.output_digest}", style="yellow"))
+    if run.status == RunStatus.OUTCOME_UNKNOWN:
+        command = f"dataflow {db_option_hint(ctx)}reconcile {run.run_id}"
+        console.print(Text(f"  reconcile with:   {command}", style="bold yellow"))
+    else:
+        command = f"dataflow {db_option_hint(ctx)}verify {run.run_id}"
+        console.print(Text(f"  inspect with:     {command}", style="bold yellow"))
+
+
+def run_exit_code(run: Run) -> int:
+    """A run's outcome as an exit status: 0 succeeded, 1 failed, 3 unresolved, 9 not finished."""
+    if run.unresolved:
+        return EXIT_UNRESOLVED
+    if run.status == RunStatus.SUCCEEDED:
+        return EXIT_OK
+    if run.status in (RunStatus.QUEUED, RunStatus.RUNNING):
+        return EXIT_NOT_FINISHED
+    return EXIT_RUN_FAILED

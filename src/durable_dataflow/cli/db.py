@@ -1,0 +1,60 @@
+"""``dataflow db upgrade|current`` and ``dataflow version``."""
+
+from __future__ import annotations
+
+import typer
+from rich.text import Text
+
+from durable_dataflow import __version__, migrations
+from durable_dataflow.cli import common
+from durable_dataflow.core.db import Database
+
+db_app = typer.Typer(help="The platform database's schema migrations.", no_args_is_help=True)
+
+
+def _database(ctx: typer.Context) -> Database:
+    # A bare Database, not a Platform: opening a Platform migrates, and `db current` must not.
+    return Database(common.state_of(ctx).db_url)
+
+
+@db_app.command("upgrade")
+def upgrade_command(ctx: typer.Context) -> None:
+    """Apply every pending migration (safe to run from several processes at once)."""
+    database = _database(ctx)
+    try:
+        with common.spinner("migrating"):
+            migrations.upgrade(database)
+        revision = migrations.current_revision(database)
+    finally:
+        database.dispose()
+    common.stdout_console().print(Text(f"{database.info.url_redacted}: at revision {revision} (head)"))
+
+
+@db_app.command("current")
+def current_command(ctx: typer.Context) -> None:
+    """The database's schema revision and the newest one this version knows; exit 1 when behind."""
+    database = _database(ctx)
+    try:
+        current = migrations.current_revision(database)
+    finally:
+        database.dispose()
+    head = migrations.head_revision()
+    console = common.stdout_console()
+    if current == head:
+        console.print(Text(f"{database.info.url_redacted}: at revision {current} (head)"))
+        return
+    console.print(
+        Text(f"{database.info.url_redacted}: at revision {current or 'none'}, head is {head}: "
+             "run `dataflow db upgrade`")
+    )
+    raise typer.Exit(common.EXIT_ERROR)
+
+
+def version_command() -> None:
+    """Print the installed version."""
+    common.stdout_console().print(f"dataflow {__version__}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(db_app, name="db")
+    app.command("version")(version_command)

@@ -1,0 +1,68 @@
+"""``dataflow definitions list|show`` and ``dataflow schema``: the pinned definitions and their format."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from durable_dataflow.cli import common
+from durable_dataflow.dataflow import catalog
+from durable_dataflow.dataflow.definitions import json_schema
+
+definitions_app = typer.Typer(help="Stored (pinned, content-addressed) definitions.", no_args_is_help=True)
+
+
+@definitions_app.command("list")
+def list_command(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the definitions as a JSON list.")] = False,
+) -> None:
+    """Every stored definition: name, version, hash and when it was first registered."""
+    with common.open_platform(ctx) as platform, platform.db.read() as conn:
+        stored = catalog.list_definitions(conn)
+    if as_json:
+        common.emit_json([{k: v for k, v in d.public().items() if k != "body"} for d in stored])
+        return
+    console = common.stdout_console()
+    if not stored:
+        console.print("no definitions stored yet (they are registered by their first run)")
+        return
+    table = Table()
+    for column in ("name", "version", "definition hash", "registered"):
+        table.add_column(column, no_wrap=True)
+    for d in stored:
+        registered = common.time_text(d.registered_at_us)
+        table.add_row(Text(d.name), Text(str(d.version)), Text(d.definition_hash), Text(registered))
+    console.print(table)
+
+
+@definitions_app.command("show")
+def show_command(
+    ctx: typer.Context,
+    name_or_hash: Annotated[str, typer.Argument(metavar="NAME_OR_HASH", help="A name (newest version) or sha256:…")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the stored definition as JSON.")] = False,
+) -> None:
+    """One stored definition's canonical body, exactly as runs of it execute."""
+    with common.open_platform(ctx) as platform, platform.db.read() as conn:
+        stored = catalog.get_definition(conn, name_or_hash)
+    if as_json:
+        common.emit_json(stored.public())
+        return
+    console = common.stdout_console()
+    console.print(Text(f"{stored.name} version {stored.version}", style="bold"))
+    console.print(Text(f"hash: {stored.definition_hash}"))
+    console.print(Text(f"registered: {common.time_text(stored.registered_at_us)}"))
+    console.print_json(data=stored.body)
+
+
+def schema_command() -> None:
+    """Print the JSON Schema of a definition document."""
+    common.emit_json(json_schema())
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(definitions_app, name="definitions")
+    app.command("schema")(schema_command)

@@ -1,0 +1,83 @@
+"""Rich renderings of runs: the detail panel and the history table.
+
+Values are wrapped in ``Text`` so that brackets in user data are never read as Rich markup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from durable_dataflow.cli import common
+from durable_dataflow.dataflow.runs import Run
+
+HISTORY_WARNING_CHARS_MAX = 160
+
+
+def _field_rows(run: Run) -> list[tuple[str, str | Text | None]]:
+    return [
+        ("run id", run.run_id),
+        ("definition", f"{run.definition_name} ({run.definition_hash})"),
+        ("tenant", run.tenant),
+        ("idempotency key", run.idempotency_key),
+        ("mode", run.mode),
+        ("status", common.status_text(run)),
+        ("recovery status", run.recovery_status),
+        ("attempt", f"{run.attempt} of at most {run.max_attempts}"),
+        ("parameters", common.short_payload(run.parameters)),
+        ("rows", None if run.row_count is None else str(run.row_count)),
+        ("output digest", run.output_digest),
+        ("source fingerprints", run.source_fingerprint_digest),
+        ("request hash", run.request_hash),
+        ("access context", f"{run.principal} ({run.access_context_digest})"),
+        ("provenance", common.short_payload(run.provenance)),
+        ("target", None if run.target is None else common.short_payload(run.target)),
+        ("publication key", run.publication_idempotency_key),
+        ("publication ref", run.publication_ref),
+        ("datasource ref", run.datasource_ref),
+        ("materialization", run.materialization_ref),
+        ("error", f"[{run.error_code}] {run.error_message}" if run.error_code else None),
+        ("created", common.time_text(run.created_at_us)),
+        ("updated", common.time_text(run.updated_at_us)),
+    ]
+
+
+def run_panel(run: Run, *, title: str = "run") -> Panel:
+    """Every field of a run that is set, in a two-column grid."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column(overflow="fold")
+    for label, value in _field_rows(run):
+        if value is None:
+            continue
+        grid.add_row(label, value if isinstance(value, Text) else Text(value))
+    border = "yellow" if run.unresolved else ("green" if run.status == "succeeded" else "red")
+    return Panel(grid, title=Text(title), border_style=border, expand=False)
+
+
+def history_table(items: Sequence[Run], now_s: float) -> Table:
+    """The run history: unresolved runs carry their warning, in bold yellow, never 'failed'."""
+    table = Table(show_lines=False, expand=False)
+    for column in ("run", "definition", "status", "recovery", "attempt", "rows", "age"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("WARNING", overflow="fold")
+    for run in items:
+        warning = common.warning_of(run)
+        warning_cell = Text("")
+        if warning is not None:
+            shown = warning if len(warning) <= HISTORY_WARNING_CHARS_MAX else warning[:HISTORY_WARNING_CHARS_MAX] + "…"
+            warning_cell = Text(shown, style="bold yellow" if run.unresolved else "yellow")
+        table.add_row(
+            Text(common.short_id(run.run_id)),
+            Text(run.definition_name),
+            common.status_text(run),
+            Text(run.recovery_status, style="bold yellow" if run.unresolved else ""),
+            Text(f"{run.attempt}/{run.max_attempts}"),
+            Text("" if run.row_count is None else str(run.row_count)),
+            Text(common.age_text(run.created_at_us, now_s)),
+            warning_cell,
+        )
+    return table

@@ -1,0 +1,174 @@
+"""``dataflow run``, ``dataflow runs`` and ``dataflow reconcile``: submit, list and settle runs."""
+
+from __future__ import annotations
+
+import getpass
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from durable_dataflow.cli import common, render
+from durable_dataflow.core.errors import InputError
+from durable_dataflow.dataflow import catalog, reconcile, runs
+from durable_dataflow.dataflow.definitions import load_definition
+from durable_dataflow.dataflow.requests import MAX_ATTEMPTS_DEFAULT, AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.runs import Run, RunStatus
+
+PARAMS_MAX = 100
+REPLAY_NOTE = "replayed: existing run returned, nothing executed"
+
+
+def parse_params(pairs: list[str]) -> dict[str, str]:
+    """``k=v`` pairs as raw strings (typed by the definition); a repeated name is refused."""
+    if len(pairs) > PARAMS_MAX:
+        raise InputError(f"at most {PARAMS_MAX} --param options are accepted")
+    parsed: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise InputError(f"--param {pair!r} must have the form NAME=VALUE")
+        if name in parsed:
+            raise InputError(f"--param {name} is given more than once")
+        parsed[name] = value
+    return parsed
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def _announce(run: Run, replayed: bool, ctx: typer.Context, as_json: bool) -> None:
+    """Print the run; in JSON mode the notes go to stderr so stdout stays one JSON document."""
+    if as_json:
+        common.emit_json(common.run_json(run, replayed=replayed))
+        notes = common.stderr_console()
+        if replayed:
+            notes.print(Text(REPLAY_NOTE, style="bold"))
+        if run.status == RunStatus.FAILED and run.error_code:
+            notes.print(Text(f"run failed [{run.error_code}]: {run.error_message}", style="red"))
+        common.print_warning_block(notes, run, ctx)
+        return
+    console = common.stdout_console()
+    if replayed:
+        console.print(Text(REPLAY_NOTE, style="bold"))
+    console.print(render.run_panel(run, title="run (replayed)" if replayed else "run"))
+    common.print_warning_block(console, run, ctx)
+
+
+def run_command(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Argument(help="The definition file (YAML or JSON).")],
+    param: Annotated[list[str] | None, typer.Option("--param", "-p", help="NAME=VALUE (repeatable).")] = None,
+    idempotency_key: Annotated[
+        str | None, typer.Option("--idempotency-key", "-k", help="Replays of this key return the same run.")
+    ] = None,
+    tenant: Annotated[str, typer.Option("--tenant", help="The tenant the run belongs to.")] = "default",
+    max_attempts: Annotated[
+        int, typer.Option("--max-attempts", help="Attempts allowed before the run fails.")
+    ] = MAX_ATTEMPTS_DEFAULT,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON.")] = False,
+) -> None:
+    """Register, submit and execute a dataflow in this process, then print the run."""
+    loaded = load_definition(file)
+    request = RunRequest(
+        definition=loaded.definition,
+        base_dir=loaded.base_dir,
+        parameters=parse_params(param or []),
+        access=AccessContext.local(tenant),
+        provenance=Provenance(actor=_os_user(), trigger="cli"),
+        idempotency_key=idempotency_key,
+        max_attempts=max_attempts,
+    )
+    with common.open_platform(ctx) as platform, common.spinner(f"running {loaded.definition.name}"):
+        submission = platform.runs.run_inline(request)
+    _announce(submission.run, not submission.created, ctx, as_json)
+    raise typer.Exit(common.run_exit_code(submission.run))
+
+
+def runs_command(
+    ctx: typer.Context,
+    status: Annotated[str | None, typer.Option("--status", help="Only runs with this status.")] = None,
+    recovery_status: Annotated[
+        str | None, typer.Option("--recovery-status", help="Only runs with this recovery status.")
+    ] = None,
+    definition: Annotated[str | None, typer.Option("--definition", help="Only runs of this definition name.")] = None,
+    tenant: Annotated[str | None, typer.Option("--tenant", help="Only runs of this tenant (default: all).")] = None,
+    limit: Annotated[int, typer.Option("--limit", help=f"At most this many runs (1 to {runs.PAGE_SIZE_MAX}).")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the runs as a JSON list.")] = False,
+) -> None:
+    """The run history, newest first, with recovery status and a warning on every unresolved run."""
+    _check_choice("--status", status, [s.value for s in RunStatus])
+    _check_choice("--recovery-status", recovery_status, [s.value for s in runs.RecoveryStatus])
+    if not 1 <= limit <= runs.PAGE_SIZE_MAX:
+        raise InputError(f"--limit must be between 1 and {runs.PAGE_SIZE_MAX}, got {limit}")
+    with common.open_platform(ctx) as platform, platform.db.read() as conn:
+        items = runs.list_page(
+            conn, tenant=tenant, status=status, recovery_status=recovery_status, definition_name=definition, limit=limit
+        )
+    if as_json:
+        common.emit_json([common.run_json(run) for run in items])
+        return
+    console = common.stdout_console()
+    if not items:
+        console.print("no runs")
+        return
+    console.print(render.history_table(items, time.time()))
+    unresolved = sum(1 for run in items if run.unresolved)
+    if unresolved:
+        console.print(Text(f"{unresolved} unresolved run(s): see the WARNING column", style="bold yellow"))
+
+
+def _check_choice(option: str, value: str | None, choices: list[str]) -> None:
+    if value is not None and value not in choices:
+        raise InputError(f"{option} {value!r} is not one of: {', '.join(choices)}")
+
+
+def reconcile_command(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id (or its tail as `runs` shows it).")],
+    resume: Annotated[
+        bool, typer.Option("--resume", help="When proven absent, re-dispatch the stored result (same key).")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the finding and the run as JSON.")] = False,
+) -> None:
+    """Settle an outcome_unknown run by inspecting the sink with its idempotency key."""
+    with common.open_platform(ctx) as platform:
+        with platform.db.read() as conn:
+            full_id = catalog.resolve_run_id(conn, run_id)
+        with common.spinner(f"inspecting the sink for run {full_id}"):
+            outcome = reconcile.reconcile(platform.runs, full_id, resume=resume)
+    code = _reconcile_exit_code(outcome)
+    if as_json:
+        common.emit_json(
+            common.run_json(outcome.run, finding=outcome.finding, detail=outcome.detail, resumed=outcome.resumed)
+        )
+        common.print_warning_block(common.stderr_console(), outcome.run, ctx)
+        raise typer.Exit(code)
+    console = common.stdout_console()
+    style = "bold green" if code == common.EXIT_OK else "bold yellow"
+    console.print(Text(f"finding: {outcome.finding} — {outcome.detail}", style=style))
+    console.print(render.run_panel(outcome.run))
+    common.print_warning_block(console, outcome.run, ctx)
+    raise typer.Exit(code)
+
+
+def _reconcile_exit_code(outcome: reconcile.Reconciliation) -> int:
+    if outcome.finding in ("mismatch", "undecided") or outcome.run.unresolved:
+        return common.EXIT_UNRESOLVED
+    if outcome.finding == "present" or (outcome.finding == "absent" and not outcome.resumed):
+        return common.EXIT_OK
+    return common.run_exit_code(outcome.run)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run_command)
+    app.command("runs")(runs_command)
+    app.command("reconcile")(reconcile_command)
+

@@ -1,0 +1,171 @@
+"""``dataflow show``, ``dataflow verify`` and ``dataflow result``: read one run and its evidence."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from durable_dataflow.cli import common, render
+from durable_dataflow.core import checkpoints, ledger
+from durable_dataflow.core.errors import InputError
+from durable_dataflow.dataflow import catalog, evidence, results, runs
+from durable_dataflow.dataflow.results import EXPORT_FORMATS, ExportFormat
+from durable_dataflow.dataflow.runs import MODULE
+
+RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run id (or its tail as `runs` shows it).")]
+
+
+def _entry_json(entry: ledger.Entry) -> dict[str, Any]:
+    return {
+        "seq": entry.seq,
+        "attempt": entry.attempt,
+        "kind": entry.kind,
+        "recorded_at_us": entry.recorded_at_us,
+        "payload": dict(entry.payload),
+        "entry_hash": entry.entry_hash,
+    }
+
+
+def _checkpoint_json(checkpoint: checkpoints.Checkpoint | None) -> dict[str, Any] | None:
+    if checkpoint is None:
+        return None
+    return {
+        "attempt": checkpoint.attempt,
+        "head_seq": checkpoint.head_seq,
+        "head_hash": checkpoint.head_hash,
+        "status": checkpoint.status,
+        "facts": dict(checkpoint.facts),
+        "verified_at_us": checkpoint.verified_at_us,
+    }
+
+
+def _ledger_table(entries: Sequence[ledger.Entry]) -> Table:
+    table = Table(title="ledger", title_justify="left")
+    for column in ("seq", "attempt", "kind", "time"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("payload", overflow="fold")
+    for entry in entries:
+        table.add_row(
+            Text(str(entry.seq)),
+            Text(str(entry.attempt)),
+            Text(entry.kind),
+            Text(common.time_text(entry.recorded_at_us)),
+            Text(common.short_payload(entry.payload)),
+        )
+    return table
+
+
+def show_command(
+    ctx: typer.Context,
+    run_id: RunArgument,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run, its ledger and checkpoint as JSON.")] = False,
+) -> None:
+    """A run's fields, its ledger entries and latest checkpoint, and the warning if unresolved."""
+    with common.open_platform(ctx) as platform, platform.db.read() as conn:
+        full_id = catalog.resolve_run_id(conn, run_id)
+        run = runs.get(conn, full_id)
+        entries = ledger.read(conn, MODULE, full_id)
+        checkpoint = checkpoints.latest(conn, MODULE, full_id)
+    if as_json:
+        common.emit_json(
+            common.run_json(
+                run, ledger=[_entry_json(e) for e in entries], checkpoint=_checkpoint_json(checkpoint)
+            )
+        )
+        return
+    console = common.stdout_console()
+    console.print(render.run_panel(run))
+    console.print(_ledger_table(entries))
+    if checkpoint is None:
+        console.print("checkpoint: none (no verified state yet)")
+    else:
+        console.print(
+            Text(
+                f"checkpoint: {checkpoint.status} at attempt {checkpoint.attempt}, head seq {checkpoint.head_seq} "
+                f"{checkpoint.head_hash}, verified {common.time_text(checkpoint.verified_at_us)}"
+            )
+        )
+    common.print_warning_block(console, run, ctx)
+
+
+def verify_command(
+    ctx: typer.Context,
+    run_id: RunArgument,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the verification as JSON.")] = False,
+) -> None:
+    """Recompute the run's evidence chain and check its facts: exit 0 when it verifies, 1 when not."""
+    with common.open_platform(ctx) as platform, platform.db.read() as conn:
+        full_id = catalog.resolve_run_id(conn, run_id)
+        run = runs.get(conn, full_id)
+        result = evidence.verify_run(
+            conn, full_id, run.mode, run.status, run.attempt, platform.runs.config.evidence_key
+        )
+    code = common.EXIT_OK if result.ok else common.EXIT_ERROR
+    if as_json:
+        common.emit_json(
+            {
+                "run_id": full_id,
+                "ok": result.ok,
+                "entry_count": result.entry_count,
+                "head_seq": result.head_seq,
+                "head_hash": result.head_hash,
+                "keyed": result.keyed,
+                "broken_seq": result.broken_seq,
+                "reason": result.reason or None,
+            }
+        )
+        raise typer.Exit(code)
+    console = common.stdout_console()
+    if result.ok:
+        keyed = ", keyed" if result.keyed else ""
+        console.print(
+            Text(
+                f"evidence verified: {result.entry_count} entries, "
+                f"head seq {result.head_seq} {result.head_hash}{keyed}",
+                style="green",
+            )
+        )
+        raise typer.Exit(code)
+    where = f" (broken at seq {result.broken_seq})" if result.broken_seq is not None else ""
+    console.print(Text(f"evidence NOT verified{where}: {result.reason}", style="bold red"))
+    raise typer.Exit(code)
+
+
+def result_command(
+    ctx: typer.Context,
+    run_id: RunArgument,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="csv, parquet or json.")] = "csv",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")] = None,
+) -> None:
+    """The run's stored result (the committed bytes), exported as CSV, Parquet or JSON."""
+    if fmt not in EXPORT_FORMATS:
+        raise InputError(f"--format {fmt!r} is not one of: {', '.join(EXPORT_FORMATS)}")
+    export_format: ExportFormat = fmt  # narrowed by the membership check above
+    if export_format == "parquet" and output is None and sys.stdout.isatty():
+        raise InputError("refusing to write Parquet (binary) to a terminal: pass --output PATH or redirect stdout")
+    with common.open_platform(ctx) as platform:
+        with platform.db.read() as conn:
+            full_id = catalog.resolve_run_id(conn, run_id)
+        table = results.decode_ipc(platform.runs.result_bytes(full_id))
+    data = results.export(table, export_format)
+    if output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    try:
+        output.write_bytes(data)
+    except OSError as error:
+        raise InputError(f"cannot write {output}: {error.strerror or error}") from None
+    common.stderr_console().print(Text(f"wrote {table.num_rows} rows ({len(data)} bytes, {fmt}) to {output}"))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("show")(show_command)
+    app.command("verify")(verify_command)
+    app.command("result")(result_command)
