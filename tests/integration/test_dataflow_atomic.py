@@ -165,9 +165,7 @@ def test_attempts_exhausted_fail_with_no_external_output(platform: Platform, tmp
         ("select 1; select 2", "statement"),
     ],
 )
-def test_hostile_sql_is_refused_and_writes_nothing(
-    platform: Platform, tmp_path: Path, sql: str, problem: str
-) -> None:
+def test_hostile_sql_is_refused_and_writes_nothing(platform: Platform, tmp_path: Path, sql: str, problem: str) -> None:
     """Hostile SQL gets a clear error; gate failures write nothing, sandbox refusals fail the run cleanly."""
     before = flows.row_counts(platform)
     defn = flows.definition(sql=sql)

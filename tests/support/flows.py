@@ -13,23 +13,44 @@ from durable_dataflow.dataflow.definitions import Definition, parse_definition
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.platform import Platform
 
-ROWS = [{"region": "north", "amount": "10.50"}, {"region": "south", "amount": "4.25"}, {"region": "north", "amount": "1.00"}]
+ROWS = [
+    {"region": "north", "amount": "10.50"},
+    {"region": "south", "amount": "4.25"},
+    {"region": "north", "amount": "1.00"},
+]
 
 
-def definition(target: dict[str, Any] | None = None, *, name: str = "totals", extra_sources: dict[str, Any] | None = None,
-               sql: str | None = None) -> Definition:
+def definition(
+    target: dict[str, Any] | None = None,
+    *,
+    name: str = "totals",
+    extra_sources: dict[str, Any] | None = None,
+    sql: str | None = None,
+) -> Definition:
     """Totals per region from an inline source; with a target it is a forward-recovery dataflow."""
     document: dict[str, Any] = {
         "name": name,
         "version": 1,
         "parameters": {"factor": {"type": "int", "default": 1}},
-        "sources": {"sales": {"kind": "inline", "rows": ROWS, "schema": {"region": "string", "amount": "decimal(12,2)"}},
-                    **(extra_sources or {})},
-        "steps": [{"name": "totals", "sql": sql or (
-            "select region, (sum(amount) * $factor)::DECIMAL(18,2) as total, count(*)::BIGINT as n "
-            "from sales group by region order by region")}],
-        "output": {"schema": {"region": "string", "total": "decimal(18,2)", "n": "int64"}, "max_rows": 100,
-                   "max_bytes": "1MiB"},
+        "sources": {
+            "sales": {"kind": "inline", "rows": ROWS, "schema": {"region": "string", "amount": "decimal(12,2)"}},
+            **(extra_sources or {}),
+        },
+        "steps": [
+            {
+                "name": "totals",
+                "sql": sql
+                or (
+                    "select region, (sum(amount) * $factor)::DECIMAL(18,2) as total, count(*)::BIGINT as n "
+                    "from sales group by region order by region"
+                ),
+            }
+        ],
+        "output": {
+            "schema": {"region": "string", "total": "decimal(18,2)", "n": "int64"},
+            "max_rows": 100,
+            "max_bytes": "1MiB",
+        },
     }
     if target is not None:
         document["target"] = target
@@ -37,14 +58,33 @@ def definition(target: dict[str, Any] | None = None, *, name: str = "totals", ex
 
 
 def parquet_target(provider: str = "parquet", location: str = "sink") -> dict[str, Any]:
-    return {"type": "datasources.publication", "provider": provider, "datasource": "analytics.totals",
-            "location": location, "mode": "append"}
+    return {
+        "type": "datasources.publication",
+        "provider": provider,
+        "datasource": "analytics.totals",
+        "location": location,
+        "mode": "append",
+    }
 
 
-def request(defn: Definition, base_dir: Path, key: str | None = None, *, tenant: str = "acme",
-            params: dict[str, Any] | None = None, max_attempts: int = 3) -> RunRequest:
-    return RunRequest(defn, base_dir, params or {}, AccessContext(tenant, "tester", ("operator",), (), "test"),
-                      Provenance("tester", "cli"), idempotency_key=key, max_attempts=max_attempts)
+def request(
+    defn: Definition,
+    base_dir: Path,
+    key: str | None = None,
+    *,
+    tenant: str = "acme",
+    params: dict[str, Any] | None = None,
+    max_attempts: int = 3,
+) -> RunRequest:
+    return RunRequest(
+        defn,
+        base_dir,
+        params or {},
+        AccessContext(tenant, "tester", ("operator",), (), "test"),
+        Provenance("tester", "cli"),
+        idempotency_key=key,
+        max_attempts=max_attempts,
+    )
 
 
 def kinds(platform: Platform, run_id: str) -> list[str]:

@@ -1,0 +1,242 @@
+"""Forward-recovery runs on both engines against real sinks, driven through every provider outcome."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from durable_dataflow.core import checkpoints, ledger
+from durable_dataflow.core.schema import ledger_entries
+from durable_dataflow.dataflow import crashpoints, forward, reconcile, sweeper
+from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.datasources import registry
+from durable_dataflow.datasources.contract import PublishTarget
+from durable_dataflow.datasources.delta import DeltaProvider
+from durable_dataflow.datasources.testing import FaultInjectingProvider
+from durable_dataflow.platform import Platform
+from support import flows
+
+
+@pytest.fixture
+def platform(db_url: str) -> Iterator[Platform]:
+    with Platform(db_url, lease_ttl_s=5) as opened:
+        yield opened
+    crashpoints.set_hook(None)
+    registry.unregister_provider("faulty")
+
+
+def _faulty(fault: str, inspect_fault: str = "none", inner: Any = None) -> FaultInjectingProvider:
+    provider = FaultInjectingProvider(inner or DeltaProvider(), fault, inspect_fault)  # type: ignore[arg-type]
+    registry.register_provider("faulty", lambda: provider)
+    return provider
+
+
+def _run(platform: Platform, tmp_path: Path, provider: str = "delta", key: str = "k1") -> Run:
+    defn = flows.definition(flows.parquet_target(provider))
+    return platform.runs.run_inline(flows.request(defn, tmp_path, key)).run
+
+
+def _sink(tmp_path: Path) -> Path:
+    return tmp_path / "sink"
+
+
+def test_publishes_once_and_replays_add_nothing(platform: Platform, tmp_path: Path) -> None:
+    """A forward run publishes to Delta with refs and verified success; a replay publishes nothing more
+    (invariants 6, 11), read from the Delta log directly."""
+    run = _run(platform, tmp_path)
+    assert (run.status, run.recovery_status) == ("succeeded", "verified")
+    assert run.publication_ref and run.materialization_ref and run.datasource_ref
+    again = platform.runs.run_inline(flows.request(flows.definition(flows.parquet_target("delta")), tmp_path, "k1"))
+    assert not again.created
+    assert len(flows.delta_publications(_sink(tmp_path), run.publication_idempotency_key)) == 1
+    assert flows.kinds(platform, run.run_id) == [
+        "run.recorded",
+        "attempt.started",
+        "dispatch.authorized",
+        "publication.confirmed",
+        "run.succeeded",
+    ]
+
+
+def test_predispatch_commit_precedes_the_provider_call(platform: Platform, tmp_path: Path) -> None:
+    """Invariant 5: when the provider is called, dispatch.authorized is committed (seen from another connection)."""
+    seen: list[list[str]] = []
+    inner = DeltaProvider()
+
+    class Probe(FaultInjectingProvider):
+        def publish(self, key: str, token: int, table: Any, digest: str, target: PublishTarget) -> Any:
+            with platform.db.read() as conn:
+                run_id = conn.execute(sa.text("SELECT run_id FROM dataflow_runs")).scalar_one()
+                seen.append([e.kind for e in ledger.read(conn, "dataflow", run_id)])
+            return super().publish(key, token, table, digest, target)
+
+    probe = Probe(inner)
+    registry.register_provider("faulty", lambda: probe)
+    assert _run(platform, tmp_path, "faulty").status == "succeeded"
+    assert seen == [["run.recorded", "attempt.started", "dispatch.authorized"]]
+
+
+@pytest.mark.parametrize("provider", ["no_such_provider", "faulty"])
+def test_missing_capability_fails_before_dispatch(platform: Platform, tmp_path: Path, provider: str) -> None:
+    """Invariant 12: an unknown provider, or one without inspect, fails the run before dispatch and records that
+    no external output was created; nothing reaches a sink."""
+    fake = _faulty("none")
+    fake.capabilities = frozenset({"read", "publish"})
+    run = _run(platform, tmp_path, provider)
+    assert (run.status, run.recovery_status, run.error_code) == ("failed", "no_external_output", "missing_capability")
+    with platform.db.read() as conn:
+        failed = [e for e in ledger.read(conn, "dataflow", run.run_id) if e.kind == "run.failed"]
+    assert failed and failed[0].payload["no_external_output"] is True
+    assert "dispatch.authorized" not in flows.kinds(platform, run.run_id)
+    assert fake.counters.publish_calls == 0
+    assert not _sink(tmp_path).exists()
+
+
+@pytest.mark.parametrize("fault", ["fail_before_send", "timeout_after_commit", "drop_response"])
+def test_inconclusive_dispatch_is_outcome_unknown_and_never_retried(
+    platform: Platform, tmp_path: Path, fault: str
+) -> None:
+    """Invariant 8: no conclusive answer -> outcome_unknown with a warning; sweeping and claiming never retry it."""
+    provider = _faulty(fault)
+    run = _run(platform, tmp_path, "faulty")
+    assert (run.status, run.recovery_status) == ("outcome_unknown", "outcome_unknown")
+    assert run.warning and str(run.publication_idempotency_key) in run.warning and "reconcile" in run.warning
+    assert "failed" not in run.warning.lower()
+    platform.db.advance_clock(60)
+    assert sweeper.sweep(platform.db) == []
+    assert platform.runs.claim_next() is None
+    assert platform.runs.get(run.run_id).attempt == 1
+    assert provider.counters.publish_calls == 1
+    expected = 0 if fault == "fail_before_send" else 1
+    assert len(flows.delta_publications(_sink(tmp_path))) == expected
+
+
+def test_mismatched_digest_stays_unresolved(platform: Platform, tmp_path: Path) -> None:
+    """Invariant 7: AlreadyPublished with another digest is never success; the warning says what was found."""
+    _faulty("mismatched_digest")
+    run = _run(platform, tmp_path, "faulty")
+    assert (run.status, run.recovery_status) == ("outcome_unknown", "outcome_unknown")
+    assert run.warning and "differs" in run.warning
+    assert "run.succeeded" not in flows.kinds(platform, run.run_id)
+
+
+def test_conclusive_rejection_fails_with_evidence(platform: Platform, tmp_path: Path) -> None:
+    """A Rejected answer fails the run, records the sink's reason, and leaves nothing at the sink."""
+    _faulty("reject")
+    run = _run(platform, tmp_path, "faulty")
+    assert (run.status, run.recovery_status, run.error_code) == ("failed", "no_external_output", "publication_rejected")
+    assert "publication.rejected" in flows.kinds(platform, run.run_id)
+    assert flows.delta_publications(_sink(tmp_path)) == []
+
+
+def test_reconcile_present_commits_refs_and_success(platform: Platform, tmp_path: Path) -> None:
+    """The sink committed but the answer was lost: reconciliation finds the key with the recorded digest and commits
+    reconciled_present with refs and a verified checkpoint; the sink still holds one publication."""
+    _faulty("timeout_after_commit")
+    run = _run(platform, tmp_path, "faulty")
+    result = reconcile.reconcile(platform.runs, run.run_id)
+    assert result.finding == "present"
+    assert (result.run.status, result.run.recovery_status) == ("succeeded", "reconciled_present")
+    assert result.run.publication_ref and result.run.attempt == 2
+    with platform.db.read() as conn:
+        checkpoint = checkpoints.latest(conn, "dataflow", run.run_id)
+    assert checkpoint is not None and checkpoint.status == "succeeded"
+    assert len(flows.delta_publications(_sink(tmp_path))) == 1
+
+
+def test_reconcile_absent_fences_and_resume_publishes_once(platform: Platform, tmp_path: Path) -> None:
+    """Invariant 14: absence is fenced at the reconcile attempt; the stale attempt 1 is then refused by the sink;
+    resume publishes the stored bytes once under a newer attempt with the same key."""
+    _faulty("fail_before_send")
+    run = _run(platform, tmp_path, "faulty")
+    result = reconcile.reconcile(platform.runs, run.run_id)
+    assert result.finding == "absent"
+    assert (result.run.status, result.run.recovery_status) == ("failed", "reconciled_absent")
+    stored = platform.runs.result_bytes(run.run_id)
+    from durable_dataflow.dataflow import results
+
+    late = DeltaProvider().publish(
+        forward.publication_key(run), 1, results.decode_ipc(stored), str(run.output_digest), forward.publish_target(run)
+    )
+    assert type(late).__name__ == "Fenced"
+    assert flows.delta_publications(_sink(tmp_path)) == []
+    registry.register_provider("faulty", DeltaProvider)  # the sink is reachable again
+    resumed = reconcile.reconcile(platform.runs, run.run_id, resume=True)
+    assert resumed.resumed and resumed.run.status == "succeeded"
+    publications = flows.delta_publications(_sink(tmp_path))
+    assert len(publications) == 1 and publications[0]["dataflow_token"] == 3
+    assert publications[0]["dataflow_digest"] == run.output_digest
+
+
+def test_reconcile_mismatch_and_undecided_leave_the_run_unresolved(platform: Platform, tmp_path: Path) -> None:
+    """A mismatching digest keeps the run unresolved with its warning; an undecided inspection changes nothing."""
+    provider = _faulty("fail_before_send", inspect_fault="undecided")
+    run = _run(platform, tmp_path, "faulty")
+    undecided = reconcile.reconcile(platform.runs, run.run_id)
+    assert undecided.finding == "undecided"
+    assert undecided.run.status == "outcome_unknown"
+    provider.inspect_fault = "none"
+    other = flows.definition(
+        flows.parquet_target("delta"), sql="select 'x' as region, 1::DECIMAL(18,2) as total, 1::BIGINT as n"
+    )
+    from durable_dataflow.dataflow import execution
+
+    foreign = execution.execute(other, {"factor": 1}, execution.ExecutionContext(tmp_path, (tmp_path,)))
+    DeltaProvider().publish(
+        forward.publication_key(run), 9, foreign.table, foreign.output_digest, forward.publish_target(run)
+    )
+    mismatch = reconcile.reconcile(platform.runs, run.run_id)
+    assert mismatch.finding == "mismatch"
+    assert mismatch.run.status == "outcome_unknown" and mismatch.run.warning and "differs" in mismatch.run.warning
+    assert "run.succeeded" not in flows.kinds(platform, run.run_id)
+
+
+def test_expired_authorized_attempt_becomes_outcome_unknown(platform: Platform, tmp_path: Path) -> None:
+    """Invariant 8 via the sweeper: an attempt that expires after dispatch.authorized is outcome_unknown."""
+
+    def stall(point: str) -> None:
+        if point == crashpoints.AFTER_PREDISPATCH_COMMIT:
+            raise KeyboardInterrupt  # the worker dies right after authorization
+
+    crashpoints.set_hook(stall)
+    with pytest.raises(KeyboardInterrupt):
+        _run(platform, tmp_path)
+    crashpoints.set_hook(None)
+    platform.db.advance_clock(6)
+    decisions = sweeper.sweep(platform.db)
+    assert [d.decision for d in decisions] == ["outcome_unknown"]
+    run = platform.runs.get(decisions[0].run_id)
+    assert (run.status, run.recovery_status) == ("outcome_unknown", "outcome_unknown")
+    assert run.warning and "reconcile" in run.warning
+    assert platform.runs.claim_next() is None
+    assert flows.delta_publications(_sink(tmp_path)) == []
+
+
+def test_tampered_ledger_blocks_forward_success(platform: Platform, tmp_path: Path) -> None:
+    """Invariant 10: tampering between dispatch and the terminal commit yields evidence_failed, not success,
+    although the sink holds the publication."""
+
+    def tamper(point: str) -> None:
+        if point == crashpoints.BEFORE_TERMINAL_COMMIT:
+            with platform.db.begin() as conn:
+                conn.execute(ledger_entries.update().where(ledger_entries.c.seq == 3).values(kind="tampered"))
+
+    crashpoints.set_hook(tamper)
+    run = _run(platform, tmp_path)
+    assert (run.status, run.recovery_status) == ("evidence_failed", "evidence_failed")
+    assert run.warning and "UNRESOLVED" in run.warning
+    assert "run.succeeded" not in flows.kinds(platform, run.run_id)
+    assert run.publication_ref is None
+
+
+def test_parquet_folder_example_publishes_once(platform: Platform, tmp_path: Path) -> None:
+    """The Parquet-folder provider: one manifest and one data file for the key after a run and a replay."""
+    run = _run(platform, tmp_path, "parquet")
+    platform.runs.run_inline(flows.request(flows.definition(flows.parquet_target("parquet")), tmp_path, "k1"))
+    assert run.status == "succeeded"
+    assert len(flows.manifests(_sink(tmp_path))) == 1
+    assert len(list((_sink(tmp_path) / "data").glob("*.parquet"))) == 1
