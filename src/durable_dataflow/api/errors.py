@@ -1,0 +1,81 @@
+"""The ONE table from DataflowError codes to HTTP statuses, and the error body every answer uses.
+
+Every error answer is ``{"error": {"code": ..., "message": ...}}``. A code missing from the table
+is a programming error and answers 500 with its code; an unexpected exception answers 500 with a
+fixed message, so no internal detail (or secret) can leak through an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from durable_dataflow.core.errors import DataflowError
+
+HTTP_STATUS_BY_CODE: Mapping[str, int] = {
+    "invalid_input": 422,
+    "missing_capability": 422,
+    "execution_failed": 422,
+    "limit_exceeded": 422,
+    "unauthenticated": 401,
+    "permission_denied": 403,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "conflict": 409,
+    "stale_attempt": 409,
+    "lease_unavailable": 409,
+    "evidence_failed": 409,
+    "inconclusive": 502,
+    "storage_unavailable": 503,
+    "internal": 500,
+}
+# Starlette's own HTTP errors (unknown route, wrong method) get a code from this table.
+CODE_BY_HTTP_STATUS: Mapping[int, str] = {
+    401: "unauthenticated",
+    403: "permission_denied",
+    404: "not_found",
+    405: "method_not_allowed",
+}
+MESSAGE_CHARS_MAX = 2000
+VALIDATION_ERRORS_SHOWN_MAX = 5
+
+
+def error_body(code: str, message: str) -> dict[str, dict[str, str]]:
+    return {"error": {"code": code, "message": message[:MESSAGE_CHARS_MAX]}}
+
+
+def error_response(code: str, message: str) -> JSONResponse:
+    status = HTTP_STATUS_BY_CODE.get(code, 500)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(error_body(code, message), status_code=status, headers=headers)
+
+
+async def on_dataflow_error(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, DataflowError)
+    return error_response(error.code, error.message)
+
+
+async def on_validation_error(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, RequestValidationError)
+    # Only locations and messages: the offending input may hold a secret and is never echoed.
+    problems = [
+        f"{'.'.join(str(part) for part in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
+        for e in error.errors()[:VALIDATION_ERRORS_SHOWN_MAX]
+    ]
+    return error_response("invalid_input", "invalid request: " + "; ".join(problems))
+
+
+async def on_http_error(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, StarletteHTTPException)
+    code = CODE_BY_HTTP_STATUS.get(error.status_code, "invalid_input")
+    response = error_response(code, str(error.detail))
+    response.status_code = error.status_code
+    return response
+
+
+async def on_unexpected(request: Request, error: Exception) -> JSONResponse:
+    return error_response("internal", "internal error; the server log has the details")

@@ -1,0 +1,252 @@
+"""What the JSON API and the web pages both do, as plain functions over a Platform and a caller.
+
+Every read is scoped to the caller's tenant: another tenant's run is NotFound (404), exactly like a
+run that does not exist, so its existence never leaks. No protocol logic lives here; submit,
+reconcile and verification belong to Dataflow, the projection to Ops.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from durable_dataflow.api.tokens import TokenInfo
+from durable_dataflow.core import checkpoints, ledger
+from durable_dataflow.core.errors import InputError, NotFound
+from durable_dataflow.dataflow import evidence, reconcile, runs
+from durable_dataflow.dataflow.definitions import parse_definition
+from durable_dataflow.dataflow.execution import DATA_ROOTS_ENV
+from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.runs import MODULE, Run
+from durable_dataflow.dataflow.service import Submission
+from durable_dataflow.ops import ledger as ops_ledger
+from durable_dataflow.platform import Platform
+
+LIST_LIMIT_MAX = 200
+LIST_LIMIT_DEFAULT = 50
+CURSOR_CHARS_MAX = 200
+US_PER_S = 1_000_000
+
+
+def data_root_from_env() -> Path:
+    """Where API-submitted definitions' source paths resolve: DATAFLOW_DATA_ROOTS' first entry, else cwd."""
+    roots = [p for p in os.environ.get(DATA_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    return Path(roots[0]).resolve() if roots else Path.cwd().resolve()
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated API caller: its token's stored facts."""
+
+    token: TokenInfo
+
+    @property
+    def tenant(self) -> str:
+        return self.token.tenant
+
+    def access(self) -> AccessContext:
+        return AccessContext(
+            tenant=self.token.tenant,
+            principal=self.token.principal,
+            roles=(self.token.role.value,),
+            scopes=(),
+            auth_method="token",
+        )
+
+    def provenance(self) -> Provenance:
+        return Provenance(actor=self.token.principal, trigger="api")
+
+
+# ---- submit ----------------------------------------------------------------------------------
+
+
+def definition_from_request(
+    platform: Platform, caller: Caller, document: Mapping[str, Any] | None, definition_hash: str | None
+) -> Any:
+    """The inline document, or a definition the caller's tenant has already pinned."""
+    if (document is None) == (definition_hash is None):
+        raise InputError("give exactly one of 'definition' (a document) or 'definition_hash'")
+    if document is not None:
+        return parse_definition(json.dumps(document), "request.json")
+    with platform.db.read() as conn:
+        body = ops_ledger.definition_body(conn, caller.tenant, str(definition_hash))
+    if body is None:
+        raise NotFound(f"definition {definition_hash} is not registered for tenant {caller.tenant}")
+    return parse_definition(body, "registered.json")
+
+
+def submit(
+    platform: Platform,
+    caller: Caller,
+    request_body: Mapping[str, Any],
+    idempotency_key: str | None,
+    data_root: Path,
+    queue: bool,
+) -> Submission:
+    definition = definition_from_request(
+        platform, caller, request_body.get("definition"), request_body.get("definition_hash")
+    )
+    request = RunRequest(
+        definition=definition,
+        base_dir=data_root,
+        parameters=dict(request_body.get("parameters") or {}),
+        access=caller.access(),
+        provenance=caller.provenance(),
+        idempotency_key=idempotency_key,
+        max_attempts=int(request_body["max_attempts"]),
+    )
+    return platform.runs.submit(request) if queue else platform.runs.run_inline(request)
+
+
+# ---- list ------------------------------------------------------------------------------------
+
+
+def encode_cursor(run: Run) -> str:
+    raw = json.dumps([run.created_at_us, run.run_id], separators=(",", ":")).encode("utf-8")
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[int, str]:
+    """The (created_at_us, run_id) a cursor names; anything else is invalid input, never a 500."""
+    problem = InputError("the cursor is not one this server issued; start again without it")
+    if len(cursor) > CURSOR_CHARS_MAX:
+        raise problem
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        value = json.loads(raw.decode("utf-8"))
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise problem from None
+    valid = (
+        isinstance(value, list)
+        and len(value) == 2
+        and isinstance(value[0], int)
+        and not isinstance(value[0], bool)
+        and isinstance(value[1], str)
+        and len(value[1]) <= 64
+    )
+    if not valid:
+        raise problem
+    return int(value[0]), str(value[1])
+
+
+def to_us(moment: datetime | None) -> int | None:
+    if moment is None:
+        return None
+    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return int(aware.timestamp() * US_PER_S)
+
+
+@dataclass(frozen=True)
+class RunPage:
+    runs: list[Run]
+    next_cursor: str | None
+    now_us: int
+
+
+def list_runs(
+    platform: Platform,
+    caller: Caller,
+    *,
+    status: str | None = None,
+    recovery_status: str | None = None,
+    definition: str | None = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    cursor: str | None = None,
+    limit: int = LIST_LIMIT_DEFAULT,
+) -> RunPage:
+    """One page of the caller's runs, newest first, with the cursor of the next page."""
+    if not 1 <= limit <= LIST_LIMIT_MAX:
+        raise InputError(f"limit must be between 1 and {LIST_LIMIT_MAX}")
+    before = decode_cursor(cursor) if cursor else None
+    with platform.db.read() as conn:
+        found = runs.list_page(
+            conn,
+            tenant=caller.tenant,
+            status=status,
+            recovery_status=recovery_status,
+            definition_name=definition,
+            created_after_us=to_us(created_after),
+            created_before_us=to_us(created_before),
+            before=before,
+            limit=limit + 1,
+        )
+        now_us = platform.db.now_us(conn)
+    page = found[:limit]
+    next_cursor = encode_cursor(page[-1]) if len(found) > limit else None
+    return RunPage(page, next_cursor, now_us)
+
+
+def get_run(platform: Platform, caller: Caller, run_id: str) -> Run:
+    return platform.runs.get(run_id, caller.tenant)
+
+
+# ---- evidence and reconciliation -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evidence:
+    run: Run
+    entries: list[dict[str, Any]]
+    verification: dict[str, Any]
+    checkpoint: dict[str, Any] | None
+    now_us: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "run": public_run(self.run, self.now_us),
+            "entries": self.entries,
+            "verification": self.verification,
+            "checkpoint": self.checkpoint,
+        }
+
+
+def _entry_json(entry: ledger.Entry) -> dict[str, Any]:
+    return {
+        "seq": entry.seq,
+        "attempt": entry.attempt,
+        "kind": entry.kind,
+        "payload": dict(entry.payload),
+        "prev_hash": entry.prev_hash,
+        "entry_hash": entry.entry_hash,
+        "recorded_at_us": entry.recorded_at_us,
+    }
+
+
+def evidence_of(platform: Platform, caller: Caller, run_id: str) -> Evidence:
+    """The ledger entries, the verification of the chain (and of success facts), the latest checkpoint."""
+    key = platform.runs.config.evidence_key
+    with platform.db.read() as conn:
+        run = runs.get(conn, run_id, caller.tenant)
+        entries = ledger.read(conn, MODULE, run_id)
+        verification = evidence.verify_run(conn, run_id, run.mode, run.status, run.attempt, key)
+        checkpoint = checkpoints.latest(conn, MODULE, run_id)
+        now_us = platform.db.now_us(conn)
+    return Evidence(
+        run=run,
+        entries=[_entry_json(e) for e in entries],
+        verification=asdict(verification),
+        checkpoint=None if checkpoint is None else {**asdict(checkpoint), "facts": dict(checkpoint.facts)},
+        now_us=now_us,
+    )
+
+
+def reconcile_run(platform: Platform, caller: Caller, run_id: str, resume: bool) -> reconcile.Reconciliation:
+    """Dataflow's reconciliation, for a run of the caller's tenant (the role is checked by the caller)."""
+    return reconcile.reconcile(platform.runs, run_id, tenant=caller.tenant, resume=resume)
+
+
+def public_run(run: Run, now_us: int) -> dict[str, Any]:
+    """The documented run JSON, plus its age on the database clock and, if unresolved, its warning."""
+    data = run.public()
+    data["age_s"] = max(0, now_us - run.created_at_us) / US_PER_S
+    if run.unresolved and not data.get("warning"):
+        data["warning"] = runs.unresolved_warning(run)
+    return data

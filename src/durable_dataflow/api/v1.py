@@ -1,0 +1,167 @@
+"""The JSON API under /v1. Handlers are plain ``def``s: FastAPI runs them in its thread pool, and the
+synchronous core does the work (DESIGN: no twin async API)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from durable_dataflow.api import operations
+from durable_dataflow.api.auth import api_caller, platform_of
+from durable_dataflow.api.operations import Caller
+from durable_dataflow.api.tokens import Role
+from durable_dataflow.dataflow.requests import IDEMPOTENCY_KEY_CHARS_MAX, MAX_ATTEMPTS_DEFAULT, MAX_ATTEMPTS_LIMIT
+from durable_dataflow.dataflow.runs import RecoveryStatus, RunStatus
+from durable_dataflow.datasources import registry
+from durable_dataflow.ops import ledger as ops_ledger
+
+router = APIRouter(prefix="/v1")
+
+Viewer = Annotated[Caller, Depends(api_caller(Role.VIEWER))]
+Submitter = Annotated[Caller, Depends(api_caller(Role.SUBMITTER))]
+Operator = Annotated[Caller, Depends(api_caller(Role.OPERATOR))]
+DEFINITION_NAME_CHARS_MAX = 200
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"description": "No valid token: `{\"error\": {\"code\": \"unauthenticated\", ...}}`"},
+    403: {"description": "The token's role does not allow this"},
+    404: {"description": "Not found, or belongs to another tenant"},
+    422: {"description": "Invalid input"},
+}
+
+
+class SubmitRunBody(BaseModel):
+    """A run request: exactly one of an inline definition document or a registered definition hash."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    definition: dict[str, Any] | None = Field(default=None, description="The definition document as JSON")
+    definition_hash: str | None = Field(default=None, max_length=71, description="A definition already pinned")
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    max_attempts: int = Field(default=MAX_ATTEMPTS_DEFAULT, ge=1, le=MAX_ATTEMPTS_LIMIT)
+
+
+class ReconcileBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    resume: bool = Field(default=False, description="After a proven absence, re-dispatch the stored result")
+
+
+@router.post("/runs", status_code=201, responses={200: {"description": "A replay: the existing run"}, 409: {}})
+def submit_run(
+    request: Request,
+    response: Response,
+    body: SubmitRunBody,
+    caller: Submitter,
+    queue: bool = Query(default=False, description="Only record the run; a worker executes it"),
+    idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=IDEMPOTENCY_KEY_CHARS_MAX),
+) -> dict[str, Any]:
+    """Submit a run: 201 when recorded, 200 with the existing run on a replay, 409 on a conflicting request."""
+    platform = platform_of(request)
+    started = time.perf_counter()
+    submission = operations.submit(
+        platform, caller, body.model_dump(), idempotency_key, request.app.state.data_root, queue
+    )
+    request.app.state.metrics.observe_commit("submit", time.perf_counter() - started)
+    response.status_code = 201 if submission.created else 200
+    with platform.db.read() as conn:
+        now_us = platform.db.now_us(conn)
+    return {"run": operations.public_run(submission.run, now_us), "created": submission.created}
+
+
+@router.get("/runs", responses=ERROR_RESPONSES)
+def list_runs(
+    request: Request,
+    caller: Viewer,
+    status: RunStatus | None = None,
+    recovery_status: RecoveryStatus | None = None,
+    definition: str | None = Query(default=None, max_length=DEFINITION_NAME_CHARS_MAX),
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    cursor: str | None = Query(default=None, max_length=operations.CURSOR_CHARS_MAX),
+    limit: int = Query(default=operations.LIST_LIMIT_DEFAULT, ge=1, le=operations.LIST_LIMIT_MAX),
+) -> dict[str, Any]:
+    """The caller's runs, newest first; pass ``next_cursor`` back as ``cursor`` for the next page."""
+    page = operations.list_runs(
+        platform_of(request),
+        caller,
+        status=status,
+        recovery_status=recovery_status,
+        definition=definition,
+        created_after=created_after,
+        created_before=created_before,
+        cursor=cursor,
+        limit=limit,
+    )
+    return {"runs": [operations.public_run(r, page.now_us) for r in page.runs], "next_cursor": page.next_cursor}
+
+
+@router.get("/runs/{run_id}", responses=ERROR_RESPONSES)
+def get_run(request: Request, run_id: str, caller: Viewer) -> dict[str, Any]:
+    platform = platform_of(request)
+    run = operations.get_run(platform, caller, run_id)
+    with platform.db.read() as conn:
+        now_us = platform.db.now_us(conn)
+    return {"run": operations.public_run(run, now_us)}
+
+
+@router.get("/runs/{run_id}/evidence", responses=ERROR_RESPONSES)
+def get_evidence(request: Request, run_id: str, caller: Viewer) -> dict[str, Any]:
+    """The run's ledger entries, the verification result and the latest verified checkpoint."""
+    return operations.evidence_of(platform_of(request), caller, run_id).as_json()
+
+
+@router.post("/runs/{run_id}/reconcile", responses={**ERROR_RESPONSES, 409: {"description": "Nothing to reconcile"}})
+def reconcile_run(request: Request, run_id: str, caller: Operator, body: ReconcileBody | None = None) -> dict[str, Any]:
+    """Inspect the sink for an outcome_unknown run (operator role); ``resume`` re-dispatches after absence."""
+    platform = platform_of(request)
+    started = time.perf_counter()
+    result = operations.reconcile_run(platform, caller, run_id, resume=body.resume if body else False)
+    request.app.state.metrics.observe_commit("reconcile", time.perf_counter() - started)
+    with platform.db.read() as conn:
+        now_us = platform.db.now_us(conn)
+    return {
+        "run": operations.public_run(result.run, now_us),
+        "finding": result.finding,
+        "detail": result.detail,
+        "resumed": result.resumed,
+    }
+
+
+@router.get("/definitions", responses=ERROR_RESPONSES)
+def list_definitions(request: Request, caller: Viewer) -> dict[str, Any]:
+    """The pinned definitions the caller's tenant has run."""
+    with platform_of(request).db.read() as conn:
+        found = ops_ledger.list_definitions(conn, caller.tenant)
+    return {"definitions": [asdict(d) for d in found]}
+
+
+@router.get("/datasources", responses=ERROR_RESPONSES)
+def list_datasources(request: Request, caller: Viewer) -> dict[str, Any]:
+    """The platform's named datasources (their options hold secret references only, never values)."""
+    with platform_of(request).db.read() as conn:
+        found = registry.list_datasources(conn)
+    return {
+        "datasources": [
+            {
+                "name": d.name,
+                "provider": d.provider,
+                "location": d.location,
+                "options": dict(d.options),
+                "registered_at": d.registered_at.isoformat(),
+            }
+            for d in found
+        ],
+        "providers": registry.available_providers(),
+    }
+
+
+@router.get("/ops/ledger", responses=ERROR_RESPONSES)
+def ops_ledger_projection(request: Request, caller: Operator) -> dict[str, Any]:
+    """The Ops ledger projection of the caller's tenant (operator role); the CLI shows it platform-wide."""
+    return ops_ledger.read_projection(platform_of(request).db, tenant=caller.tenant).as_json()

@@ -1,0 +1,162 @@
+"""The web operator view: server-rendered pages, readable without JavaScript.
+
+Pages: /ui/login, /ui/runs (history, with a warning block on every unresolved run), /ui/runs/{id}
+(ledger timeline, verification, publication references, the Reconcile form for operators) and
+/ui/ops (the Ops ledger projection of the operator's tenant). POST forms carry a CSRF token.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from durable_dataflow.api import operations, tokens
+from durable_dataflow.api.auth import SESSION_COOKIE, SESSION_MAX_AGE_S, check_csrf, csrf_token, platform_of, web_caller
+from durable_dataflow.api.errors import HTTP_STATUS_BY_CODE
+from durable_dataflow.api.tokens import Role
+from durable_dataflow.core.errors import DataflowError, Unauthenticated
+from durable_dataflow.dataflow.runs import RecoveryStatus, RunStatus, unresolved_warning
+from durable_dataflow.ops import ledger as ops_ledger
+
+TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
+HISTORY_PAGE_SIZE = 50
+TOKEN_FORM_CHARS_MAX = 200
+FINDINGS = frozenset({"present", "mismatch", "absent", "undecided"})
+FINDING_TEXT = {
+    "present": "The sink holds the publication with the recorded output digest. The run is now succeeded.",
+    "mismatch": "The sink holds a publication under this key with ANOTHER digest. The run stays unresolved.",
+    "absent": "The sink proved the publication absent and fenced the key. No earlier attempt can publish it now.",
+    "undecided": "The inspection could not decide. Nothing changed; the run stays unresolved. Try again later.",
+}
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+
+
+def age_text(seconds: float) -> str:
+    """A short human age: 42s, 3m 12s, 5h 2m, 3d 4h."""
+    total = int(seconds)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    if minutes:
+        return f"{minutes}m {secs}s"
+    return f"{secs}s"
+
+
+def time_text(us: int) -> str:
+    return datetime.fromtimestamp(us / 1_000_000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+TEMPLATES.env.globals.update(age_text=age_text, time_text=time_text, unresolved_warning=unresolved_warning)
+
+
+def render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:
+    base = {"csrf_token": csrf_token(request)}
+    return TEMPLATES.TemplateResponse(request, name, {**base, **context}, status_code=status_code)
+
+
+def error_page(request: Request, error: DataflowError) -> Response:
+    status = HTTP_STATUS_BY_CODE.get(error.code, 500)
+    return render(request, "error.html", {"caller": None, "code": error.code, "message": error.message}, status)
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_form(request: Request) -> HTMLResponse:
+    return render(request, "login.html", {"caller": None, "failed": False})
+
+
+@router.post("/login", response_model=None)
+def login(request: Request, token: str = Form(default="", max_length=TOKEN_FORM_CHARS_MAX)) -> Response:
+    """Check the token and keep it in an HttpOnly, SameSite=Strict cookie for this browser session."""
+    try:
+        tokens.authenticate(platform_of(request).db, token.strip())
+    except Unauthenticated:
+        return render(request, "login.html", {"caller": None, "failed": True}, status_code=401)
+    response = RedirectResponse("/ui/runs", status_code=303)
+    response.set_cookie(
+        SESSION_COOKIE,
+        token.strip(),
+        max_age=SESSION_MAX_AGE_S,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/ui",
+    )
+    return response
+
+
+@router.post("/logout")
+def logout(request: Request, csrf: str = Form(default="")) -> RedirectResponse:
+    web_caller(request)
+    check_csrf(request, csrf)
+    response = RedirectResponse("/ui/login", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path="/ui")
+    return response
+
+
+@router.get("/runs", response_class=HTMLResponse)
+def history(
+    request: Request, status: str = "", recovery_status: str = "", cursor: str = ""
+) -> HTMLResponse:
+    """The run history: status, Core recovery status, attempts, rows, age, and every warning."""
+    caller = web_caller(request)
+    page = operations.list_runs(
+        platform_of(request),
+        caller,
+        status=status or None,
+        recovery_status=recovery_status or None,
+        cursor=cursor or None,
+        limit=HISTORY_PAGE_SIZE,
+    )
+    context = {
+        "caller": caller,
+        "page": page,
+        "status": status,
+        "recovery_status": recovery_status,
+        "statuses": [s.value for s in RunStatus],
+        "recovery_statuses": [s.value for s in RecoveryStatus],
+    }
+    return render(request, "runs.html", context)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(request: Request, run_id: str, reconciled: str = "") -> HTMLResponse:
+    """One run: its state, warning, publication references, verification and ledger timeline."""
+    caller = web_caller(request)
+    found = operations.evidence_of(platform_of(request), caller, run_id)
+    finding = reconciled if reconciled in FINDINGS else ""
+    context = {
+        "caller": caller,
+        "evidence": found,
+        "run": found.run,
+        "is_operator": caller.token.allows(Role.OPERATOR),
+        "finding": finding,
+        "finding_text": FINDING_TEXT.get(finding, ""),
+    }
+    return render(request, "run.html", context)
+
+
+@router.post("/runs/{run_id}/reconcile")
+def reconcile(request: Request, run_id: str, csrf: str = Form(default=""), resume: str = Form(default="")) -> Response:
+    """Reconcile (operator role), then show the run page with the finding (POST, redirect, GET)."""
+    caller = web_caller(request, Role.OPERATOR)
+    check_csrf(request, csrf)
+    result = operations.reconcile_run(platform_of(request), caller, run_id, resume=resume == "yes")
+    return RedirectResponse(f"/ui/runs/{result.run.run_id}?reconciled={result.finding}", status_code=303)
+
+
+@router.get("/ops", response_class=HTMLResponse)
+def ops_page(request: Request) -> HTMLResponse:
+    """The Ops ledger projection of the operator's tenant."""
+    caller = web_caller(request, Role.OPERATOR)
+    projection = ops_ledger.read_projection(platform_of(request).db, tenant=caller.tenant)
+    return render(request, "ops.html", {"caller": caller, "projection": projection})

@@ -1,0 +1,254 @@
+"""The platform-wide ledger projection: every module's subjects, entries, leases and checkpoints,
+the Dataflow runs by status and recovery status, and the unresolved runs with their ages.
+
+Read-only by construction: every function here takes a connection from ``Database.read()`` and
+only selects. Ops never reconciles and never changes a run; it shows what the ledger says. All
+of Ops' SQL is in this module. Ages use the database clock, as leases do, never this host's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from durable_dataflow.core.db import Database
+from durable_dataflow.core.schema import checkpoints, leases, ledger_entries
+from durable_dataflow.dataflow.runs import MODULE as DATAFLOW_MODULE
+from durable_dataflow.dataflow.runs import UNRESOLVED_RECOVERY, from_row, unresolved_warning
+from durable_dataflow.dataflow.schema import dataflow_runs, definitions
+
+UNRESOLVED_SHOWN_MAX = 100
+DEFINITIONS_LISTED_MAX = 1000
+US_PER_S = 1_000_000
+
+
+@dataclass(frozen=True)
+class ModuleCounts:
+    """One module's footprint in Core's tables."""
+
+    module: str
+    subjects: int  # distinct subjects with ledger entries
+    entries: int
+    checkpoints: int
+    leases_live: int  # held and unexpired (database clock)
+    leases_expired: int  # held, expired, not yet swept
+
+
+@dataclass(frozen=True)
+class UnresolvedRun:
+    """An unresolved run and what an operator needs to act on it."""
+
+    module: str
+    run_id: str
+    tenant: str
+    definition_name: str
+    status: str
+    recovery_status: str
+    attempt: int
+    idempotency_key: str
+    publication_idempotency_key: str | None
+    output_digest: str | None
+    warning: str
+    created_at_us: int
+    updated_at_us: int
+    age_s: float  # since the run was recorded
+    unresolved_for_s: float  # since its last state change
+
+
+@dataclass(frozen=True)
+class LedgerProjection:
+    """The Ops view. ``tenant`` None means platform-wide."""
+
+    tenant: str | None
+    now_us: int
+    modules: list[ModuleCounts]
+    runs_by_status: dict[str, int]
+    runs_by_recovery_status: dict[str, int]
+    unresolved_total: int
+    unresolved: list[UnresolvedRun] = field(default_factory=list)
+    oldest_unresolved: UnresolvedRun | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _dataflow_subjects(tenant: str) -> sa.Select[tuple[str]]:
+    return sa.select(dataflow_runs.c.run_id).where(dataflow_runs.c.tenant == tenant)
+
+
+def _grouped_counts(conn: Connection, table: sa.Table, tenant: str | None, *extra: Any) -> dict[str, int]:
+    query = sa.select(table.c.module, sa.func.count()).group_by(table.c.module)
+    for condition in extra:
+        query = query.where(condition)
+    if tenant is not None:
+        query = query.where(table.c.module == DATAFLOW_MODULE, table.c.subject_id.in_(_dataflow_subjects(tenant)))
+    return {str(module): int(count) for module, count in conn.execute(query)}
+
+
+def module_counts(conn: Connection, db: Database, tenant: str | None = None) -> list[ModuleCounts]:
+    """Per module: subjects, entries, checkpoints and leases, from Core's tables."""
+    entries_query = sa.select(
+        ledger_entries.c.module, sa.func.count(sa.distinct(ledger_entries.c.subject_id)), sa.func.count()
+    ).group_by(ledger_entries.c.module)
+    if tenant is not None:
+        entries_query = entries_query.where(
+            ledger_entries.c.module == DATAFLOW_MODULE, ledger_entries.c.subject_id.in_(_dataflow_subjects(tenant))
+        )
+    entry_rows = {str(m): (int(s), int(e)) for m, s, e in conn.execute(entries_query)}
+    held = leases.c.released_at_us.is_(None)
+    now = db.now_us_expr()
+    checkpoint_counts = _grouped_counts(conn, checkpoints, tenant)
+    live = _grouped_counts(conn, leases, tenant, held, leases.c.expires_at_us > now)
+    expired = _grouped_counts(conn, leases, tenant, held, leases.c.expires_at_us <= now)
+    names = sorted(set(entry_rows) | set(checkpoint_counts) | set(live) | set(expired))
+    return [
+        ModuleCounts(
+            module=name,
+            subjects=entry_rows.get(name, (0, 0))[0],
+            entries=entry_rows.get(name, (0, 0))[1],
+            checkpoints=checkpoint_counts.get(name, 0),
+            leases_live=live.get(name, 0),
+            leases_expired=expired.get(name, 0),
+        )
+        for name in names
+    ]
+
+
+def _run_counts(conn: Connection, column: sa.Column[Any], tenant: str | None) -> dict[str, int]:
+    query = sa.select(column, sa.func.count()).group_by(column).order_by(column)
+    if tenant is not None:
+        query = query.where(dataflow_runs.c.tenant == tenant)
+    return {str(value): int(count) for value, count in conn.execute(query)}
+
+
+def runs_by_status(conn: Connection, tenant: str | None = None) -> dict[str, int]:
+    return _run_counts(conn, dataflow_runs.c.status, tenant)
+
+
+def runs_by_recovery_status(conn: Connection, tenant: str | None = None) -> dict[str, int]:
+    return _run_counts(conn, dataflow_runs.c.recovery_status, tenant)
+
+
+def ledger_kind_counts(conn: Connection) -> dict[str, int]:
+    """Platform-wide count of Dataflow ledger entries per kind (attempt outcomes for /metrics)."""
+    query = (
+        sa.select(ledger_entries.c.kind, sa.func.count())
+        .where(ledger_entries.c.module == DATAFLOW_MODULE)
+        .group_by(ledger_entries.c.kind)
+    )
+    return {str(kind): int(count) for kind, count in conn.execute(query)}
+
+
+def _unresolved_where(tenant: str | None) -> list[sa.ColumnElement[bool]]:
+    conditions: list[sa.ColumnElement[bool]] = [dataflow_runs.c.recovery_status.in_(sorted(UNRESOLVED_RECOVERY))]
+    if tenant is not None:
+        conditions.append(dataflow_runs.c.tenant == tenant)
+    return conditions
+
+
+def unresolved_runs(
+    conn: Connection, now_us: int, tenant: str | None = None, limit: int = UNRESOLVED_SHOWN_MAX
+) -> tuple[int, list[UnresolvedRun]]:
+    """The total number of unresolved runs, and the oldest ``limit`` of them, oldest first."""
+    where = _unresolved_where(tenant)
+    total = int(conn.execute(sa.select(sa.func.count()).select_from(dataflow_runs).where(*where)).scalar_one())
+    rows = conn.execute(
+        sa.select(dataflow_runs)
+        .where(*where)
+        .order_by(dataflow_runs.c.created_at_us, dataflow_runs.c.run_id)
+        .limit(max(1, min(limit, UNRESOLVED_SHOWN_MAX)))
+    ).all()
+    found = []
+    for row in rows:
+        run = from_row(row)
+        found.append(
+            UnresolvedRun(
+                module=DATAFLOW_MODULE,
+                run_id=run.run_id,
+                tenant=run.tenant,
+                definition_name=run.definition_name,
+                status=run.status,
+                recovery_status=run.recovery_status,
+                attempt=run.attempt,
+                idempotency_key=run.idempotency_key,
+                publication_idempotency_key=run.publication_idempotency_key,
+                output_digest=run.output_digest,
+                warning=run.warning or unresolved_warning(run),
+                created_at_us=run.created_at_us,
+                updated_at_us=run.updated_at_us,
+                age_s=max(0, now_us - run.created_at_us) / US_PER_S,
+                unresolved_for_s=max(0, now_us - run.updated_at_us) / US_PER_S,
+            )
+        )
+    return total, found
+
+
+def projection(conn: Connection, db: Database, tenant: str | None = None) -> LedgerProjection:
+    """The whole Ops view in one read transaction (one consistent snapshot on PostgreSQL)."""
+    now_us = db.now_us(conn)
+    total, unresolved = unresolved_runs(conn, now_us, tenant)
+    return LedgerProjection(
+        tenant=tenant,
+        now_us=now_us,
+        modules=module_counts(conn, db, tenant),
+        runs_by_status=runs_by_status(conn, tenant),
+        runs_by_recovery_status=runs_by_recovery_status(conn, tenant),
+        unresolved_total=total,
+        unresolved=unresolved,
+        oldest_unresolved=unresolved[0] if unresolved else None,
+    )
+
+
+def read_projection(db: Database, tenant: str | None = None) -> LedgerProjection:
+    with db.read() as conn:
+        return projection(conn, db, tenant)
+
+
+# ---- the definitions catalogue (read-only, tenant-scoped) ---------------------------------------
+
+
+@dataclass(frozen=True)
+class DefinitionSummary:
+    definition_hash: str
+    name: str
+    version: int
+    registered_at_us: int
+    runs: int  # runs of the tenant that pinned it
+
+
+def _tenant_definitions(tenant: str) -> sa.Select[Any]:
+    return (
+        sa.select(
+            definitions.c.definition_hash,
+            definitions.c.name,
+            definitions.c.version,
+            definitions.c.registered_at_us,
+            sa.func.count(dataflow_runs.c.run_id).label("runs"),
+        )
+        .join(dataflow_runs, dataflow_runs.c.definition_hash == definitions.c.definition_hash)
+        .where(dataflow_runs.c.tenant == tenant)
+        .group_by(
+            definitions.c.definition_hash, definitions.c.name, definitions.c.version, definitions.c.registered_at_us
+        )
+    )
+
+
+def list_definitions(conn: Connection, tenant: str) -> list[DefinitionSummary]:
+    """The pinned definitions a tenant's runs used: a tenant never sees another tenant's SQL."""
+    query = _tenant_definitions(tenant).order_by(definitions.c.name, definitions.c.version.desc())
+    rows = conn.execute(query.limit(DEFINITIONS_LISTED_MAX)).all()
+    return [DefinitionSummary(str(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows]
+
+
+def definition_body(conn: Connection, tenant: str, definition_hash: str) -> str | None:
+    """The canonical body of a pinned definition the tenant has used, else None."""
+    visible = _tenant_definitions(tenant).where(definitions.c.definition_hash == definition_hash)
+    if conn.execute(visible).first() is None:
+        return None
+    body = conn.execute(
+        sa.select(definitions.c.body_json).where(definitions.c.definition_hash == definition_hash)
+    ).scalar_one_or_none()
+    return None if body is None else str(body)

@@ -1,0 +1,83 @@
+"""Builders for the API, web and browser tests: example runs in a platform database, and tokens.
+
+`make_outcome_unknown_run` runs the forward-recovery example with the built-in parquet provider
+wrapped by the FaultInjectingProvider (the sink commits, then the answer is lost), so the run is
+honestly `outcome_unknown` and a later reconciliation with the real provider finds it present.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from durable_dataflow.api import tokens
+from durable_dataflow.dataflow.definitions import load_definition
+from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.datasources import registry
+from durable_dataflow.datasources.parquet_folder import ParquetFolderProvider
+from durable_dataflow.datasources.testing import FaultInjectingProvider, PublishFault
+from durable_dataflow.platform import Platform
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def copy_examples(tmp_path: Path) -> Path:
+    """A private copy of the examples, so sinks write under the test's temporary directory."""
+    target = tmp_path / "examples"
+    shutil.copytree(EXAMPLES, target, ignore=shutil.ignore_patterns("warehouse", ".dataflow"))
+    return target
+
+
+def _request(path: Path, tenant: str, key: str | None, day: str = "2026-11-02") -> RunRequest:
+    loaded = load_definition(path)
+    return RunRequest(
+        definition=loaded.definition,
+        base_dir=loaded.base_dir,
+        parameters={"day": day},
+        access=AccessContext(tenant=tenant, principal="test", roles=("operator",), auth_method="test"),
+        provenance=Provenance(actor="test", trigger="cli"),
+        idempotency_key=key,
+    )
+
+
+def make_atomic_run(platform: Platform, examples: Path, tenant: str, key: str | None = None) -> Run:
+    request = _request(examples / "revenue_by_region" / "dataflow.yaml", tenant, key)
+    return platform.runs.run_inline(request).run
+
+
+def make_outcome_unknown_run(
+    platform: Platform, examples: Path, tenant: str, key: str | None = None, fault: PublishFault = "timeout_after_commit"
+) -> Run:
+    """A forward-recovery run whose provider answer was lost: `outcome_unknown`."""
+    registry.register_provider("parquet", lambda: FaultInjectingProvider(ParquetFolderProvider(), fault))
+    try:
+        request = _request(examples / "daily_orders_publish" / "dataflow.yaml", tenant, key)
+        run = platform.runs.run_inline(request).run
+    finally:
+        registry.unregister_provider("parquet")
+    assert run.status == "outcome_unknown", run
+    return run
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """One token per role in tenant `acme`, and an operator in tenant `globex`."""
+
+    viewer: str
+    submitter: str
+    operator: str
+    other_operator: str
+
+
+def make_tokens(platform: Platform) -> Tokens:
+    def create(tenant: str, role: str, name: str) -> str:
+        return tokens.create_token(platform.db, tenant, role, name)[0]
+
+    return Tokens(
+        viewer=create("acme", "viewer", "acme-viewer"),
+        submitter=create("acme", "submitter", "acme-submitter"),
+        operator=create("acme", "operator", "acme-operator"),
+        other_operator=create("globex", "operator", "globex-operator"),
+    )
