@@ -48,7 +48,11 @@ def make_atomic_run(platform: Platform, examples: Path, tenant: str, key: str | 
 
 
 def make_outcome_unknown_run(
-    platform: Platform, examples: Path, tenant: str, key: str | None = None, fault: PublishFault = "timeout_after_commit"
+    platform: Platform,
+    examples: Path,
+    tenant: str,
+    key: str | None = None,
+    fault: PublishFault = "timeout_after_commit",
 ) -> Run:
     """A forward-recovery run whose provider answer was lost: `outcome_unknown`."""
     registry.register_provider("parquet", lambda: FaultInjectingProvider(ParquetFolderProvider(), fault))
