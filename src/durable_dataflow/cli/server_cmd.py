@@ -1,8 +1,9 @@
 """`dataflow serve`, `dataflow tokens create|list|revoke` and `dataflow ops ledger`.
 
-``register(app)`` adds them to the main CLI. The database is ``--db``, else ``DATAFLOW_DB``, else the
-embedded default; having it is the platform-level credential, so `ops ledger` here is platform-wide
-while the API's projection is scoped to the caller's tenant.
+``register(app)`` adds them to the main CLI. The database is the global ``--db``, else
+``DATAFLOW_DB``, else the embedded default; access to it is the platform-level credential, so
+`ops ledger` here is platform-wide while the API's projection is scoped to the caller's tenant.
+Errors propagate to the CLI's one error table (``cli.common``).
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from durable_dataflow.api import tokens as api_tokens
-from durable_dataflow.platform import Platform
+from durable_dataflow.cli import common
 
-DB_HELP = "Platform database URL (default: $DATAFLOW_DB, else sqlite:///./.dataflow/dataflow.db)"
 DEFAULT_PORT = 8080
 
 tokens_app = typer.Typer(help="Create, list and revoke API tokens (stored as hashes only).", no_args_is_help=True)
@@ -26,9 +26,9 @@ ops_app = typer.Typer(help="Ops: the read-only, platform-wide ledger projection.
 
 
 def serve(
+    ctx: typer.Context,
     host: str = typer.Option("127.0.0.1", help="Interface to listen on"),
     port: int = typer.Option(DEFAULT_PORT, help="TCP port (0: any free port, printed at start-up)"),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
     data_root: Path | None = typer.Option(
         None, help="Where API-submitted source paths resolve (default: first $DATAFLOW_DATA_ROOTS entry, else cwd)"
     ),
@@ -39,20 +39,20 @@ def serve(
 
     from durable_dataflow.api.app import create_app
 
-    with Platform(db) as platform:
+    with common.open_platform(ctx) as platform:
         application = create_app(platform, data_root=data_root)
         uvicorn.run(application, host=host, port=port, log_level=log_level)
 
 
 @tokens_app.command("create")
 def tokens_create(
+    ctx: typer.Context,
     tenant: str = typer.Option(..., help="The tenant the token acts for"),
     role: str = typer.Option(..., help="viewer | submitter | operator"),
     name: str | None = typer.Option(None, help="A name for the token (recorded as the run principal)"),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
     """Create a token and print it ONCE: only its hash is stored."""
-    with Platform(db) as platform:
+    with common.open_platform(ctx) as platform:
         token, info = api_tokens.create_token(platform.db, tenant, role, name)
     typer.echo(token)
     typer.echo(
@@ -64,12 +64,12 @@ def tokens_create(
 
 @tokens_app.command("list")
 def tokens_list(
+    ctx: typer.Context,
     tenant: str | None = typer.Option(None, help="Only this tenant's tokens"),
     as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table"),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
     """List tokens (their ids, tenants, roles and names; never the tokens)."""
-    with Platform(db) as platform:
+    with common.open_platform(ctx) as platform:
         found = api_tokens.list_tokens(platform.db, tenant)
     if as_json:
         for info in found:
@@ -85,25 +85,25 @@ def tokens_list(
 
 @tokens_app.command("revoke")
 def tokens_revoke(
+    ctx: typer.Context,
     token_id: str = typer.Argument(..., help="The token id (tok_...) from `dataflow tokens list`"),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
     """Revoke a token: every later request with it answers 401."""
-    with Platform(db) as platform:
+    with common.open_platform(ctx) as platform:
         info = api_tokens.revoke_token(platform.db, token_id)
     typer.echo(f"revoked {info.token_id} ({info.name}) at {_when(info.revoked_at_us)}")
 
 
 @ops_app.command("ledger")
 def ops_ledger(
+    ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="The projection as one JSON document"),
     tenant: str | None = typer.Option(None, help="Only this tenant (default: platform-wide)"),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
 ) -> None:
     """The platform-wide ledger projection: counts by module and recovery status, unresolved runs and ages."""
     from durable_dataflow.ops import ledger
 
-    with Platform(db) as platform:
+    with common.open_platform(ctx) as platform:
         projection = ledger.read_projection(platform.db, tenant)
     if as_json:
         typer.echo(json.dumps(projection.as_json(), indent=2, sort_keys=True))
@@ -158,13 +158,3 @@ def register(app: typer.Typer) -> None:
     app.add_typer(tokens_app, name="tokens")
     app.add_typer(ops_app, name="ops")
 
-
-def main() -> None:
-    """Run these commands on their own (`python -m durable_dataflow.cli.server_cmd ...`)."""
-    standalone = typer.Typer(no_args_is_help=True)
-    register(standalone)
-    standalone()
-
-
-if __name__ == "__main__":
-    main()
