@@ -13,10 +13,10 @@ import importlib
 import sys
 from typing import Annotated
 
-import click
 import typer
 
 from durable_dataflow.cli import common, db, definitions, runs, show
+from durable_dataflow.core.errors import DataflowError
 
 app = typer.Typer(
     name="dataflow",
@@ -73,16 +73,26 @@ def main(argv: list[str] | None = None) -> int:
     state = common.CliState()
     try:
         result = app(args=argv, prog_name="dataflow", standalone_mode=False, obj=state)
-    except click.ClickException as error:  # usage errors: unknown option, missing argument (exit 2)
-        error.show()
-        return error.exit_code
-    except click.exceptions.Exit as error:
-        return error.exit_code
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except typer.Exit as error:
+        return int(error.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
         sys.stderr.write("interrupted\n")
         return common.EXIT_INTERRUPTED
     except BrokenPipeError:
         return common.EXIT_OK  # the reader went away (e.g. `| head`); nothing left to say
     except Exception as error:
+        if _is_usage_error(error):
+            error.show()  # type: ignore[attr-defined]  # click's usage message, e.g. "No such option"
+            return int(error.exit_code)  # type: ignore[attr-defined]
         return common.report_error(error, state.debug)
     return result if isinstance(result, int) else common.EXIT_OK
+
+
+def _is_usage_error(error: Exception) -> bool:
+    # Typer raises click's ClickException family (vendored in newer Typer releases, so matched by
+    # shape rather than class): it knows how to show itself and carries its exit status (2).
+    return (
+        not isinstance(error, DataflowError)
+        and callable(getattr(error, "show", None))
+        and isinstance(getattr(error, "exit_code", None), int)
+    )
