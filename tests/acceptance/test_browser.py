@@ -1,0 +1,128 @@
+"""A real browser against a real `dataflow serve`: an operator logs in, sees the unresolved warning on
+the history page, opens the run, reconciles it, and sees the finding. Screenshots go to docs/img/.
+
+Headless Chromium is Debian's `chromium` package (scripts/install-system-deps.sh), driven by the
+`playwright` Python package through `executable_path`: no browser is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from durable_dataflow.api import tokens
+from durable_dataflow.platform import Platform
+from support.api_runs import copy_examples, make_atomic_run, make_outcome_unknown_run
+
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOTS = Path(os.environ.get("DATAFLOW_SCREENSHOT_DIR", REPO / "docs" / "img"))
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+STARTUP_LINES_MAX = 200
+PAGE_TIMEOUT_MS = 30_000
+LISTENING = re.compile(r"Uvicorn running on (http://127\.0\.0\.1:\d+)")
+
+pytestmark = pytest.mark.browser
+
+
+def _chromium() -> str:
+    for candidate in CHROMIUM_CANDIDATES:
+        if os.access(candidate, os.X_OK):
+            return candidate
+    message = "chromium is not installed (scripts/install-system-deps.sh installs it)"
+    if os.environ.get("CI"):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def _dataflow_command() -> list[str]:
+    installed = Path(sys.executable).with_name("dataflow")
+    return [str(installed)] if installed.exists() else [sys.executable, "-m", "durable_dataflow.cli"]
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
+    """A `dataflow serve` subprocess on a free loopback port over a database with an outcome_unknown run."""
+    url = f"sqlite:///{tmp_path}/dataflow.db"
+    examples = copy_examples(tmp_path)
+    with Platform(url) as platform:
+        make_atomic_run(platform, examples, "demo")  # what `make demo` leaves behind
+        unknown = make_outcome_unknown_run(platform, examples, "demo")
+        token = tokens.create_token(platform.db, "demo", "operator", "demo-operator")[0]
+    process = subprocess.Popen(
+        [*_dataflow_command(), "--db", url, "serve", "--host", "127.0.0.1", "--port", "0"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert process.stderr is not None
+    try:
+        base = None
+        for _ in range(STARTUP_LINES_MAX):  # uvicorn logs its bound port once it listens
+            line = process.stderr.readline()
+            if not line:
+                break
+            if found := LISTENING.search(line):
+                base = found.group(1)
+                break
+        assert base is not None, f"dataflow serve did not start (exit {process.poll()})"
+        yield base, token, unknown.run_id
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        process.stderr.close()
+
+
+def test_operator_sees_the_warning_and_reconciles_in_a_browser(server: tuple[str, str, str]) -> None:
+    """Log in, find the role=alert warning for the outcome_unknown run, open it, press Reconcile, see 'present'."""
+    from playwright.sync_api import expect, sync_playwright
+
+    base, token, run_id = server
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=_chromium(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(PAGE_TIMEOUT_MS)
+            page.goto(f"{base}/ui/runs")
+            expect(page).to_have_url(re.compile(r"/ui/login$"))  # no session: the login form
+            page.get_by_label("API token").fill(token)
+            page.get_by_role("button", name="Log in").click()
+            expect(page).to_have_url(re.compile(r"/ui/runs$"))
+
+            warning = page.get_by_role("alert").filter(has_text=run_id)
+            expect(warning).to_be_visible()
+            expect(warning).to_contain_text("external output may exist")
+            expect(warning).to_contain_text(f"dataflow/demo/{run_id}")
+            expect(warning).not_to_contain_text("failed")
+            page.screenshot(path=str(SCREENSHOTS / "history.png"), full_page=True)
+
+            page.get_by_role("link", name="Ops ledger").click()
+            expect(page.get_by_role("heading", name="Unresolved runs: 1")).to_be_visible()
+            page.screenshot(path=str(SCREENSHOTS / "ops.png"), full_page=True)
+
+            page.get_by_role("link", name=run_id).first.click()
+            expect(page.get_by_role("heading", name="Ledger timeline")).to_be_visible()
+            expect(page.get_by_text("The evidence chain verifies")).to_be_visible()
+            page.screenshot(path=str(SCREENSHOTS / "run-unresolved.png"), full_page=True)
+
+            page.get_by_role("button", name="Reconcile").click()
+            expect(page.get_by_role("status")).to_contain_text("Reconciliation result: present")
+            expect(page.get_by_text("reconciled_present").first).to_be_visible()
+            page.screenshot(path=str(SCREENSHOTS / "run-reconciled.png"), full_page=True)
+
+            page.get_by_role("link", name="Run history").click()
+            expect(page.get_by_role("alert").filter(has_text=run_id)).to_have_count(0)
+        finally:
+            browser.close()
