@@ -300,3 +300,25 @@ def test_tokens_are_stored_only_as_hashes(world: World) -> None:
     assert tokens.hash_token(world.tokens.viewer) in stored
     listed = tokens.list_tokens(world.platform.db, "acme")
     assert {t.name for t in listed} == {"acme-viewer", "acme-submitter", "acme-operator"}
+
+
+def test_healthz_reports_an_unreachable_database(world: World) -> None:
+    """When the database cannot be read, /healthz answers 503 storage_unavailable instead of ok."""
+    import sqlalchemy as sa
+
+    db = world.platform.db
+    reachable = db.read_engine
+    unreachable = (
+        sa.create_engine("sqlite:////nonexistent-dir/none.db")
+        if db.dialect == "sqlite"
+        else sa.create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none", connect_args={"connect_timeout": 2})
+    )
+    db.read_engine = unreachable
+    try:
+        answer = world.client.get("/healthz")
+    finally:
+        db.read_engine = reachable
+        unreachable.dispose()
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "storage_unavailable"
+    assert world.client.get("/healthz").status_code == 200
