@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from durable_dataflow.api import tokens
+from durable_dataflow.dataflow import sweeper
 from durable_dataflow.platform import Platform
-from support.api_runs import copy_examples, make_atomic_run, make_outcome_unknown_run
+from support.api_runs import copy_examples
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = Path(os.environ.get("DATAFLOW_SCREENSHOT_DIR", REPO / "docs" / "img"))
@@ -51,13 +53,24 @@ def _dataflow_command() -> list[str]:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
-    """A `dataflow serve` subprocess on a free loopback port over a database with an outcome_unknown run."""
+    """`dataflow serve` on a free loopback port over a demo database plus a crashed, swept publication run."""
     url = f"sqlite:///{tmp_path}/dataflow.db"
     examples = copy_examples(tmp_path)
+    cli = [*_dataflow_command(), "--db", url]
+    # What `make demo` leaves behind: one atomic run, recorded by the real CLI.
+    demo = [*cli, "run", str(examples / "revenue_by_region" / "dataflow.yaml"), "--param", "day=2026-11-02"]
+    subprocess.run(demo, check=True, capture_output=True, timeout=120)
+    # A forward-recovery run whose process is SIGKILLed right after the provider call returned.
+    crash_env = {**os.environ, "DATAFLOW_CRASH_AT": "after_provider_call", "DATAFLOW_LEASE_TTL": "5"}
+    publish = [*cli, "run", str(examples / "daily_orders_publish" / "dataflow.yaml"), "--param", "day=2026-11-02"]
+    crashed = subprocess.run(publish, env=crash_env, capture_output=True, timeout=120)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     with Platform(url) as platform:
-        make_atomic_run(platform, examples, "demo")  # what `make demo` leaves behind
-        unknown = make_outcome_unknown_run(platform, examples, "demo")
-        token = tokens.create_token(platform.db, "demo", "operator", "demo-operator")[0]
+        platform.db.advance_clock(60)  # past the lease expiry, on this object's database clock only
+        decisions = sweeper.sweep(platform.db)
+        assert [d.decision for d in decisions] == ["outcome_unknown"], decisions
+        unknown = platform.runs.get(decisions[0].run_id)
+        token = tokens.create_token(platform.db, "default", "operator", "demo-operator")[0]
     process = subprocess.Popen(
         [*_dataflow_command(), "--db", url, "serve", "--host", "127.0.0.1", "--port", "0"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -104,7 +117,7 @@ def test_operator_sees_the_warning_and_reconciles_in_a_browser(server: tuple[str
             warning = page.get_by_role("alert").filter(has_text=run_id)
             expect(warning).to_be_visible()
             expect(warning).to_contain_text("external output may exist")
-            expect(warning).to_contain_text(f"dataflow/demo/{run_id}")
+            expect(warning).to_contain_text(f"dataflow/default/{run_id}")
             expect(warning).not_to_contain_text("failed")
             page.screenshot(path=str(SCREENSHOTS / "history.png"), full_page=True)
 
