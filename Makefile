@@ -22,7 +22,7 @@ $(BIN)/dataflow runs
 endef
 export DEMO_SCRIPT
 
-.PHONY: help venv sysdeps test lint typecheck pytest demo bench soak model clean distclean
+.PHONY: help venv sysdeps test lint typecheck pytest demo bench soak model screenshots clean distclean
 
 help:
 	@echo "make demo       run the example dataflow and show the run history"
@@ -32,6 +32,7 @@ help:
 	@echo "make bench      benchmarks/run.py"
 	@echo "make soak       the soak test (scripts/soak.py or benchmarks/soak.py)"
 	@echo "make model      model-check the recovery protocol (model/check, needs spin)"
+	@echo "make screenshots refresh docs/img from the browser test"
 	@echo "make clean      remove caches and test artefacts (distclean also removes .venv)"
 
 venv: $(STAMP)
@@ -75,6 +76,9 @@ soak: venv sysdeps
 	if [ -f scripts/soak.py ]; then $(BIN)/python scripts/soak.py; \
 	elif [ -f benchmarks/soak.py ]; then $(BIN)/python benchmarks/soak.py; \
 	else echo "make soak: no soak test yet (scripts/soak.py or benchmarks/soak.py)"; fi
+
+screenshots: venv sysdeps
+	DATAFLOW_SCREENSHOT_DIR=docs/img $(BIN)/pytest tests/acceptance/test_browser.py
 
 model: sysdeps
 	if [ -x model/check ]; then model/check; \

@@ -23,7 +23,8 @@ from durable_dataflow.platform import Platform
 from support.api_runs import copy_examples
 
 REPO = Path(__file__).resolve().parents[2]
-SCREENSHOTS = Path(os.environ.get("DATAFLOW_SCREENSHOT_DIR", REPO / "docs" / "img"))
+# `make screenshots` refreshes docs/img; a plain test run keeps the tracked images untouched.
+SCREENSHOTS = Path(os.environ.get("DATAFLOW_SCREENSHOT_DIR", REPO / "test-artifacts" / "screenshots"))
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 CHROMIUM_ARGS = [
     "--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",

@@ -11,6 +11,7 @@ import getpass
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,6 +63,8 @@ class Provenance:
     host: str = field(default_factory=socket.gethostname)
     client_version: str = __version__
     parent_run: str | None = None
+    # The client's own clock, informational only: ordering and expiry use the database clock.
+    requested_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="milliseconds"))
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +73,7 @@ class Provenance:
             "host": self.host,
             "client_version": self.client_version,
             "parent_run": self.parent_run,
+            "requested_at": self.requested_at,
         }
 
 
