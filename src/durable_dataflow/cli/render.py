@@ -14,8 +14,6 @@ from rich.text import Text
 from durable_dataflow.cli import common
 from durable_dataflow.dataflow.runs import Run
 
-HISTORY_WARNING_CHARS_MAX = 160
-
 
 def _field_rows(run: Run) -> list[tuple[str, str | Text | None]]:
     return [
@@ -66,10 +64,8 @@ def history_table(items: Sequence[Run], now_s: float) -> Table:
     table.add_column("WARNING", overflow="fold")
     for run in items:
         warning = common.warning_of(run)
-        warning_cell = Text("")
-        if warning is not None:
-            shown = warning if len(warning) <= HISTORY_WARNING_CHARS_MAX else warning[:HISTORY_WARNING_CHARS_MAX] + "…"
-            warning_cell = Text(shown, style="bold yellow" if run.unresolved else "yellow")
+        # Shown whole, never truncated: its last sentence is the action to take.
+        warning_cell = Text(warning or "", style="bold yellow" if run.unresolved else "yellow")
         table.add_row(
             Text(common.short_id(run.run_id)),
             Text(run.definition_name),
