@@ -1,0 +1,395 @@
+"""Shared machinery of the fault tests and of scripts/soak.py: worker processes, definitions,
+sink readers and the invariant checker (DESIGN §7 invariants 3, 6, 7, 8, 9).
+
+The checker reads only durable state — the ledger, the run projection, the stored results and
+the sinks themselves — so it judges what a crash or a pause really left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import yaml
+
+from durable_dataflow.core import ledger
+from durable_dataflow.core.db import Database
+from durable_dataflow.dataflow import evidence, runs
+from durable_dataflow.dataflow.runs import MODULE, Run
+from durable_dataflow.platform import Platform
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+WORKER_CMD = (sys.executable, "-m", "durable_dataflow.cli")
+POLL_S = 0.05
+PROCESS_WAIT_S = 90.0
+TERMINAL = frozenset({"succeeded", "failed", "outcome_unknown", "evidence_failed"})
+SWEEPER_CLOSE = frozenset({evidence.ATTEMPT_RECOVERED, evidence.ATTEMPT_OUTCOME_UNKNOWN})
+TERMINAL_KINDS = frozenset({evidence.RUN_SUCCEEDED, evidence.RUN_FAILED, evidence.EVIDENCE_FAILED})
+RECONCILE_KINDS = frozenset({evidence.RECONCILE_STARTED, evidence.RESUME_STARTED})
+
+
+# ---- processes -------------------------------------------------------------------------------
+
+
+def worker_env(db_url: str, *, lease_ttl_s: float, crash_at: str | None = None, pause_at: str | None = None,
+               extra: Mapping[str, str] | None = None) -> dict[str, str]:  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("DATAFLOW_CRASH_AT", "DATAFLOW_PAUSE_AT")}
+    env.update({"DATAFLOW_DB": db_url, "DATAFLOW_LEASE_TTL": str(lease_ttl_s), **(extra or {})})
+    if crash_at:
+        env["DATAFLOW_CRASH_AT"] = crash_at
+    if pause_at:
+        env["DATAFLOW_PAUSE_AT"] = pause_at
+    return env
+
+
+def start(args: Iterable[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start `python -m durable_dataflow.cli ARGS` (the `dataflow` command), stdout and stderr to ``log_path``."""
+    log = log_path.open("ab")
+    try:
+        return subprocess.Popen([*WORKER_CMD, *args], env=dict(env), stdout=log, stderr=log, cwd=REPO)
+    finally:
+        log.close()
+
+
+def worker_args(*, once: bool = False, until_idle: bool = False, concurrency: int = 1,
+                sweep_interval_s: float = 0.2, poll_interval_s: float = 0.1) -> list[str]:  # fmt: skip
+    args = ["worker", "--concurrency", str(concurrency), "--sweep-interval", str(sweep_interval_s),
+            "--poll-interval", str(poll_interval_s)]  # fmt: skip
+    if once:
+        args.append("--once")
+    if until_idle:
+        args.append("--until-idle")
+    return args
+
+
+def wait_exit(proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float = PROCESS_WAIT_S) -> int:
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"process {proc.args} did not exit in {timeout_s}s; log:\n{tail(log_path)}") from None
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    if not path.exists():
+        return "<no log>"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll a condition with a bounded deadline (never sleep hoping for an order)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(POLL_S)
+
+
+def is_stopped(pid: int) -> bool:
+    """True when the process is stopped by a signal (state T in /proc/PID/stat)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def resume(proc: subprocess.Popen[bytes]) -> None:
+    os.kill(proc.pid, signal.SIGCONT)
+
+
+# ---- definitions -----------------------------------------------------------------------------
+
+
+def forward_example(tmp: Path, provider: str = "parquet", *, location: str | None = None,
+                    options: Mapping[str, Any] | None = None) -> Path:  # fmt: skip
+    """Copy examples/daily_orders_publish to ``tmp`` with its target set to ``provider``."""
+    folder = tmp / f"daily_orders_publish_{provider}"
+    folder.mkdir(parents=True)
+    for name in ("orders.csv", "customers.csv"):
+        (folder / "data").mkdir(exist_ok=True)
+        (folder / "data" / name).write_bytes((EXAMPLES / "daily_orders_publish" / "data" / name).read_bytes())
+    body = yaml.safe_load((EXAMPLES / "daily_orders_publish" / "dataflow.yaml").read_text())
+    body["target"]["provider"] = provider
+    if location is not None:
+        body["target"]["location"] = location
+    if options:
+        body["target"]["options"] = dict(options)
+    path = folder / "dataflow.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def inline_definition(folder: Path, name: str, *, publish_to: str | None = None) -> Path:
+    """A cheap definition: a few inline rows scaled by an integer parameter ``n``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    body: dict[str, Any] = {
+        "name": name,
+        "version": 1,
+        "parameters": {"n": {"type": "int"}},
+        "sources": {
+            "items": {
+                "kind": "inline",
+                "schema": {"item": "string", "qty": "int64"},
+                "rows": [{"item": "a", "qty": 1}, {"item": "b", "qty": 2}, {"item": "c", "qty": 3}],
+            }
+        },
+        "steps": [{"name": "scaled", "sql": "select item, qty * $n as qty from items order by item"}],
+        "output": {"schema": {"item": "string", "qty": "int64"}, "max_rows": 10, "max_bytes": "64KiB"},
+    }
+    if publish_to is not None:
+        body["target"] = {
+            "type": "datasources.publication", "provider": "parquet", "datasource": f"soak.{name}",
+            "location": publish_to, "mode": "append",
+        }  # fmt: skip
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+# ---- sinks -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Publication:
+    key: str
+    digest: str
+    token: int
+    where: str
+
+
+def parquet_publications(folder: Path) -> list[Publication]:
+    """Every publication manifest in a Parquet-folder sink (fences are not publications)."""
+    found = []
+    for path in sorted((folder / "_manifests").glob("*.json")):
+        manifest = json.loads(path.read_bytes())
+        if manifest.get("kind") == "publication":
+            found.append(Publication(manifest["key"], manifest["digest"], int(manifest["token"]), str(path)))
+    return found
+
+
+def delta_publications(table: Path) -> list[Publication]:
+    """Every commit of the Delta log that carries a publication (read from the raw log)."""
+    found = []
+    for path in sorted((table / "_delta_log").glob("*.json")):
+        for line in path.read_text().splitlines():
+            info = json.loads(line).get("commitInfo") if line.strip() else None
+            if info and info.get("dataflow_kind") == "publication":
+                found.append(
+                    Publication(info["dataflow_key"], info["dataflow_digest"], int(info["dataflow_token"]), path.name)
+                )
+    return found
+
+
+def postgres_publications(dsn: str) -> list[Publication]:
+    """The rows of `sink_publications` in a PostgreSQL sink database (none if never published)."""
+    with psycopg.connect(dsn.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        exists = conn.execute("select to_regclass('sink_publications') is not null").fetchone()
+        if not exists or not exists[0]:
+            return []
+        rows = conn.execute("select idempotency_key, digest, token, table_name from sink_publications").fetchall()
+    return [Publication(str(k), str(d), int(t), str(n)) for k, d, t, n in rows]
+
+
+def postgres_rows_per_key(dsn: str, table: str) -> dict[str, int]:
+    with psycopg.connect(dsn.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        rows = conn.execute(f'select _publication_key, count(*) from "{table}" group by 1').fetchall()
+    return {str(k): int(c) for k, c in rows}
+
+
+# ---- the checker -----------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    states: Counter[str] = field(default_factory=Counter)
+    violations: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        states = ", ".join(f"{k}={v}" for k, v in sorted(self.states.items()))
+        return f"runs per final state: {states}; violations: {len(self.violations)}"
+
+
+def all_runs(db: Database) -> list[Run]:
+    found: list[Run] = []
+    cursor: tuple[int, str] | None = None
+    with db.read() as conn:
+        while True:
+            page = runs.list_page(conn, before=cursor, limit=runs.PAGE_SIZE_MAX)
+            found.extend(page)
+            if len(page) < runs.PAGE_SIZE_MAX:
+                return found
+            cursor = (page[-1].created_at_us, page[-1].run_id)
+
+
+def check(db: Database, publications: Iterable[Publication]) -> Report:
+    """Count the runs per final state and every violation of invariants 3, 6, 7, 8 and 9."""
+    report = Report()
+    by_key: dict[str, list[Publication]] = {}
+    for pub in publications:
+        by_key.setdefault(pub.key, []).append(pub)
+    from durable_dataflow.dataflow.forward import publication_key
+
+    known_keys = set()
+    with db.read() as conn:
+        for run in all_runs(db):
+            report.states[str(run.status)] += 1
+            entries = ledger.read(conn, MODULE, run.run_id)
+            key = publication_key(run)
+            known_keys.add(key)
+            stored = evidence.stored_result_digest(conn, run.run_id)
+            found = run_problems(run, entries, by_key.get(key, []), stored)
+            report.violations.extend(f"run {run.run_id}: {problem}" for problem in found)
+    for key in set(by_key) - known_keys:
+        report.violations.append(f"inv6: sink holds key {key} that no run owns")
+    return report
+
+
+def run_problems(run: Run, entries: list[ledger.Entry], pubs: list[Publication], stored: str | None) -> list[str]:
+    problems: list[str] = []
+    if str(run.status) not in TERMINAL:
+        problems.append(f"lost run: still {run.status} at the end")
+    if run.unresolved and not run.warning:
+        problems.append("unresolved without a warning")
+    problems += _inv3_stale_writes(entries)
+    problems += _inv6_publications(run, pubs)
+    problems += _inv7_success_evidence(run, entries, pubs, stored)
+    problems += _inv8_no_retry_after_dispatch(run, entries)
+    problems += _inv9_expired_recovered(run, entries)
+    return problems
+
+
+def _inv3_stale_writes(entries: list[ledger.Entry]) -> list[str]:
+    """No entry of attempt n after attempt n+1 began or after a sweeper closed n."""
+    problems: list[str] = []
+    highest, closed = 0, set()
+    for entry in entries:
+        if entry.attempt < highest or entry.attempt in closed:
+            problems.append(f"inv3: {entry.kind} of attempt {entry.attempt} at seq {entry.seq} after it was superseded")
+        highest = max(highest, entry.attempt)
+        if entry.kind in SWEEPER_CLOSE:
+            closed.add(entry.attempt)
+    return problems
+
+
+def _inv6_publications(run: Run, pubs: list[Publication]) -> list[str]:
+    problems = []
+    if len(pubs) > 1:
+        problems.append(f"inv6: {len(pubs)} publications in the sink: {pubs}")
+    if pubs and run.mode == "atomic":
+        problems.append("inv6: an atomic run has a publication")
+    if pubs and str(run.status) == "failed":
+        problems.append("inv6: a failed run (no external output) has a publication")
+    return problems
+
+
+def _digests(entries: list[ledger.Entry], kinds: Iterable[str], field_name: str) -> list[str]:
+    wanted = set(kinds)
+    return [str(e.payload.get(field_name)) for e in entries if e.kind in wanted]
+
+
+def _inv7_success_evidence(
+    run: Run, entries: list[ledger.Entry], pubs: list[Publication], stored: str | None
+) -> list[str]:
+    if str(run.status) != "succeeded":
+        if any(e.kind == evidence.RUN_SUCCEEDED for e in entries):
+            return [f"inv7: run.succeeded in the ledger but the projection says {run.status}"]
+        return []
+    problems = []
+    if not any(e.kind == evidence.RUN_SUCCEEDED and e.attempt == run.attempt for e in entries):
+        problems.append("inv7: succeeded without a run.succeeded entry of its attempt")
+    if stored != run.output_digest:
+        problems.append(f"inv7: stored result hashes to {stored}, recorded {run.output_digest}")
+    if run.mode == "atomic":
+        if run.output_digest not in _digests(entries, [evidence.RESULT_COMMITTED], "output_digest"):
+            problems.append("inv7: atomic success without result.committed of the recorded digest")
+        return problems
+    if run.output_digest not in _digests(entries, evidence.CONCLUSIVE_PRESENCE, "digest"):
+        problems.append("inv7: forward success without a conclusive confirmation of the recorded digest")
+    if run.output_digest not in _digests(entries, [evidence.DISPATCH_AUTHORIZED], "output_digest"):
+        problems.append("inv7: forward success without dispatch.authorized of the recorded digest")
+    if [p.digest for p in pubs] != [run.output_digest]:
+        problems.append(f"inv7: the sink does not hold exactly this run's digest: {pubs}")
+    return problems
+
+
+def _inv8_no_retry_after_dispatch(run: Run, entries: list[ledger.Entry]) -> list[str]:
+    authorized = [e.attempt for e in entries if e.kind == evidence.DISPATCH_AUTHORIZED]
+    if not authorized:
+        return []
+    first = min(authorized)
+    problems = []
+    reconciled = any(e.kind in RECONCILE_KINDS for e in entries)
+    if not reconciled and any(e.kind == evidence.ATTEMPT_STARTED and e.attempt > first for e in entries):
+        problems.append(f"inv8: a retry started after dispatch.authorized of attempt {first}")
+    if any(e.kind == evidence.ATTEMPT_RECOVERED and e.attempt >= first for e in entries):
+        problems.append("inv8: an authorized attempt was closed as recovered (proven absent)")
+    if str(run.status) in ("queued", "running") or (
+        str(run.status) == "failed" and not any(e.kind == evidence.PUBLICATION_REJECTED for e in entries)
+    ):
+        problems.append(f"inv8: authorized run ended {run.status} without a conclusive rejection")
+    return problems
+
+
+def _inv9_expired_recovered(run: Run, entries: list[ledger.Entry]) -> list[str]:
+    """Every attempt that ended without authorization or a terminal entry was closed recovered and retried."""
+    problems = []
+    started = sorted({e.attempt for e in entries if e.kind == evidence.ATTEMPT_STARTED})
+    for attempt in started:
+        kinds = {e.kind for e in entries if e.attempt == attempt}
+        if kinds & (TERMINAL_KINDS | {evidence.DISPATCH_AUTHORIZED}):
+            continue
+        if evidence.ATTEMPT_RECOVERED not in kinds:
+            problems.append(f"inv9: attempt {attempt} ended unauthorized and was not recovered")
+        elif attempt < run.max_attempts and attempt + 1 not in started:
+            problems.append(f"inv9: attempt {attempt} was recovered but never retried")
+    return problems
+
+
+# ---- running cases side by side ------------------------------------------------------------
+
+CASES_AT_ONCE = 4  # cases mostly wait (process start, lease expiry): overlap them on 2 cores
+
+
+_MIGRATION_LOCK = threading.Lock()
+
+
+def open_platform(url: str) -> Platform:
+    """A Platform on ``url``; Alembic keeps global state, so migrations in threads take turns."""
+    with _MIGRATION_LOCK:
+        return Platform(url)
+
+
+def fresh_database(server: Any, prefix: str) -> str:
+    """A new database on the throwaway server (dropped with the cluster at the session's end)."""
+    import uuid
+
+    return str(server.create_database(f"{prefix}_{uuid.uuid4().hex[:16]}"))
+
+
+def run_concurrently(cases: Mapping[Any, Callable[[], Any]]) -> dict[Any, Any]:
+    """Run each case's function in a thread pool; a case maps to its result or to its exception."""
+    from concurrent import futures
+
+    with futures.ThreadPoolExecutor(CASES_AT_ONCE) as pool:
+        running = {case: pool.submit(fn) for case, fn in cases.items()}
+        results: dict[Any, Any] = {}
+        for case, future in running.items():
+            try:
+                results[case] = future.result()
+            except Exception as error:  # reported by that case's test, not by the fixture
+                results[case] = error
+        return results
