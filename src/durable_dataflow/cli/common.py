@@ -155,9 +155,12 @@ def warning_of(run: Run) -> str | None:
 
 
 def status_text(run: Run) -> Text:
-    """The status cell: unresolved runs in bold yellow with their recovery status, never 'failed'."""
+    """The status cell: unresolved runs say UNRESOLVED in bold yellow, never 'failed' (invariant 13).
+
+    The recovery status is shown beside it, in its own column or row.
+    """
     if run.unresolved:
-        return Text(f"UNRESOLVED ({run.recovery_status})", style="bold yellow")
+        return Text("UNRESOLVED", style="bold yellow")
     style = {RunStatus.SUCCEEDED: "green", RunStatus.FAILED: "red"}.get(RunStatus(run.status), "cyan")
     return Text(run.status, style=style)
 
