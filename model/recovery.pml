@@ -1,0 +1,293 @@
+/* The recovery protocol of DESIGN §6 and §9 for one submitted request, model-checked by spin.
+
+   What a step is: every database transaction is one atomic block (the lease row lock serializes
+   the transactions of a run); the sink's check-and-write (publish) and check-and-fence (inspect)
+   are one atomic step each. Time passing is the Expirer, which may expire the current lease at
+   any moment; a crash is a process that stops at any step; a pause is any interleaving. The mode
+   of the request (atomic or forward_recovery) is chosen nondeterministically in init, so both
+   modes are explored in one search.
+
+   Run slots: the correct protocol creates exactly one run for the idempotency key (slot 0). Slot 1
+   exists only so that a model without the replay lookup can create the duplicate run it would
+   create in the code; its publication key differs (the key is derived from the run id).
+
+   Checked in every reachable state (Monitor): invariants 4, 6, 7, 8, 9, 11, 14 of DESIGN §7 (see
+   model/README.md for the list), plus the LTL property no_retry_after_unknown (inv 8).
+   model/check runs it and the mutants. Change the protocol and this model together. */
+
+#define NR 2              /* run slots (see above) */
+#define MAXA 6            /* bound on attempt numbers, to keep the state space finite */
+#define NA 7              /* MAXA + 1: attempts 0..MAXA per run slot */
+#define MAX_ATTEMPTS 3    /* dataflow_runs.max_attempts: automatic attempts of a run */
+
+mtype = { NONE, QUEUED, RUNNING, SUCCEEDED, UNKNOWN, REC_ABSENT, FAILED };  /* dataflow_runs.status */
+mtype = { ATOMIC, FORWARD };                                               /* dataflow_runs.mode */
+mtype = { PUBLISHED, ALREADY, FENCED, REJECTED };                          /* provider answers */
+
+mtype req_mode;                /* the mode of the submitted request (its definition has a target or not) */
+
+/* dataflow_runs, unique (tenant, idempotency_key) */
+byte key_run = 0;              /* run slot + 1 registered for the client's key; 0: none yet */
+byte nruns = 0;                /* runs created for the key */
+mtype status[NR] = NONE;
+mtype mode[NR];
+
+/* leases: one row per run; attempt only grows and is the fencing token */
+byte attempt[NR];
+bool lease_valid[NR];          /* attempt[r] holds the lease and expires_at > db_now() */
+
+/* ledger_entries: dispatch.authorized and attempt.recovered per attempt; index r * NA + a */
+bool authorized[NR * NA];
+bool recovered[NR * NA];
+
+/* run_results and checkpoints */
+byte results[NR];              /* stored result rows of the run */
+bool checkpoint[NR];           /* verified checkpoint written */
+
+/* the sink: one publication key per run */
+byte sink_pubs[NR];            /* publications of the key */
+byte sink_pub_token[NR];       /* fencing token of the publication */
+byte sink_fence[NR];           /* fence recorded for the key by an inspection */
+
+/* history variables, for the checks only */
+bool ever_succeeded[NR];
+bool ever_failed[NR];
+bool unknown_seen[NR];         /* outcome_unknown was recorded at some point */
+bool unknown_open[NR];         /* outcome_unknown recorded and no conclusive inspection since */
+bool ever_absent[NR];
+byte absent_fence[NR];         /* fence of the inspection that declared the key absent */
+byte absent_pubs[NR];          /* publications at the sink when it was declared absent */
+
+#define AI(r, a)            ((r) * NA + (a))
+/* core/fencing.py fenced(...): the lease row is locked (the atomic block) and the write goes on
+   only while the attempt is current and its lease unexpired; otherwise StaleAttempt, rollback. */
+#define fenced_ok(r, tok)   (attempt[r] == tok && lease_valid[r])
+/* the sink refuses a publish whose token is below the key's fence */
+#define below_fence(r, tok) (sink_fence[r] > tok)
+#define leased(r)           (lease_valid[r])
+#define claimable(r)        (status[r] == QUEUED && !lease_valid[r] && attempt[r] < MAXA)
+#define sweepable(r)        (status[r] == RUNNING && !lease_valid[r])
+#define reconcilable(r)     (status[r] == UNKNOWN && !lease_valid[r] && attempt[r] < MAXA)
+#define resumable(r)        (status[r] == REC_ABSENT && !lease_valid[r] && attempt[r] < MAXA)
+#define pick_run(cond)      if :: cond(0) -> r = 0 :: cond(1) -> r = 1 fi
+
+/* a write by attempt a after its attempt.recovered would contradict the ledger (inv 9) */
+#define closed_attempt_writes_nothing(r, tok)  assert(!recovered[AI(r, tok)])
+
+#define record_succeeded(r) status[r] = SUCCEEDED; ever_succeeded[r] = true; checkpoint[r] = true
+#define record_failed(r)    status[r] = FAILED; ever_failed[r] = true
+#define record_unknown(r)   status[r] = UNKNOWN; unknown_seen[r] = true; unknown_open[r] = true
+
+/* datasources provider publish(key, token, ...): check and write in one atomic step at the sink */
+inline publish(r, tok, res) {
+  atomic {
+    closed_attempt_writes_nothing(r, tok);     /* inv 9: an attempt proven absent never reaches the sink */
+    if
+    :: sink_pubs[r] > 0 -> res = ALREADY
+    :: sink_pubs[r] == 0 && below_fence(r, tok) -> res = FENCED
+    :: sink_pubs[r] == 0 && !below_fence(r, tok) -> sink_pubs[r]++; sink_pub_token[r] = tok; res = PUBLISHED
+    :: sink_pubs[r] == 0 && !below_fence(r, tok) -> res = REJECTED   /* the sink proves nothing was created */
+    fi
+  }
+}
+
+/* datasources provider inspect(key, fence=m): an absent key is fenced at m atomically with the check */
+inline inspect(r, m, found) {
+  atomic {
+    if
+    :: sink_pubs[r] > 0 -> found = true
+    :: sink_pubs[r] == 0 -> found = false; if :: sink_fence[r] < m -> sink_fence[r] = m :: else -> skip fi
+    fi
+  }
+}
+
+/* dataflow/service.py: the fenced transaction after the provider answered (or did not) */
+inline terminal_after_publish(r, tok, res, received) {
+  atomic {
+    if
+    :: fenced_ok(r, tok) -> /* fenced terminal commit */
+         closed_attempt_writes_nothing(r, tok);        /* inv 9 */
+         if
+         :: received && (res == PUBLISHED || res == ALREADY) -> record_succeeded(r); lease_valid[r] = false
+         :: received && res == REJECTED -> record_failed(r); lease_valid[r] = false
+         :: received && res == FENCED -> skip            /* stale: records nothing */
+         :: !received -> record_unknown(r); lease_valid[r] = false
+         fi
+    :: else -> skip                                      /* StaleAttempt */
+    fi
+  }
+}
+
+/* core/leases.py heartbeat: extends expires_at, fenced like any write; a failed heartbeat makes the
+   worker abandon the attempt. With expiry at any moment, a successful heartbeat changes nothing in
+   the model; what matters is that it never revives an expired or superseded lease. */
+#define heartbeat(r, my) \
+  if \
+  :: skip \
+  :: atomic { if :: fenced_ok(r, my) -> lease_valid[r] = true :: else -> goto stale fi } \
+  fi
+
+/* a finished or crashed worker keeps no memory of its attempt: without this, stale values of
+   local variables would multiply the states without adding behaviour */
+#define forget_locals()  atomic { r = 0; my = 0; res = 0; received = false }
+
+#define crash_point  if :: skip :: goto crashed fi
+
+/* dataflow/service.py submit: one transaction; the replay lookup on (tenant, idempotency_key) */
+/* A replay with the same request_hash returns the existing run, one with a different request_hash
+   is a Conflict; both write nothing, so the model does not tell them apart. */
+inline submit() {
+  atomic {
+    if
+    :: key_run > 0 -> /* replay lookup */
+         skip
+    :: else ->
+         status[nruns] = QUEUED; mode[nruns] = req_mode;
+         key_run = nruns + 1; nruns++
+    fi
+  }
+}
+
+/* the client that replays the key, at any moment after the first submission */
+proctype Replayer() { submit() }
+
+proctype Worker() {
+  byte r; byte my; mtype res; bool received;
+  do
+  :: atomic {                        /* core/leases.py acquire: the claim of a queued run */
+       pick_run(claimable);
+       assert(!authorized[AI(r, attempt[r])]);   /* never an automatic retry after dispatch authorization (inv 8) */
+       assert(attempt[r] < MAX_ATTEMPTS);        /* automatic attempts stay within max_attempts */
+       attempt[r]++; my = attempt[r]; lease_valid[r] = true; status[r] = RUNNING }
+     crash_point;                    /* crash during execution */
+     heartbeat(r, my);
+     if
+     :: mode[r] == ATOMIC ->
+          atomic {                   /* the one fenced transaction of atomic mode */
+            if
+            :: fenced_ok(r, my) -> /* fenced atomic commit */
+                 closed_attempt_writes_nothing(r, my);   /* inv 9 */
+                 results[r]++; record_succeeded(r); lease_valid[r] = false
+            :: else -> skip
+            fi
+          }
+     :: mode[r] == FORWARD ->
+          atomic {                   /* pre-dispatch fenced commit: result stored, dispatch.authorized */
+            if
+            :: fenced_ok(r, my) -> /* pre-dispatch */
+                 closed_attempt_writes_nothing(r, my);   /* inv 9 */
+                 results[r]++; authorized[AI(r, my)] = true
+            :: else -> goto stale
+            fi
+          }
+          crash_point;               /* crash after authorization */
+          heartbeat(r, my);
+          publish(r, my, res);
+          if :: received = true :: received = false :: goto crashed fi;   /* response lost, or crash */
+          terminal_after_publish(r, my, res, received)
+     fi;
+stale:
+     forget_locals()
+  od;
+crashed:
+  forget_locals()
+}
+
+/* dataflow/sweeper.py: one decision per expired lease, in one transaction */
+proctype Sweeper() {
+  byte r;
+  do
+  :: atomic {
+       pick_run(sweepable);
+       if
+       :: authorized[AI(r, attempt[r])] -> record_unknown(r)
+       :: else ->
+            recovered[AI(r, attempt[r])] = true;
+            if
+            :: attempt[r] < MAX_ATTEMPTS -> status[r] = QUEUED   /* retried under the next attempt */
+            :: else -> record_failed(r)                          /* max_attempts exhausted: no external output */
+            fi
+       fi }
+  od
+}
+
+proctype Expirer() {
+  byte r;
+  do
+  :: atomic { pick_run(leased) -> lease_valid[r] = false }
+  od
+}
+
+/* dataflow/reconcile.py, driven by an operator; it may crash, get Undecided, or lose its lease,
+   and the operator may run it again. */
+proctype Reconciler() {
+  byte r; byte m; bool found; mtype res; bool received;
+  do
+  :: atomic { pick_run(reconcilable); attempt[r]++; m = attempt[r]; lease_valid[r] = true }
+     if :: skip :: goto next fi;                  /* crash, or inspect answers Undecided: nothing changes */
+     inspect(r, m, found);
+     if :: skip :: goto next fi;                  /* crash before the commit */
+     atomic {
+       if
+       :: fenced_ok(r, m) ->
+            if
+            :: found -> record_succeeded(r)      /* reconciled_present */
+            :: !found -> status[r] = REC_ABSENT; ever_absent[r] = true; absent_fence[r] = m; absent_pubs[r] = sink_pubs[r]
+            fi;
+            unknown_open[r] = false; lease_valid[r] = false
+       :: else -> skip
+       fi
+     }
+  :: atomic {                                     /* resume: the stored bytes, the same key, a new attempt */
+       pick_run(resumable); attempt[r]++; m = attempt[r]; lease_valid[r] = true; status[r] = RUNNING;
+       authorized[AI(r, m)] = true }
+     publish(r, m, res);
+     if :: received = true :: received = false :: goto next fi;
+     terminal_after_publish(r, m, res, received)
+next:
+     atomic { r = 0; m = 0; found = false; res = 0; received = false }
+  od
+}
+
+/* The invariants, checked by the Monitor in every reachable state, for both run slots. Where a
+   broken guard violates several in the same state, spin reports the first in the Monitor's order. */
+#define inv14(r)  (!ever_absent[r] || sink_pubs[r] == 0 || sink_pub_token[r] >= absent_fence[r])
+#define absent_was_true(r) (!ever_absent[r] || absent_pubs[r] == 0)
+#define inv6(r)   (sink_pubs[r] <= 1)
+#define final(r)  ((!ever_succeeded[r] || status[r] == SUCCEEDED) && (!ever_failed[r] || status[r] == FAILED))
+#define inv8(r)   (!unknown_open[r] || status[r] == UNKNOWN)
+#define inv7(r)   (status[r] != SUCCEEDED || mode[r] == ATOMIC || sink_pubs[r] == 1)
+#define inv4(r)   (mode[r] != ATOMIC || (sink_pubs[r] == 0 && (status[r] == SUCCEEDED) == (results[r] == 1)))
+#define one_result(r) (results[r] <= 1)
+#define ckpt(r)   ((status[r] == SUCCEEDED) == checkpoint[r])
+#define failed_nothing_published(r) (status[r] != FAILED || sink_pubs[r] == 0)
+
+active proctype Monitor() {
+  do
+  :: assert(inv14(0) && inv14(1))                       /* inv 14: a conclusive absence stays true */
+  :: assert(absent_was_true(0) && absent_was_true(1))   /* absence is declared only when true */
+  :: assert(inv6(0) && inv6(1))                         /* inv 6: at most one publication per run */
+  :: assert(sink_pubs[0] + sink_pubs[1] <= 1)           /* inv 6 + 11: one publication per idempotency key */
+  :: assert(req_mode != ATOMIC || results[0] + results[1] <= 1)   /* inv 11: one atomic result per key */
+  :: assert(final(0) && final(1))                       /* succeeded and failed are final */
+  :: assert(inv8(0) && inv8(1))                         /* inv 8: unknown until a conclusive inspection */
+  :: assert(inv7(0) && inv7(1))                         /* inv 7: success only with the publication */
+  :: assert(one_result(0) && one_result(1))             /* one stored result per run (one pre-dispatch) */
+  :: assert(inv4(0) && inv4(1))                         /* inv 4: atomic result and success together */
+  :: assert(ckpt(0) && ckpt(1))                         /* success and verified checkpoint together */
+  :: assert(failed_nothing_published(0) && failed_nothing_published(1))   /* Rejected is conclusive */
+  od
+}
+
+/* inv 8: once unknown, the run is never queued for an automatic retry */
+ltl no_retry_after_unknown { [] (unknown_seen[0] -> [] (status[0] != QUEUED)) }
+
+init {
+  atomic {
+    if :: req_mode = ATOMIC :: req_mode = FORWARD fi;
+    submit();                       /* the first submission of the key */
+    run Replayer();
+    run Worker(); run Worker(); run Worker();
+    run Sweeper(); run Expirer(); run Reconciler()
+  }
+}
