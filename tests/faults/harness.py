@@ -26,6 +26,8 @@ import yaml
 from durable_dataflow.core import ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.dataflow import evidence, runs
+from durable_dataflow.dataflow.definitions import load_definition
+from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.runs import MODULE, Run
 from durable_dataflow.platform import Platform
 
@@ -131,6 +133,15 @@ def forward_example(tmp: Path, provider: str = "parquet", *, location: str | Non
     path = folder / "dataflow.yaml"
     path.write_text(yaml.safe_dump(body, sort_keys=False))
     return path
+
+
+def request_for(definition: Path, parameters: Mapping[str, str], key: str | None) -> RunRequest:
+    """A CLI-like request for a definition file."""
+    loaded = load_definition(definition)
+    return RunRequest(
+        definition=loaded.definition, base_dir=loaded.base_dir, parameters=dict(parameters),
+        access=AccessContext.local(), provenance=Provenance(actor="fault-test", trigger="cli"), idempotency_key=key,
+    )  # fmt: skip
 
 
 def inline_definition(folder: Path, name: str, *, publish_to: str | None = None) -> Path:
@@ -373,11 +384,23 @@ def open_platform(url: str) -> Platform:
         return Platform(url)
 
 
+IDLE_IN_TRANSACTION_TIMEOUT = "3s"
+
+
 def fresh_database(server: Any, prefix: str) -> str:
-    """A new database on the throwaway server (dropped with the cluster at the session's end)."""
+    """A new database on the throwaway server (dropped with the cluster at the session's end).
+
+    A process stopped (SIGSTOP) inside a transaction would hold its row locks forever and block
+    the sweeper; `idle_in_transaction_session_timeout` ends such a transaction, as docs/deployment.md
+    recommends for production.
+    """
     import uuid
 
-    return str(server.create_database(f"{prefix}_{uuid.uuid4().hex[:16]}"))
+    name = f"{prefix}_{uuid.uuid4().hex[:16]}"
+    url = str(server.create_database(name))
+    with server.connect("postgres") as conn:
+        conn.execute(f"ALTER DATABASE {name} SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'")
+    return url
 
 
 def run_concurrently(cases: Mapping[Any, Callable[[], Any]]) -> dict[Any, Any]:

@@ -14,9 +14,7 @@ import pytest
 from durable_dataflow.core import ledger
 from durable_dataflow.dataflow import crashpoints as cp
 from durable_dataflow.dataflow import evidence, runs
-from durable_dataflow.dataflow.definitions import load_definition
 from durable_dataflow.dataflow.forward import publication_key
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.runs import MODULE, Run
 from durable_dataflow.platform import Platform
 from faults import harness
@@ -79,14 +77,6 @@ def publications(case: Case, definition: Path, sink_dsn: str) -> list[harness.Pu
     return []
 
 
-def request_for(definition: Path, key: str) -> RunRequest:
-    loaded = load_definition(definition)
-    return RunRequest(
-        definition=loaded.definition, base_dir=loaded.base_dir, parameters={"day": DAY},
-        access=AccessContext.local(), provenance=Provenance(actor="fault-test", trigger="cli"), idempotency_key=key,
-    )  # fmt: skip
-
-
 def crash(case: Case, platform: Platform, definition: Path, url: str, extra: dict[str, str], log: Path) -> Run:
     """Submit the run and kill the process that reaches the crash point; returns the run as recorded."""
     key = f"crash-{case.provider}-{case.point}"
@@ -94,7 +84,7 @@ def crash(case: Case, platform: Platform, definition: Path, url: str, extra: dic
     if case.point == cp.AFTER_RECORD:  # a queued submit is the only process that reaches it
         args = ["submit", str(definition), "--param", f"day={DAY}", "--idempotency-key", key]
     else:
-        platform.runs.submit(request_for(definition, key))
+        platform.runs.submit(harness.request_for(definition, {"day": DAY}, key))
         args = harness.worker_args(once=True)
     code = harness.wait_exit(harness.start(args, env, log), log)
     assert code == -signal.SIGKILL, f"the process was not killed at {case.point} (exit {code}):\n{harness.tail(log)}"
