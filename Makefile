@@ -18,6 +18,11 @@ PYTEST_ARGS ?=
 # The demo, one shell command per line; run with `set -e`, so the first failure stops it.
 define DEMO_SCRIPT
 $(BIN)/dataflow run examples/revenue_by_region/dataflow.yaml --param day=2026-11-02 --idempotency-key demo-revenue-2026-11-02
+# A publication whose answer is lost: the process is killed right after the sink committed (crash point).
+DATAFLOW_LEASE_TTL=1 DATAFLOW_CRASH_AT=after_provider_call $(BIN)/dataflow run examples/daily_orders_publish/dataflow.yaml --param day=2026-11-03 --idempotency-key demo-publish-lost-answer || echo "demo: that run died after publishing; the platform cannot know whether its output exists"
+# Let its 1-second lease expire; the worker's sweeper then marks it outcome_unknown (never retried).
+sleep 1.5
+$(BIN)/dataflow worker --until-idle
 $(BIN)/dataflow runs
 endef
 export DEMO_SCRIPT
