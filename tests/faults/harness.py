@@ -416,3 +416,52 @@ def run_concurrently(cases: Mapping[Any, Callable[[], Any]]) -> dict[Any, Any]:
             except Exception as error:  # reported by that case's test, not by the fixture
                 results[case] = error
         return results
+
+
+# ---- fleets of workers -----------------------------------------------------------------------
+
+FLEET_POLL_S = 0.25
+
+
+def status_counts(db: Database) -> Counter[str]:
+    """Runs per status, straight from the projection."""
+    import sqlalchemy as sa
+
+    from durable_dataflow.dataflow.schema import dataflow_runs
+
+    with db.read() as conn:
+        rows = conn.execute(sa.select(dataflow_runs.c.status, sa.func.count()).group_by(dataflow_runs.c.status)).all()
+    return Counter({str(status): int(n) for status, n in rows})
+
+
+def wait_all_terminal(db: Database, expected_runs: int, timeout_s: float, what: str,
+                      alive: Callable[[], bool] = lambda: True) -> None:  # fmt: skip
+    """Poll until ``expected_runs`` runs exist and none is queued or running."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        counts = status_counts(db)
+        if sum(counts.values()) >= expected_runs and not (counts["queued"] or counts["running"]):
+            return
+        if time.monotonic() > deadline or not alive():
+            raise AssertionError(f"{what}: runs not all terminal after {timeout_s}s: {dict(counts)}")
+        time.sleep(FLEET_POLL_S)
+
+
+def stop_fleet(procs: list[subprocess.Popen[bytes]], log_path: Path) -> list[int]:
+    """SIGTERM every worker (they stop claiming and drain), then collect their exit codes."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    return [wait_exit(proc, log_path) for proc in procs]
+
+
+def log_events(log_path: Path) -> Counter[str]:
+    """Count the structured log events (JSON lines) in a process log."""
+    events: Counter[str] = Counter()
+    for line in log_path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                events[str(json.loads(line).get("event"))] += 1
+            except json.JSONDecodeError:
+                continue
+    return events

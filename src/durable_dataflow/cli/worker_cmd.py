@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -19,11 +20,14 @@ import typer
 
 from durable_dataflow.cli import common
 from durable_dataflow.cli import runs as cli_runs
-from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.errors import InputError, StorageUnavailable
 from durable_dataflow.dataflow import worker as worker_loop
 from durable_dataflow.dataflow.definitions import load_definition
 from durable_dataflow.dataflow.requests import MAX_ATTEMPTS_DEFAULT, AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.platform import Platform
+
+OPEN_TRIES_MAX = 12  # with the back-off doubling from 0.1 s to 10 s: about a minute of outage
 
 
 def configure_logging() -> None:
@@ -108,14 +112,36 @@ def worker(
         if lease_ttl <= 0:
             raise InputError(f"--lease-ttl must be a positive number of seconds, got {lease_ttl}")
         state.lease_ttl_s = lease_ttl
-    # Opening migrates the database; a database down at start-up is an error (exit 7), not a wait.
-    with common.open_platform(ctx) as platform:
+    platform = _open_platform(state, options)
+    try:
         loop = worker_loop.Worker(platform.runs, options)
         previous = worker_loop.install_signal_handlers(loop)
         try:
             loop.run()
         finally:
             worker_loop.restore_signal_handlers(previous)
+    finally:
+        platform.close()
+
+
+def _open_platform(state: common.CliState, options: worker_loop.WorkerOptions) -> Platform:
+    """Open (and migrate) the platform; while the database is briefly down, back off and retry.
+
+    Opening reads the schema version and migrates in transactions that roll back whole, so a retry
+    repeats nothing half done. After OPEN_TRIES_MAX failures the worker exits (storage_unavailable).
+    """
+    backoff = worker_loop.Backoff(options.backoff_initial_s, options.backoff_max_s)
+    log = structlog.get_logger("dataflow.worker")
+    for tries in range(1, OPEN_TRIES_MAX + 1):
+        try:
+            return Platform(state.db_url, lease_ttl_s=state.lease_ttl_s)
+        except StorageUnavailable as error:
+            if tries == OPEN_TRIES_MAX:
+                raise
+            delay_s = backoff.next_delay_s()
+            log.warning("storage.unavailable", operation="open", retry_in_s=delay_s, error=error.message)
+            time.sleep(delay_s)  # nothing else to do until the database answers: not waiting for an order
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 def register(app: typer.Typer) -> None:
