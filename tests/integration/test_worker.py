@@ -1,0 +1,157 @@
+"""The worker loop in-process on SQLite and PostgreSQL: claiming, sweeping, stopping, back-off.
+
+Real processes, crashes and pauses are in tests/faults; here the loop's own decisions are checked
+with the real run service and database, and faults injected by replacing one service method.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from durable_dataflow.core import ledger
+from durable_dataflow.core.errors import InputError, StorageUnavailable
+from durable_dataflow.dataflow import evidence, runs
+from durable_dataflow.dataflow.worker import BACKOFF_MAX_S, Backoff, Worker, WorkerOptions
+from durable_dataflow.platform import Platform
+from faults import harness
+
+FAST = {"sweep_interval_s": 0.05, "poll_interval_s": 0.02, "backoff_initial_s": 0.01, "backoff_max_s": 0.05}
+JOIN_S = 60.0
+
+
+@pytest.fixture
+def platform(db_url: str) -> Iterator[Platform]:
+    with Platform(db_url, lease_ttl_s=10) as opened:
+        yield opened
+
+
+@pytest.fixture
+def definitions(tmp_path: Path) -> tuple[Path, Path]:
+    atomic = harness.inline_definition(tmp_path / "defs", "w_atomic")
+    forward = harness.inline_definition(tmp_path / "defs", "w_forward", publish_to="sink")
+    return atomic, forward
+
+
+def submit(platform: Platform, definition: Path, number: int) -> str:
+    return platform.runs.submit(harness.request_for(definition, {"n": str(number)}, f"k-{number}")).run.run_id
+
+
+def test_until_idle_runs_every_queued_run_of_both_modes(platform: Platform, definitions: tuple[Path, Path]) -> None:
+    """Queued atomic and forward runs all succeed under --until-idle with 2 threads, then it exits."""
+    ids = [submit(platform, definitions[n % 2], n) for n in range(6)]
+    summary = Worker(platform.runs, WorkerOptions(concurrency=2, until_idle=True, **FAST)).run()
+    assert summary.claimed == 6 and summary.outcomes == {"succeeded": 6}
+    assert {platform.runs.get(i).status for i in ids} == {"succeeded"}
+    assert len(harness.parquet_publications(definitions[1].parent / "sink")) == 3
+
+
+def test_once_handles_exactly_one_claim(platform: Platform, definitions: tuple[Path, Path]) -> None:
+    """--once claims the oldest queued run, carries it to its end and leaves the next one queued."""
+    first, second = submit(platform, definitions[0], 1), submit(platform, definitions[0], 2)
+    summary = Worker(platform.runs, WorkerOptions(once=True, **FAST)).run()
+    assert summary.claimed == 1
+    assert (platform.runs.get(first).status, platform.runs.get(second).status) == ("succeeded", "queued")
+    assert Worker(platform.runs, WorkerOptions(once=True, **FAST)).run().claimed == 1
+    assert Worker(platform.runs, WorkerOptions(once=True, **FAST)).run().claimed == 0  # nothing queued: exits
+
+
+def test_until_idle_waits_for_an_expired_lease_and_retries_it(
+    platform: Platform, db_url: str, definitions: tuple[Path, Path]
+) -> None:
+    """A run claimed by a vanished worker is not idle: once its lease expires the worker's sweep
+    proves the attempt absent and the worker itself runs attempt 2."""
+    run_id = submit(platform, definitions[0], 7)
+    with Platform(db_url, lease_ttl_s=10) as vanished:
+        claim = vanished.runs.claim_next()
+    assert claim is not None and claim.attempt == 1
+    platform.db.advance_clock(11)  # this worker's view of the database clock: past the lease
+    summary = Worker(platform.runs, WorkerOptions(until_idle=True, **FAST)).run()
+    run = platform.runs.get(run_id)
+    assert (run.status, run.attempt) == ("succeeded", 2)
+    assert summary.swept.get("recovered") == 1
+    with platform.db.read() as conn:
+        kinds = [(e.attempt, e.kind) for e in ledger.read(conn, runs.MODULE, run_id)]
+    assert (1, evidence.ATTEMPT_RECOVERED) in kinds
+
+
+def test_request_stop_stops_claiming_and_drains(platform: Platform, definitions: tuple[Path, Path]) -> None:
+    """A worker meant to run forever stops on request (what SIGTERM does) after its in-flight run ends."""
+    worker = Worker(platform.runs, WorkerOptions(**FAST))
+    finished = threading.Event()
+    real_execute = platform.runs.execute
+
+    def execute_then_stop(claim: Any) -> Any:
+        worker.request_stop("test")  # arrives while the attempt is in flight
+        run = real_execute(claim)
+        finished.set()
+        return run
+
+    platform.runs.execute = execute_then_stop  # type: ignore[method-assign]
+    ids = [submit(platform, definitions[0], n) for n in range(3)]
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    thread.join(JOIN_S)
+    assert not thread.is_alive() and finished.is_set()
+    assert worker.summary.stopped_by_request and worker.summary.claimed == 1
+    assert [platform.runs.get(i).status for i in ids] == ["succeeded", "queued", "queued"]
+
+
+def test_down_database_backs_off_and_retries_only_guarded_steps(
+    platform: Platform, definitions: tuple[Path, Path]
+) -> None:
+    """Claims failing with StorageUnavailable are retried after growing delays; the run then succeeds."""
+    run_id = submit(platform, definitions[0], 3)
+    real_claim = platform.runs.claim_next
+    failures = iter(range(3))
+
+    def flaky_claim() -> Any:
+        if next(failures, None) is not None:
+            raise StorageUnavailable("the platform database is unavailable: connection refused")
+        return real_claim()
+
+    platform.runs.claim_next = flaky_claim  # type: ignore[method-assign]
+    with capture_logs() as logs:
+        summary = Worker(platform.runs, WorkerOptions(until_idle=True, **FAST)).run()
+    delays = [e["retry_in_s"] for e in logs if e["event"] == "storage.unavailable"]
+    assert delays == [0.01, 0.02, 0.04] and summary.storage_failures == 3
+    assert platform.runs.get(run_id).status == "succeeded"
+
+
+def test_attempt_that_loses_the_database_is_left_to_the_sweeper(
+    platform: Platform, definitions: tuple[Path, Path]
+) -> None:
+    """An attempt whose execution raises StorageUnavailable is abandoned, never re-executed by the worker."""
+    run_id = submit(platform, definitions[1], 4)
+
+    def lost(claim: Any) -> Any:
+        raise StorageUnavailable("the database connection failed: server closed the connection")
+
+    platform.runs.execute = lost  # type: ignore[method-assign]
+    with capture_logs() as logs:
+        summary = Worker(platform.runs, WorkerOptions(once=True, **FAST)).run()
+    assert summary.claimed == 1 and summary.abandoned == 1
+    run = platform.runs.get(run_id)
+    assert (run.status, run.attempt) == ("running", 1)  # its lease decides: the sweeper, not a blind retry
+    abandoned = [e for e in logs if e["event"] == "attempt.abandoned"]
+    assert abandoned and abandoned[0]["run_id"] == run_id and abandoned[0]["attempt"] == 1
+
+
+def test_options_and_backoff_are_bounded() -> None:
+    """Concurrency and intervals outside their limits are refused; the back-off doubles up to its cap."""
+    with pytest.raises(InputError):
+        WorkerOptions(concurrency=0)
+    with pytest.raises(InputError):
+        WorkerOptions(concurrency=9)
+    with pytest.raises(InputError):
+        WorkerOptions(poll_interval_s=0)
+    backoff = Backoff(1.0, BACKOFF_MAX_S)
+    delays = [backoff.next_delay_s() for _ in range(8)]
+    assert delays[:4] == [1.0, 2.0, 4.0, 8.0] and max(delays) == BACKOFF_MAX_S
+    backoff.reset()
+    assert backoff.next_delay_s() == 1.0
