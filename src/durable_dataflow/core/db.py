@@ -134,6 +134,12 @@ def translate_errors() -> Iterator[None]:
         raise StorageUnavailable(f"the platform database is unavailable: {_first_line(error)}") from error
     except exc.InterfaceError as error:
         raise StorageUnavailable(f"the database connection failed: {_first_line(error)}") from error
+    except exc.DBAPIError as error:
+        # The server ended the session (e.g. idle_in_transaction_session_timeout after a pause
+        # surfaces as InternalError): the connection is gone, so this is an outage, not a bug.
+        if not error.connection_invalidated:
+            raise
+        raise StorageUnavailable(f"the database ended the connection: {_first_line(error)}") from error
 
 
 def _first_line(error: exc.DBAPIError) -> str:
