@@ -284,11 +284,13 @@ def run_problems(run: Run, entries: list[ledger.Entry], pubs: list[Publication],
 
 
 def _inv3_stale_writes(entries: list[ledger.Entry]) -> list[str]:
-    """No entry of attempt n after attempt n+1 began or after a sweeper closed n."""
+    """No entry of attempt n after attempt n+1 began or after a sweeper closed n (except the
+    sweeper's own ``run.failed`` when it closed the last allowed attempt)."""
     problems: list[str] = []
     highest, closed = 0, set()
     for entry in entries:
-        if entry.attempt < highest or entry.attempt in closed:
+        sweeper_failed = entry.kind == evidence.RUN_FAILED and entry.payload.get("code") == "attempts_exhausted"
+        if entry.attempt < highest or (entry.attempt in closed and not sweeper_failed):
             problems.append(f"inv3: {entry.kind} of attempt {entry.attempt} at seq {entry.seq} after it was superseded")
         highest = max(highest, entry.attempt)
         if entry.kind in SWEEPER_CLOSE:

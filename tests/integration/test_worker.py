@@ -155,3 +155,24 @@ def test_options_and_backoff_are_bounded() -> None:
     assert delays[:4] == [1.0, 2.0, 4.0, 8.0] and max(delays) == BACKOFF_MAX_S
     backoff.reset()
     assert backoff.next_delay_s() == 1.0
+
+
+def test_a_session_ended_by_the_server_is_storage_unavailable(pg_url: str) -> None:
+    """A paused worker's transaction ended by idle_in_transaction_session_timeout surfaces as
+    StorageUnavailable (an outage the loop backs off from), not as an unexpected driver error."""
+    import time
+
+    import sqlalchemy as sa
+
+    from durable_dataflow.core.db import Database
+
+    db = Database(pg_url)
+    try:
+        with pytest.raises(StorageUnavailable, match="idle-in-transaction"), db.begin() as conn:
+            conn.execute(sa.text("set idle_in_transaction_session_timeout = '100ms'"))
+            time.sleep(0.5)  # idle inside the transaction past the server's timeout: the thing under test
+            conn.execute(sa.text("select 1"))
+        with db.read() as conn:
+            assert conn.execute(sa.text("select 1")).scalar() == 1  # the pool recovers
+    finally:
+        db.dispose()
