@@ -115,3 +115,26 @@ def test_thousand_runs_four_workers_duplicate_keys(postgres_server: PostgresServ
     assert set(created.values()) == {1}, "each key must be created exactly once across the clients"
     assert sum(report.states.values()) == RUNS_MANY, report.summary()
     assert report.violations == [], f"{report.violations[:10]}\n{report.summary()}"
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_lets_the_in_flight_run_finish(postgres_server: PostgresServer, tmp_path: Path) -> None:
+    """SIGTERM reaching a worker mid-execution (held at during_execution by a pause, so the signal
+    is certainly in flight with the run) stops claiming; the run finishes under attempt 1, the
+    next queued run stays queued, and the worker exits 0."""
+    url = harness.fresh_database(postgres_server, "sigterm")
+    atomic, forward = _definitions(tmp_path)
+    log = tmp_path / "worker.log"
+    with harness.open_platform(url) as platform:
+        _submit_inline(platform, atomic, forward, 2)
+        env = harness.worker_env(url, lease_ttl_s=FLEET_TTL_S, pause_at="during_execution")
+        worker = harness.start(harness.worker_args(), env, log)
+        harness.wait_until(lambda: harness.is_stopped(worker.pid) or worker.poll() is not None, 60, "the pause")
+        worker.send_signal(harness.signal.SIGTERM)  # delivered when the process continues
+        harness.resume(worker)
+        code = harness.wait_exit(worker, log)
+        states = [(r.idempotency_key, r.status, r.attempt) for r in harness.all_runs(platform.db)]
+    events = harness.log_events(log)
+    assert code == 0, harness.tail(log)
+    assert sorted(states) == [("k-0", "succeeded", 1), ("k-1", "queued", 0)], harness.tail(log)
+    assert events["worker.stopping"] == 1 and events["run.finished"] == 1, events
