@@ -108,6 +108,7 @@ class Worker:
         self.summary = WorkerSummary()
         self._log = log if log is not None else structlog.get_logger("dataflow.worker")
         self._stop = threading.Event()
+        self._stop_reason: str | None = None
         self._inflight: dict[futures.Future[None], Claim] = {}
         self._backoff = Backoff(self.options.backoff_initial_s, self.options.backoff_max_s)
         self._last_sweep_s: float | None = None
@@ -116,13 +117,15 @@ class Worker:
     # ---- control ---------------------------------------------------------------------------
 
     def request_stop(self, reason: str = "requested") -> None:
-        """Stop claiming; in-flight attempts finish (or their leases expire). Safe from any thread."""
-        if self._stop.is_set():
-            self._log.info("worker.stop_repeated", event_reason=reason, inflight=len(self._inflight))
-            return
-        self.summary.stopped_by_request = True
-        self._log.info("worker.stopping", event_reason=reason, inflight=len(self._inflight))
-        self._stop.set()
+        """Stop claiming; in-flight attempts finish (or their leases expire).
+
+        Safe from any thread and from a signal handler: it only sets a flag (logging here could
+        deadlock on the log's write lock held by the interrupted main thread); the loop logs it.
+        """
+        if not self._stop.is_set():
+            self._stop_reason = reason
+            self.summary.stopped_by_request = True
+            self._stop.set()
 
     def run(self) -> WorkerSummary:
         """The loop; it runs forever unless stopped, ``once`` or ``until_idle`` (see WorkerOptions)."""
@@ -135,6 +138,8 @@ class Worker:
         try:
             while not self._stop.is_set() and self._step(pool):
                 pass
+            if self._stop_reason is not None:
+                self._log.info("worker.stopping", event_reason=self._stop_reason, inflight=len(self._inflight))
         finally:
             pool.shutdown(wait=True)  # in-flight attempts end by themselves: never cut one short
             self._reap()
