@@ -34,7 +34,7 @@ help:
 	@echo "make test       system deps, ruff, mypy, the whole pytest suite (SQLite and PostgreSQL), model check"
 	@echo "make lint       ruff check src tests"
 	@echo "make typecheck  mypy (strict, src)"
-	@echo "make bench      benchmarks/run.py"
+	@echo "make bench      benchmarks vs DBOS (BENCH_ARGS=--quick for a smoke run); see docs/performance.md"
 	@echo "make soak       the soak test (scripts/soak.py or benchmarks/soak.py)"
 	@echo "make model      model-check the recovery protocol (model/check, needs spin)"
 	@echo "make screenshots refresh docs/img from the browser test"
@@ -73,9 +73,12 @@ test: venv sysdeps
 demo: venv
 	bash -eux -o pipefail -c "$$DEMO_SCRIPT"
 
-bench: venv
-	if [ -f benchmarks/run.py ]; then $(BIN)/python benchmarks/run.py; \
-	else echo "make bench: benchmarks/run.py does not exist yet"; fi
+# The benchmarks need PostgreSQL (sysdeps) and DBOS (the bench extra). BENCH_ARGS, e.g.
+# `make bench BENCH_ARGS=--quick` or `make bench BENCH_ARGS="--only commits,replay"`.
+BENCH_ARGS ?=
+bench: venv sysdeps
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
 soak: venv sysdeps
 	if [ -f scripts/soak.py ]; then $(BIN)/python scripts/soak.py; \

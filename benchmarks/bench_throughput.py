@@ -1,0 +1,330 @@
+"""Benchmark 2: runs per second and per-run overhead on PostgreSQL, ours against DBOS Transact.
+
+The work is the trivial dataflow (a 1,000-row inline source, one GROUP BY); the peer is a DBOS
+workflow with one step doing the same DuckDB query (see peer_dbos.py). Two shapes, each with 1, 2
+and 4 worker processes, ours and the peer alternating inside every round:
+
+- ``direct``: every process runs its own runs one after another (ours: ``runs.run_inline``, what
+  ``dataflow run`` does; the peer: calling the workflow under ``SetWorkflowID``). Throughput is all
+  runs over the wall-clock span from the first start to the last end; latency is per run.
+- ``queued``: the parent submits the runs while the workers serve the queue (ours: ``runs.submit``
+  and ``dataflow.worker.Worker`` processes with concurrency 1; the peer: ``DBOSClient.enqueue`` and
+  DBOS processes serving a ``Queue`` with ``worker_concurrency=1``). Throughput is the runs over the
+  span from the first submit until the last run is recorded as succeeded.
+
+Every process does warm-up runs before the clock starts (imports, pools, the DuckDB database).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from common import (
+    BenchContext,
+    duckdb_group_by_on_shared,
+    inline_rows,
+    make_request,
+    print_table,
+    summary,
+    write_result,
+)
+
+NAME = "throughput"
+CONCURRENCY = (1, 2, 4)
+WARMUP_RUNS = 3
+DIRECT_RUNS_PER_PROCESS = {False: 60, True: 12}  # by quick
+QUEUED_RUNS_PER_WORKER = {False: 60, True: 12}
+OUR_POLL_S = 0.01  # our worker's minimum poll interval (dataflow.worker.INTERVAL_S_MIN)
+PEER_POLL_S = 0.001  # DBOS's queue poll, set low so its dequeue delay does not cap its throughput
+COMPLETION_POLL_S = 0.005
+CHILD_TIMEOUT_S = 600
+TARGET_RATIO = 1.5
+
+
+def quiet_worker_log() -> None:
+    """Silence the worker's per-run info lines: the benchmark prints its own table."""
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+def _ours_runner(url: str, base: str) -> Any:
+    from durable_dataflow.platform import Platform
+
+    platform = Platform(url, migrate=False)
+    return platform, lambda key: platform.runs.run_inline(make_request(Path(base), key=key))
+
+
+def _child_direct(system: str, url: str, base: str, n_runs: int, tag: str, idx: int, barrier: Any, out: Any) -> None:
+    if system == "ours":
+        platform, do = _ours_runner(url, base)
+    else:
+        import peer_dbos
+
+        peer_dbos.launch(url, f"{tag}-exec-{idx}")
+        do = lambda key: peer_dbos.run_once(key, key)  # noqa: E731
+    for w in range(WARMUP_RUNS):
+        do(f"warm-{tag}-{idx}-{w}")
+    barrier.wait()
+    latencies = []
+    start = time.time()
+    for i in range(n_runs):
+        began = time.perf_counter()
+        do(f"{tag}-{idx}-{i}")
+        latencies.append(time.perf_counter() - began)
+    out.put((idx, start, time.time(), latencies))
+    if system == "ours":
+        platform.close()
+    else:
+        peer_dbos.shutdown()
+
+
+def _child_queued(system: str, url: str, base: str, tag: str, idx: int, ready: Any, go: Any, stop: Any) -> None:
+    if system == "ours":
+        from durable_dataflow.dataflow.worker import Worker, WorkerOptions
+
+        platform, do = _ours_runner(url, base)
+        for w in range(WARMUP_RUNS):
+            do(f"warm-{tag}-{idx}-{w}")
+        quiet_worker_log()
+        worker = Worker(platform.runs, WorkerOptions(concurrency=1, poll_interval_s=OUR_POLL_S))
+        threading.Thread(target=lambda: (stop.wait(), worker.request_stop("benchmark done")), daemon=True).start()
+        ready.put(idx)
+        go.wait()
+        worker.run()
+        platform.close()
+    else:
+        import peer_dbos
+
+        peer_dbos.launch(url, f"{tag}-exec-{idx}", queue_poll_s=PEER_POLL_S)
+        for w in range(WARMUP_RUNS):
+            peer_dbos.run_once(f"warm-{tag}-{idx}-{w}", "warm")
+        ready.put(idx)
+        stop.wait()
+        peer_dbos.shutdown()
+
+
+def _child_prepare(url: str) -> None:
+    import peer_dbos
+
+    peer_dbos.launch(url, "prepare")
+    peer_dbos.shutdown()
+
+
+def prepare_peer(url: str) -> None:
+    """Launch DBOS once in a child so its system schema exists before concurrent launches."""
+    proc = mp.get_context("spawn").Process(target=_child_prepare, args=(url,))
+    proc.start()
+    proc.join(CHILD_TIMEOUT_S)
+    if proc.exitcode != 0:
+        raise RuntimeError(f"DBOS could not launch on the benchmark server (exit {proc.exitcode})")
+
+
+def check_alive(procs: list[Any]) -> None:
+    dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+    if dead:
+        raise RuntimeError(f"a benchmark child process failed (exit codes {dead}); see its traceback above")
+
+
+def collect(out: Any, procs: list[Any]) -> list[Any]:
+    """One result per child; fails at once when a child dies instead of waiting for the timeout."""
+    got: list[Any] = []
+    deadline = time.monotonic() + CHILD_TIMEOUT_S
+    while len(got) < len(procs):
+        try:
+            got.append(out.get(timeout=1.0))
+        except queue.Empty:
+            check_alive(procs)
+            if time.monotonic() > deadline:
+                raise TimeoutError("benchmark children did not report") from None
+    return got
+
+
+def wait_ready(ready: Any, procs: list[Any]) -> None:
+    """Wait until every child has put its index on ``ready`` (warmed up), failing fast on a death."""
+    collect(ready, procs)
+
+
+def stop_all(procs: list[Any]) -> None:
+    for p in procs:
+        p.join(CHILD_TIMEOUT_S if p.exitcode is None and not _failed(procs) else 1.0)
+        if p.is_alive():
+            p.terminate()
+            p.join()
+
+
+def _failed(procs: list[Any]) -> bool:
+    return any(p.exitcode not in (None, 0) for p in procs)
+
+
+def _count_ours(conn: Any, prefix: str) -> int:
+    row = conn.execute(
+        "select count(*) from dataflow_runs where status = 'succeeded' and idempotency_key like %s", (prefix + "%",)
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _direct(ctx: BenchContext, system: str, url: str, base: str, n: int, tag: str) -> dict[str, Any]:
+    spawn = mp.get_context("spawn")
+    barrier, out = spawn.Barrier(n), spawn.Queue()
+    runs = DIRECT_RUNS_PER_PROCESS[ctx.quick]
+    procs = [
+        spawn.Process(target=_child_direct, args=(system, url, base, runs, tag, i, barrier, out)) for i in range(n)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        got = collect(out, procs)
+    finally:
+        stop_all(procs)
+    span = max(g[2] for g in got) - min(g[1] for g in got)
+    latencies = [x for g in got for x in g[3]]
+    runs_done = len(latencies)
+    return {"runs": runs_done, "seconds": span, "runs_per_s": runs_done / span, "latency_s": summary(latencies)}
+
+
+def _queued(ctx: BenchContext, system: str, url: str, base: str, n: int, tag: str) -> dict[str, Any]:
+    spawn = mp.get_context("spawn")
+    ready, go, stop = spawn.Queue(), spawn.Event(), spawn.Event()
+    procs = [spawn.Process(target=_child_queued, args=(system, url, base, tag, i, ready, go, stop)) for i in range(n)]
+    for p in procs:
+        p.start()
+    total = QUEUED_RUNS_PER_WORKER[ctx.quick] * n
+    keys = [f"{tag}-{i}" for i in range(total)]
+    dbname = url.rsplit("/", 1)[1]
+    try:
+        wait_ready(ready, procs)
+        go.set()
+        start = time.time()
+        if system == "ours":
+            from durable_dataflow.platform import Platform
+
+            with Platform(url, migrate=False) as platform:
+                for key in keys:
+                    platform.runs.submit(make_request(Path(base), key=key))
+        else:
+            import peer_dbos
+
+            peer_dbos.enqueue_many(url, keys)
+        submitted = time.time()
+        with ctx.server.connect(dbname) as conn:
+            count = peer_dbos_count if system != "ours" else _count_ours
+            deadline = time.monotonic() + CHILD_TIMEOUT_S
+            while count(conn, f"{tag}-") < total:
+                check_alive(procs)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{system} queued runs did not finish")
+                time.sleep(COMPLETION_POLL_S)
+        end = time.time()
+    finally:
+        stop.set()
+        stop_all(procs)
+    span = end - start
+    return {"runs": total, "seconds": span, "submit_seconds": submitted - start, "runs_per_s": total / span}
+
+
+def peer_dbos_count(conn: Any, prefix: str) -> int:
+    import peer_dbos
+
+    return peer_dbos.count_succeeded(conn, prefix)
+
+
+def _work_only(rounds: int) -> dict[str, Any]:
+    """The work itself, without any orchestration: build the table, run the query, encode IPC."""
+    import pyarrow as pa
+
+    rows = inline_rows()
+    schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+    samples = []
+    for _ in range(max(rounds, 20)):
+        began = time.perf_counter()
+        duckdb_group_by_on_shared(pa.Table.from_pylist(rows, schema=schema))
+        samples.append(time.perf_counter() - began)
+    return summary(samples)
+
+
+def run(ctx: BenchContext) -> dict[str, Any]:
+    from durable_dataflow.platform import Platform
+
+    ours_url = ctx.new_database("bench_tp_ours")
+    peer_url = ctx.new_database("bench_tp_dbos")
+    Platform(ours_url).close()  # migrate once, before any worker starts
+    prepare_peer(peer_url)
+    base = tempfile.mkdtemp(prefix="bench-tp-", dir=ctx.workdir)
+    samples: dict[str, list[dict[str, Any]]] = {}
+    for r in range(ctx.rounds):
+        order = ("ours", "dbos") if r % 2 == 0 else ("dbos", "ours")
+        for n in CONCURRENCY:
+            for shape, fn in (("direct", _direct), ("queued", _queued)):
+                for system in order:
+                    url = ours_url if system == "ours" else peer_url
+                    result = fn(ctx, system, url, base, n, f"r{r}-{shape}-{n}-{system}")
+                    samples.setdefault(f"{shape}/{n}/{system}", []).append(result)
+                    print(f"  round {r} {shape} n={n} {system}: {result['runs_per_s']:.1f} runs/s")
+    return _report(ctx, samples, _work_only(ctx.rounds))
+
+
+def _report(ctx: BenchContext, samples: dict[str, list[dict[str, Any]]], work: dict[str, Any]) -> dict[str, Any]:
+    rows, table = [], {}
+    for shape in ("direct", "queued"):
+        for n in CONCURRENCY:
+            ours = [s["runs_per_s"] for s in samples[f"{shape}/{n}/ours"]]
+            peer = [s["runs_per_s"] for s in samples[f"{shape}/{n}/dbos"]]
+            ratio = statistics.median(ours) / statistics.median(peer)
+            entry: dict[str, Any] = {
+                "ours_runs_per_s": summary(ours),
+                "dbos_runs_per_s": summary(peer),
+                "ratio_ours_over_dbos": ratio,
+                "target_ratio": TARGET_RATIO,
+                "target_met": ratio >= TARGET_RATIO,
+                "rounds": {"ours": samples[f"{shape}/{n}/ours"], "dbos": samples[f"{shape}/{n}/dbos"]},
+            }
+            if shape == "direct":
+                ours_lat = statistics.median([s["latency_s"]["median"] for s in samples[f"{shape}/{n}/ours"]])
+                peer_lat = statistics.median([s["latency_s"]["median"] for s in samples[f"{shape}/{n}/dbos"]])
+                entry["ours_latency_median_s"] = ours_lat
+                entry["dbos_latency_median_s"] = peer_lat
+                entry["ours_overhead_per_run_s"] = ours_lat - work["median"]
+                entry["dbos_overhead_per_run_s"] = peer_lat - work["median"]
+            table[f"{shape}/{n}"] = entry
+            rows.append(
+                (shape, n, statistics.median(ours), statistics.median(peer), ratio, entry["target_met"])
+            )
+    print_table(
+        "Throughput, runs/s (median of rounds; PostgreSQL)",
+        ["shape", "workers", "ours", "DBOS", "ours/DBOS", f"target >= {TARGET_RATIO}x"],
+        rows,
+    )
+    direct1 = table["direct/1"]
+    print_table(
+        "Per-run latency and overhead, one process (median, ms)",
+        ["", "latency", "overhead (latency - work)"],
+        [
+            ("ours", direct1["ours_latency_median_s"] * 1e3, direct1["ours_overhead_per_run_s"] * 1e3),
+            ("DBOS", direct1["dbos_latency_median_s"] * 1e3, direct1["dbos_overhead_per_run_s"] * 1e3),
+            ("work alone (table + GROUP BY)", work["median"] * 1e3, 0.0),
+        ],
+    )
+    payload = {
+        "rounds": ctx.rounds,
+        "work_only_s": work,
+        "settings": {
+            "warmup_runs_per_process": WARMUP_RUNS,
+            "direct_runs_per_process": DIRECT_RUNS_PER_PROCESS[ctx.quick],
+            "queued_runs_per_worker": QUEUED_RUNS_PER_WORKER[ctx.quick],
+            "our_worker_poll_s": OUR_POLL_S,
+            "dbos_queue_poll_s": PEER_POLL_S,
+        },
+        "results": table,
+    }
+    write_result(NAME, payload, ctx.server, ctx.quick)
+    return payload
