@@ -188,3 +188,16 @@ def test_source_path_escape_is_refused_before_recording(platform: Platform, tmp_
     with pytest.raises(InputError, match="leak"):
         platform.runs.run_inline(flows.request(flows.definition(extra_sources=extra), tmp_path, "k1"))
     assert flows.row_counts(platform) == before
+
+
+def test_a_run_executes_its_pinned_definition(platform: Platform, tmp_path: Path) -> None:
+    """A queued run executes the body it recorded, even after a newer version of the same name ran."""
+    v1 = flows.definition()
+    queued = platform.runs.submit(flows.request(v1, tmp_path, "pinned")).run
+    v2 = flows.definition(sql="select 'other' as region, 0::DECIMAL(18,2) as total, 0::BIGINT as n")
+    newer = platform.runs.run_inline(flows.request(v2, tmp_path, "newer")).run
+    assert newer.definition_hash != queued.definition_hash and newer.row_count == 1
+    claim = platform.runs.claim_next()
+    assert claim is not None and claim.run.run_id == queued.run_id
+    run = platform.runs.execute(claim)
+    assert (run.status, run.row_count, run.definition_hash) == ("succeeded", 2, queued.definition_hash)
