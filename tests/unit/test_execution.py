@@ -234,7 +234,10 @@ def test_inline_source_types_dates_and_decimals(tmp_path: Path) -> None:
     })
     result = execute(d, {"day": "2026-11-02", "floor": "1"}, _ctx(tmp_path))
     assert result.table.to_pylist() == [{"total": decimal.Decimal("4.40")}]
-    assert result.sources[0][2] == hashing.digest({"schema": [[k, v] for k, v in columns.items()], "rows": rows})
+    # An inline source is fingerprinted by the Arrow digest of its typed table (schema and values).
+    typed = pa.table({"day": [dt.date(2026, 11, 2), dt.date(2026, 11, 3), dt.date(2026, 11, 2)],
+                      "amount": pa.array([decimal.Decimal(r["amount"]) for r in rows], pa.decimal128(10, 2))})
+    assert result.sources[0][2] == output_digest(typed)
 
 
 def test_postgres_source_errors_never_show_the_dsn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -100,9 +100,8 @@ def write_verified(
     if not result.ok:
         where = f" at seq {result.broken_seq}" if result.broken_seq is not None else ""
         raise EvidenceError(f"evidence of {module}/{subject_id} failed verification{where}: {result.reason}")
-    now_us = db.now_us(conn)
     facts_json = hashing.canonical_json(dict(facts)).decode("utf-8")
-    conn.execute(
+    now_us = conn.execute(
         checkpoints.insert().values(
             module=module,
             subject_id=subject_id,
@@ -111,7 +110,8 @@ def write_verified(
             head_hash=result.head_hash,
             status=status,
             facts_json=facts_json,
-            verified_at_us=now_us,
+            verified_at_us=db.now_us_expr(),
         )
-    )
+        .returning(checkpoints.c.verified_at_us)
+    ).scalar_one()
     return Checkpoint(module, subject_id, attempt, result.head_seq, result.head_hash, status, facts, now_us)

@@ -14,11 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-from sqlalchemy import exc
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, LeaseUnavailable, StaleAttempt
+from durable_dataflow.core.invariants import invariant
 from durable_dataflow.core.schema import leases
 
 LEASE_TTL_S_MIN = 0.05
@@ -53,9 +55,7 @@ class ExpiredLease:
 
 def ttl_us(ttl_s: float) -> int:
     if not LEASE_TTL_S_MIN <= ttl_s <= LEASE_TTL_S_MAX:
-        raise InputError(
-            f"lease TTL must be between {LEASE_TTL_S_MIN} and {LEASE_TTL_S_MAX} seconds, got {ttl_s}"
-        )
+        raise InputError(f"lease TTL must be between {LEASE_TTL_S_MIN} and {LEASE_TTL_S_MAX} seconds, got {ttl_s}")
     return int(ttl_s * 1_000_000)
 
 
@@ -79,6 +79,11 @@ def acquire(
     subject's state under that attempt must not take a lease granted since).
     """
     holder = holder[:HOLDER_LENGTH_MAX]
+    if expected_attempt == 0:  # a subject created in this transaction: nothing to update
+        first = _insert_first(conn, db, module, subject_id, holder, ttl_s, expected_attempt)
+        return Lease(
+            module, subject_id, int(first.attempt), holder, int(first.acquired_at_us), int(first.expires_at_us)
+        )
     now = db.now_us_expr()
     guard = sa.or_(leases.c.released_at_us.is_not(None), leases.c.expires_at_us <= now)
     if expected_attempt is not None:
@@ -97,9 +102,8 @@ def acquire(
     ).one_or_none()
     if row is None:
         row = _insert_first(conn, db, module, subject_id, holder, ttl_s, expected_attempt)
-    return Lease(
-        module, subject_id, int(row.attempt), holder, int(row.acquired_at_us), int(row.expires_at_us)
-    )
+    invariant(int(row.attempt) >= 1, "a granted attempt is a positive fencing token")
+    return Lease(module, subject_id, int(row.attempt), holder, int(row.acquired_at_us), int(row.expires_at_us))
 
 
 def _insert_first(
@@ -111,31 +115,30 @@ def _insert_first(
     ttl_s: float,
     expected_attempt: int | None,
 ) -> sa.Row[tuple[int, int, int]]:
-    exists = conn.execute(sa.select(leases.c.attempt).where(_key(module, subject_id))).one_or_none()
-    if exists is not None or expected_attempt not in (None, 0):
+    """The first grant of a subject: ``INSERT … ON CONFLICT DO NOTHING RETURNING``, one statement."""
+    if expected_attempt not in (None, 0):
         raise LeaseUnavailable(f"{module}/{subject_id} is leased by another holder or its attempt moved on")
     now = db.now_us_expr()
-    try:
-        with conn.begin_nested():
-            return conn.execute(
-                leases.insert()
-                .values(
-                    module=module,
-                    subject_id=subject_id,
-                    attempt=1,
-                    holder=holder,
-                    acquired_at_us=now,
-                    expires_at_us=now + ttl_us(ttl_s),
-                )
-                .returning(leases.c.attempt, leases.c.acquired_at_us, leases.c.expires_at_us)
-            ).one()
-    except exc.IntegrityError as error:
-        raise LeaseUnavailable(f"{module}/{subject_id} was leased concurrently") from error
+    insert = sqlite_insert if db.dialect == "sqlite" else postgresql_insert
+    row = conn.execute(
+        insert(leases)
+        .values(
+            module=module,
+            subject_id=subject_id,
+            attempt=1,
+            holder=holder,
+            acquired_at_us=now,
+            expires_at_us=now + ttl_us(ttl_s),
+        )
+        .on_conflict_do_nothing(index_elements=["module", "subject_id"])
+        .returning(leases.c.attempt, leases.c.acquired_at_us, leases.c.expires_at_us)
+    ).one_or_none()
+    if row is None:
+        raise LeaseUnavailable(f"{module}/{subject_id} is leased by another holder")
+    return row
 
 
-def heartbeat(
-    conn: Connection, db: Database, module: str, subject_id: str, attempt: int, ttl_s: float
-) -> int:
+def heartbeat(conn: Connection, db: Database, module: str, subject_id: str, attempt: int, ttl_s: float) -> int:
     """Extend a live lease; return the new expiry. A stale or expired attempt raises StaleAttempt."""
     now = db.now_us_expr()
     row = conn.execute(
@@ -163,9 +166,7 @@ def release(conn: Connection, db: Database, module: str, subject_id: str, attemp
         .returning(leases.c.attempt)
     ).one_or_none()
     if row is None:
-        raise StaleAttempt(
-            f"release refused: attempt {attempt} of {module}/{subject_id} is not the current lease"
-        )
+        raise StaleAttempt(f"release refused: attempt {attempt} of {module}/{subject_id} is not the current lease")
 
 
 def close_expired(conn: Connection, db: Database, module: str, subject_id: str, attempt: int) -> bool:
@@ -187,9 +188,7 @@ def close_expired(conn: Connection, db: Database, module: str, subject_id: str, 
     return row is not None
 
 
-def list_expired(
-    conn: Connection, db: Database, module: str, limit: int = EXPIRED_BATCH_MAX
-) -> list[ExpiredLease]:
+def list_expired(conn: Connection, db: Database, module: str, limit: int = EXPIRED_BATCH_MAX) -> list[ExpiredLease]:
     """Unreleased leases whose expiry has passed on the database clock, oldest first."""
     rows = conn.execute(
         sa.select(leases.c.subject_id, leases.c.attempt, leases.c.holder, leases.c.expires_at_us)
@@ -209,6 +208,4 @@ def current(conn: Connection, module: str, subject_id: str) -> Lease | None:
     row = conn.execute(sa.select(leases).where(_key(module, subject_id))).one_or_none()
     if row is None:
         return None
-    return Lease(
-        module, subject_id, int(row.attempt), row.holder, int(row.acquired_at_us), int(row.expires_at_us)
-    )
+    return Lease(module, subject_id, int(row.attempt), row.holder, int(row.acquired_at_us), int(row.expires_at_us))

@@ -116,42 +116,90 @@ def append(
     evidence_key: Secret | None = None,
 ) -> Entry:
     """Append one entry to the subject's chain inside the caller's transaction."""
+    return append_many(conn, db, module, subject_id, [(attempt, kind, payload)], evidence_key=evidence_key)[-1]
+
+
+def append_many(
+    conn: Connection,
+    db: Database,
+    module: str,
+    subject_id: str,
+    items: Sequence[tuple[int, str, Mapping[str, Any]]],
+    *,
+    evidence_key: Secret | None = None,
+) -> list[Entry]:
+    """Append entries ``(attempt, kind, payload)`` in order: one head read, one clock read, one insert."""
+    if not items:
+        raise InputError("append_many needs at least one entry")
+    # The head and the database clock in one round trip.
+    last = (
+        sa.select(ledger_entries.c.seq, ledger_entries.c.entry_hash)
+        .where(ledger_entries.c.module == module, ledger_entries.c.subject_id == subject_id)
+        .order_by(ledger_entries.c.seq.desc())
+        .limit(1)
+        .subquery()
+    )
+    head = conn.execute(
+        sa.select(db.now_us_expr().label("now_us"), last.c.seq, last.c.entry_hash).select_from(
+            sa.select(sa.literal(1).label("one")).subquery().outerjoin(last, sa.true())
+        )
+    ).one()
+    seq = 0 if head.seq is None else int(head.seq)
+    if seq + len(items) > ENTRIES_PER_SUBJECT_MAX:
+        raise InputError(f"subject {module}/{subject_id} reached {ENTRIES_PER_SUBJECT_MAX} ledger entries")
+    prev_hash = genesis_hash(module, subject_id) if head.seq is None else str(head.entry_hash)
+    recorded_at_us = int(head.now_us)
+    entries: list[Entry] = []
+    rows: list[dict[str, Any]] = []
+    for attempt, kind, payload in items:
+        seq += 1
+        entry, payload_json = _chained(
+            module, subject_id, seq, attempt, kind, payload, prev_hash, recorded_at_us, evidence_key
+        )
+        entries.append(entry)
+        rows.append(_row(entry, payload_json))
+        prev_hash = entry.entry_hash
+    conn.execute(ledger_entries.insert(), rows)
+    return entries
+
+
+def _chained(
+    module: str,
+    subject_id: str,
+    seq: int,
+    attempt: int,
+    kind: str,
+    payload: Mapping[str, Any],
+    prev_hash: str,
+    recorded_at_us: int,
+    key: Secret | None,
+) -> tuple[Entry, str]:
     if not kind or len(kind) > KIND_LENGTH:
         raise InputError(f"ledger entry kind must be 1 to {KIND_LENGTH} characters, got {kind!r}")
     payload_json = hashing.canonical_json(dict(payload)).decode("utf-8")
     if len(payload_json) > PAYLOAD_BYTES_MAX:
         raise InputError(f"ledger entry payload is {len(payload_json)} bytes, over {PAYLOAD_BYTES_MAX}")
-    head = conn.execute(
-        sa.select(ledger_entries.c.seq, ledger_entries.c.entry_hash)
-        .where(ledger_entries.c.module == module, ledger_entries.c.subject_id == subject_id)
-        .order_by(ledger_entries.c.seq.desc())
-        .limit(1)
-    ).one_or_none()
-    seq = 1 if head is None else int(head.seq) + 1
-    if seq > ENTRIES_PER_SUBJECT_MAX:
-        raise InputError(f"subject {module}/{subject_id} reached {ENTRIES_PER_SUBJECT_MAX} ledger entries")
-    prev_hash = genesis_hash(module, subject_id) if head is None else str(head.entry_hash)
-    recorded_at_us = db.now_us(conn)
-    body = entry_body(module, subject_id, seq, attempt, kind, json.loads(payload_json), recorded_at_us)
+    stored_payload = json.loads(payload_json)  # exactly what a reader will see, so the hash verifies
+    body = entry_body(module, subject_id, seq, attempt, kind, stored_payload, recorded_at_us)
     this_hash = chain_hash(prev_hash, body)
-    mac = entry_mac(evidence_key, this_hash) if evidence_key is not None else None
-    conn.execute(
-        ledger_entries.insert().values(
-            module=module,
-            subject_id=subject_id,
-            seq=seq,
-            attempt=attempt,
-            kind=kind,
-            payload_json=payload_json,
-            prev_hash=prev_hash,
-            entry_hash=this_hash,
-            entry_mac=mac,
-            recorded_at_us=recorded_at_us,
-        )
-    )
-    return Entry(
-        module, subject_id, seq, attempt, kind, body["payload"], prev_hash, this_hash, mac, recorded_at_us
-    )
+    mac = entry_mac(key, this_hash) if key is not None else None
+    entry = Entry(module, subject_id, seq, attempt, kind, stored_payload, prev_hash, this_hash, mac, recorded_at_us)
+    return entry, payload_json
+
+
+def _row(entry: Entry, payload_json: str) -> dict[str, Any]:
+    return {
+        "module": entry.module,
+        "subject_id": entry.subject_id,
+        "seq": entry.seq,
+        "attempt": entry.attempt,
+        "kind": entry.kind,
+        "payload_json": payload_json,
+        "prev_hash": entry.prev_hash,
+        "entry_hash": entry.entry_hash,
+        "entry_mac": entry.entry_mac,
+        "recorded_at_us": entry.recorded_at_us,
+    }
 
 
 def read(conn: Connection, module: str, subject_id: str) -> list[Entry]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -485,9 +486,20 @@ def canonical_body(d: Definition) -> dict[str, Any]:
     return body
 
 
+# Definitions are immutable, so a definition's hash is computed once per object: canonical JSON of a
+# large body (inline rows) is the most expensive step of a submit or replay otherwise. Keyed by
+# id(), with a finalizer dropping the entry when the object dies, so a reused id never hits.
+_hash_by_id: dict[int, str] = {}
+
+
 def definition_hash(d: Definition) -> str:
-    """sha256 over the RFC 8785 canonical JSON of the canonical body."""
-    return hashing.digest(canonical_body(d))
+    """sha256 over the RFC 8785 canonical JSON of the canonical body (cached per object)."""
+    cached = _hash_by_id.get(id(d))
+    if cached is None:
+        cached = hashing.digest(canonical_body(d))
+        _hash_by_id[id(d)] = cached
+        weakref.finalize(d, _hash_by_id.pop, id(d), None)
+    return cached
 
 
 def json_schema() -> dict[str, Any]:

@@ -101,7 +101,7 @@ def authorize_dispatch(service: RunService, run: Run, attempt: int, result: Exec
         }
         service._append(conn, run.run_id, attempt, evidence.DISPATCH_AUTHORIZED, payload)
         runs.update(
-            conn, run.run_id, db.now_us(conn),
+            conn, run.run_id, db.now_us_expr(),
             recovery_status=RecoveryStatus.DISPATCH_AUTHORIZED, row_count=result.row_count,
             output_digest=result.output_digest, source_fingerprint_digest=result.source_fingerprint_digest,
             publication_idempotency_key=key, publication_idempotency_digest=idem_digest,
@@ -163,8 +163,11 @@ def commit_success(service: RunService, run: Run, attempt: int, kind: str, outco
     db = service.db
     refs = _refs(outcome)
     with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
-        service._append(conn, run.run_id, attempt, kind, {"outcome": how, "digest": outcome.digest, **refs})
-        service._append(conn, run.run_id, attempt, evidence.RUN_SUCCEEDED, {"output_digest": outcome.digest})
+        service._append_many(
+            conn, run.run_id,
+            [(attempt, kind, {"outcome": how, "digest": outcome.digest, **refs}),
+             (attempt, evidence.RUN_SUCCEEDED, {"output_digest": outcome.digest})],
+        )  # fmt: skip
 
         def facts(entries: Any) -> str:
             stored = evidence.stored_result_digest(conn, run.run_id)
@@ -177,7 +180,7 @@ def commit_success(service: RunService, run: Run, attempt: int, kind: str, outco
         )  # fmt: skip
         recovery = RecoveryStatus.RECONCILED_PRESENT if kind == evidence.RECONCILE_PRESENT else RecoveryStatus.VERIFIED
         runs.update(
-            conn, run.run_id, db.now_us(conn), status=RunStatus.SUCCEEDED, recovery_status=recovery,
+            conn, run.run_id, db.now_us_expr(), status=RunStatus.SUCCEEDED, recovery_status=recovery,
             warning=None, error_code=None, error_message=None, **refs,
         )  # fmt: skip
         leases.release(conn, db, MODULE, run.run_id, attempt)
@@ -187,13 +190,14 @@ def reject(service: RunService, run: Run, attempt: int, reason: str) -> None:
     """The sink proved nothing was created: the run failed, with that evidence."""
     db = service.db
     with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
-        service._append(conn, run.run_id, attempt, evidence.PUBLICATION_REJECTED, {"reason": reason})
-        service._append(
-            conn, run.run_id, attempt, evidence.RUN_FAILED,
-            {"code": "publication_rejected", "message": reason, "no_external_output": True},
+        service._append_many(
+            conn, run.run_id,
+            [(attempt, evidence.PUBLICATION_REJECTED, {"reason": reason}),
+             (attempt, evidence.RUN_FAILED,
+              {"code": "publication_rejected", "message": reason, "no_external_output": True})],
         )  # fmt: skip
         runs.update(
-            conn, run.run_id, db.now_us(conn), status=RunStatus.FAILED,
+            conn, run.run_id, db.now_us_expr(), status=RunStatus.FAILED,
             recovery_status=RecoveryStatus.NO_EXTERNAL_OUTPUT,
             error_code="publication_rejected", error_message=reason,
         )  # fmt: skip
@@ -213,7 +217,7 @@ def mismatch(service: RunService, run: Run, attempt: int, kind: str, outcome: An
             "investigate the sink before acting. Nothing was re-published."
         )
         runs.update(
-            conn, run.run_id, db.now_us(conn), status=RunStatus.OUTCOME_UNKNOWN,
+            conn, run.run_id, db.now_us_expr(), status=RunStatus.OUTCOME_UNKNOWN,
             recovery_status=RecoveryStatus.OUTCOME_UNKNOWN, warning=warning, **refs,
         )  # fmt: skip
         leases.release(conn, db, MODULE, run.run_id, attempt)
@@ -228,7 +232,7 @@ def record_unknown(service: RunService, run: Run, attempt: int, reason: str) -> 
             current = runs.get(conn, run.run_id)
             unknown = current.model_copy(update={"recovery_status": RecoveryStatus.OUTCOME_UNKNOWN})
             runs.update(
-                conn, run.run_id, db.now_us(conn), status=RunStatus.OUTCOME_UNKNOWN,
+                conn, run.run_id, db.now_us_expr(), status=RunStatus.OUTCOME_UNKNOWN,
                 recovery_status=RecoveryStatus.OUTCOME_UNKNOWN, warning=runs.unresolved_warning(unknown),
                 error_code=Inconclusive.code, error_message=reason,
             )  # fmt: skip

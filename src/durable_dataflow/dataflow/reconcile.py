@@ -66,7 +66,7 @@ def _take_lease(service: RunService, run: Run, kind: str) -> int:
             expected_attempt=run.attempt,
         )  # fmt: skip
         service._append(conn, run.run_id, lease.attempt, kind, {"holder": lease.holder})
-        runs.update(conn, run.run_id, db.now_us(conn), attempt=lease.attempt)
+        runs.update(conn, run.run_id, db.now_us_expr(), attempt=lease.attempt)
     return lease.attempt
 
 
@@ -96,7 +96,7 @@ def _record_absent(service: RunService, run: Run, attempt: int, fenced_at: int) 
             f"`dataflow reconcile {run.run_id} --resume`."
         )
         runs.update(
-            conn, run.run_id, db.now_us(conn), status=RunStatus.FAILED,
+            conn, run.run_id, db.now_us_expr(), status=RunStatus.FAILED,
             recovery_status=RecoveryStatus.RECONCILED_ABSENT, warning=warning,
         )  # fmt: skip
         leases.release(conn, db, MODULE, run.run_id, attempt)
@@ -122,7 +122,7 @@ def _resume(service: RunService, run: Run) -> Reconciliation:
         service._append(conn, run.run_id, attempt, evidence.RESUME_STARTED, {"holder": lease.holder})
         service._append(conn, run.run_id, attempt, evidence.DISPATCH_AUTHORIZED, _authorization_of(conn, service, run))
         runs.update(
-            conn, run.run_id, db.now_us(conn), attempt=attempt, status=RunStatus.RUNNING,
+            conn, run.run_id, db.now_us_expr(), attempt=attempt, status=RunStatus.RUNNING,
             recovery_status=RecoveryStatus.DISPATCH_AUTHORIZED, warning=None,
         )  # fmt: skip
     crashpoints.reach(crashpoints.AFTER_PREDISPATCH_COMMIT)

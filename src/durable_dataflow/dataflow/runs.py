@@ -152,13 +152,17 @@ def find_by_key(conn: Connection, tenant: str, idempotency_key: str) -> Run | No
     return from_row(row) if row is not None else None
 
 
-def update(conn: Connection, run_id: str, now_us: int, **values: Any) -> None:
-    """Update the projection of one run; the caller's transaction is fenced or guarded."""
-    result = conn.execute(
-        dataflow_runs.update().where(dataflow_runs.c.run_id == run_id).values(updated_at_us=now_us, **values)
-    )
-    if result.rowcount != 1:
+def update(conn: Connection, run_id: str, now_us: int | sa.ColumnElement[int], **values: Any) -> Run:
+    """Update the projection of one run and return it; the caller's transaction is fenced or guarded."""
+    row = conn.execute(
+        dataflow_runs.update()
+        .where(dataflow_runs.c.run_id == run_id)
+        .values(updated_at_us=now_us, **values)
+        .returning(*dataflow_runs.c)
+    ).one_or_none()
+    if row is None:
         raise NotFound(f"run {run_id} does not exist")
+    return from_row(row)
 
 
 def list_page(

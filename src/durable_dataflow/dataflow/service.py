@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,7 @@ from durable_dataflow.dataflow.schema import dataflow_runs, definitions, run_res
 RESULT_FORMAT = "arrow-ipc-stream"
 ERROR_MESSAGE_CHARS_MAX = 2000
 LEASE_TTL_ENV = "DATAFLOW_LEASE_TTL"
+DEFINITIONS_CACHED_MAX = 256
 
 
 def lease_ttl_from_env(explicit: float | None = None) -> float:
@@ -81,6 +84,17 @@ class RunService:
     def __init__(self, db: Database, config: ServiceConfig | None = None) -> None:
         self.db = db
         self.config = config or ServiceConfig()
+        # Definitions are content-addressed and immutable: a parsed body can be reused by hash.
+        self._definitions: OrderedDict[str, Definition] = OrderedDict()
+        self._definitions_lock = threading.Lock()
+        self._stored_definitions: set[str] = set()
+
+    def _remember(self, d_hash: str, defn: Definition) -> None:
+        with self._definitions_lock:
+            self._definitions[d_hash] = defn
+            self._definitions.move_to_end(d_hash)
+            while len(self._definitions) > DEFINITIONS_CACHED_MAX:
+                self._definitions.popitem(last=False)
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -89,13 +103,19 @@ class RunService:
             return runs.get(conn, run_id, tenant)
 
     def definition_of(self, run: Run) -> Definition:
+        with self._definitions_lock:
+            cached = self._definitions.get(run.definition_hash)
+        if cached is not None:
+            return cached
         with self.db.read() as conn:
             body = conn.execute(
                 sa.select(definitions.c.body_json).where(definitions.c.definition_hash == run.definition_hash)
             ).scalar_one_or_none()
         if body is None:
             raise NotFound(f"definition {run.definition_hash} of run {run.run_id} is not stored")
-        return Definition.model_validate(json.loads(body))
+        defn = Definition.model_validate(json.loads(body))
+        self._remember(run.definition_hash, defn)
+        return defn
 
     def result_bytes(self, run_id: str) -> bytes:
         with self.db.read() as conn:
@@ -122,12 +142,17 @@ class RunService:
             if existing is not None:
                 return Submission(existing, created=False)
         execution.preflight(defn, context_for(request.base_dir, self.config.limits))
+        self._remember(d_hash, defn)
         run_id = runs.new_run_id()
         values = _run_values(request, run_id, key or f"run:{run_id}", d_hash, r_hash, params, target)
         try:
             with self.db.begin() as conn:
-                self._record(conn, defn, d_hash, values, request, claim)
-                run = runs.get(conn, run_id)
+                recorded = self._record(conn, defn, d_hash, values, request, claim)
+                run = recorded if recorded is not None else runs.get(conn, run_id)
+            # Stored definitions are never deleted: once committed, later submits skip the lookup.
+            if len(self._stored_definitions) >= DEFINITIONS_CACHED_MAX:
+                self._stored_definitions.clear()
+            self._stored_definitions.add(d_hash)
         except exc.IntegrityError as error:
             existing = self._replay(request.access.tenant, values["idempotency_key"], r_hash)
             if existing is None:
@@ -148,19 +173,31 @@ class RunService:
 
     def _record(
         self, conn: Connection, defn: Definition, d_hash: str, values: dict[str, Any], request: RunRequest, claim: bool
-    ) -> None:
-        _store_definition(conn, self.db, defn, d_hash)
-        now = self.db.now_us(conn)
+    ) -> Run | None:
+        if d_hash not in self._stored_definitions:
+            _store_definition(conn, self.db, defn, d_hash)
+        now = self.db.now_us_expr()
         runs.insert(conn, {**values, "created_at_us": now, "updated_at_us": now})
         run_id = values["run_id"]
-        self._append(conn, run_id, 0, evidence.RUN_RECORDED, _recorded_payload(values))
+        recorded = (0, evidence.RUN_RECORDED, _recorded_payload(values))
         if claim:
-            self._start_attempt(conn, run_id, expected_attempt=0)
+            return self._start_attempt(conn, run_id, expected_attempt=0, before=[recorded])
+        self._append(conn, run_id, *recorded)
+        return None
 
     def _append(self, conn: Connection, run_id: str, attempt: int, kind: str, payload: Mapping[str, Any]) -> None:
         ledger.append(conn, self.db, MODULE, run_id, attempt, kind, payload, evidence_key=self.config.evidence_key)
 
-    def _start_attempt(self, conn: Connection, run_id: str, expected_attempt: int) -> int:
+    def _append_many(self, conn: Connection, run_id: str, items: list[tuple[int, str, Mapping[str, Any]]]) -> None:
+        ledger.append_many(conn, self.db, MODULE, run_id, items, evidence_key=self.config.evidence_key)
+
+    def _start_attempt(
+        self,
+        conn: Connection,
+        run_id: str,
+        expected_attempt: int,
+        before: list[tuple[int, str, Mapping[str, Any]]] | None = None,
+    ) -> Run:
         lease = leases.acquire(
             conn,
             self.db,
@@ -170,16 +207,16 @@ class RunService:
             self.config.lease_ttl_s,
             expected_attempt=expected_attempt,
         )
-        self._append(conn, run_id, lease.attempt, evidence.ATTEMPT_STARTED, {"holder": lease.holder})
-        runs.update(
+        started = (lease.attempt, evidence.ATTEMPT_STARTED, {"holder": lease.holder})
+        self._append_many(conn, run_id, [*(before or []), started])
+        return runs.update(
             conn,
             run_id,
-            self.db.now_us(conn),
+            self.db.now_us_expr(),
             attempt=lease.attempt,
             status=RunStatus.RUNNING,
             recovery_status=RecoveryStatus.LEASED,
         )
-        return lease.attempt
 
     # ---- claim -----------------------------------------------------------------------------
 
@@ -198,26 +235,26 @@ class RunService:
                 row = conn.execute(query).one_or_none()
                 if row is None:
                     return None
-                attempt = self._start_attempt(conn, row.run_id, expected_attempt=int(row.attempt))
-                run = runs.get(conn, row.run_id)
+                run = self._start_attempt(conn, row.run_id, expected_attempt=int(row.attempt))
         except LeaseUnavailable:
             return None
         crashpoints.reach(crashpoints.AFTER_CLAIM)
-        return Claim(run, attempt)
+        return Claim(run, run.attempt)
 
     # ---- execute ---------------------------------------------------------------------------
 
     def execute(self, claim: Claim) -> Run:
         """Carry one claimed attempt to its end, heartbeating the lease meanwhile."""
         run, attempt = claim.run, claim.attempt
+        final: Run | None = None
         with KeepAlive(self.db, MODULE, run.run_id, attempt, self.config.lease_ttl_s):
             if run.mode == Mode.ATOMIC:
-                self._execute_atomic(run, attempt)
+                final = self._execute_atomic(run, attempt)
             else:
                 from durable_dataflow.dataflow import forward
 
                 forward.execute_forward(self, run, attempt)
-        return self.get(run.run_id)
+        return final if final is not None else self.get(run.run_id)
 
     def compute(self, run: Run) -> execution.ExecutionResult:
         """Resolve sources and run the steps: recomputable, nothing committed."""
@@ -227,25 +264,31 @@ class RunService:
         crashpoints.reach(crashpoints.DURING_EXECUTION)
         return execution.execute(defn, run.parameters, ctx, resolved)
 
-    def _execute_atomic(self, run: Run, attempt: int) -> None:
+    def _execute_atomic(self, run: Run, attempt: int) -> Run | None:
+        """The attempt's end; returns the committed run when this attempt's terminal commit succeeded."""
         try:
             result = self.compute(run)
         except DataflowError as error:
             self.fail_before_dispatch(run.run_id, attempt, error)
-            return
+            return None
         crashpoints.reach(crashpoints.BEFORE_TERMINAL_COMMIT)
+        final: Run | None = None
         try:
-            self.commit_atomic_success(run.run_id, attempt, result)
+            final = self.commit_atomic_success(run.run_id, attempt, result)
         except EvidenceError as error:
             self.record_evidence_failure(run.run_id, attempt, str(error))
         crashpoints.reach(crashpoints.AFTER_TERMINAL_COMMIT)
+        return final
 
-    def commit_atomic_success(self, run_id: str, attempt: int, result: execution.ExecutionResult) -> None:
+    def commit_atomic_success(self, run_id: str, attempt: int, result: execution.ExecutionResult) -> Run:
         """ONE fenced transaction: result, ledger, verification, checkpoint, projection, release."""
         with fencing.fenced(self.db, MODULE, run_id, attempt) as conn:
             store_result(conn, run_id, attempt, result)
-            self._append(conn, run_id, attempt, evidence.RESULT_COMMITTED, result_facts(result))
-            self._append(conn, run_id, attempt, evidence.RUN_SUCCEEDED, {"output_digest": result.output_digest})
+            self._append_many(
+                conn, run_id,
+                [(attempt, evidence.RESULT_COMMITTED, result_facts(result)),
+                 (attempt, evidence.RUN_SUCCEEDED, {"output_digest": result.output_digest})],
+            )  # fmt: skip
 
             def facts(entries: Any) -> str:
                 return evidence.atomic_success_problem(entries, attempt, evidence.stored_result_digest(conn, run_id))
@@ -255,13 +298,14 @@ class RunService:
                 {"output_digest": result.output_digest, "row_count": str(result.row_count)},
                 evidence_key=self.config.evidence_key, facts_check=facts,
             )  # fmt: skip
-            runs.update(
-                conn, run_id, self.db.now_us(conn),
+            final = runs.update(
+                conn, run_id, self.db.now_us_expr(),
                 status=RunStatus.SUCCEEDED, recovery_status=RecoveryStatus.VERIFIED,
                 row_count=result.row_count, output_digest=result.output_digest,
                 source_fingerprint_digest=result.source_fingerprint_digest, warning=None,
             )  # fmt: skip
             leases.release(conn, self.db, MODULE, run_id, attempt)
+        return final
 
     def fail_before_dispatch(self, run_id: str, attempt: int, error: DataflowError, **facts: Any) -> None:
         """Terminal failure with nothing dispatched: no external output was created."""
@@ -271,7 +315,7 @@ class RunService:
             with fencing.fenced(self.db, MODULE, run_id, attempt) as conn:
                 self._append(conn, run_id, attempt, evidence.RUN_FAILED, payload)
                 runs.update(
-                    conn, run_id, self.db.now_us(conn),
+                    conn, run_id, self.db.now_us_expr(),
                     status=RunStatus.FAILED, recovery_status=RecoveryStatus.NO_EXTERNAL_OUTPUT,
                     error_code=error.code, error_message=message,
                 )  # fmt: skip
@@ -290,7 +334,7 @@ class RunService:
                 projection = {"status": RunStatus.EVIDENCE_FAILED, "recovery_status": RecoveryStatus.EVIDENCE_FAILED}
                 warned = run.model_copy(update=projection)
                 runs.update(
-                    conn, run_id, self.db.now_us(conn), **projection,
+                    conn, run_id, self.db.now_us_expr(), **projection,
                     error_code=EvidenceError.code, error_message=reason[:ERROR_MESSAGE_CHARS_MAX],
                     warning=runs.unresolved_warning(warned),
                 )  # fmt: skip
@@ -313,8 +357,8 @@ def context_for(base_dir: Path, limits: execution.ExecutionLimits) -> execution.
 
 
 def store_result(conn: Connection, run_id: str, attempt: int, result: execution.ExecutionResult) -> None:
-    """Store the bounded result; a result left by an earlier attempt of the run is replaced."""
-    conn.execute(run_results.delete().where(run_results.c.run_id == run_id))
+    """Store the bounded result, once per run: it is stored only by the commit that ends execution
+    (atomic terminal or forward pre-dispatch), which never happens twice for a run."""
     conn.execute(
         run_results.insert().values(
             run_id=run_id,
@@ -349,7 +393,7 @@ def _store_definition(conn: Connection, db: Database, defn: Definition, d_hash: 
             name=defn.name,
             version=defn.version,
             body_json=hashing.canonical_json(canonical_body(defn)).decode("utf-8"),
-            registered_at_us=db.now_us(conn),
+            registered_at_us=db.now_us_expr(),
         )
     )
 

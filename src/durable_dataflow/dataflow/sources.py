@@ -12,6 +12,7 @@ import datetime as dt
 import decimal
 import os
 import re
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -261,12 +262,26 @@ def _fetch_bounded(name: str, cur: Any) -> list[tuple[Any, ...]]:
             raise InputError(f"source {name!r}: the query returned more than {POSTGRES_ROWS_MAX} rows")
 
 
+# An inline source is part of an immutable definition: its typed table and fingerprint are computed
+# once per spec object (keyed by id(), dropped by a finalizer when the spec dies).
+_inline_by_id: dict[int, ResolvedSource] = {}
+
+
 def _resolve_inline(name: str, spec: InlineSource) -> ResolvedSource:
+    cached = _inline_by_id.get(id(spec))
+    if cached is not None and cached.name == name:
+        return cached
+    resolved = _build_inline(name, spec)
+    _inline_by_id[id(spec)] = resolved
+    weakref.finalize(spec, _inline_by_id.pop, id(spec), None)
+    return resolved
+
+
+def _build_inline(name: str, spec: InlineSource) -> ResolvedSource:
     table = _rows_to_table(name, spec.rows, arrow_schema_of(spec.columns))
-    # Pairs, not a map: RFC 8785 sorts keys, and column order changes the table.
-    columns = [[column, type_name] for column, type_name in spec.columns.items()]
-    fingerprint = hashing.digest({"schema": columns, "rows": spec.rows})
-    return ResolvedSource(name, "inline", table, fingerprint)
+    # The typed table's digest covers the schema (names, order, types) and every value; it is an
+    # Arrow digest, far cheaper than canonical JSON of the rows for large inline sources.
+    return ResolvedSource(name, "inline", table, arrowdigest.output_digest(table))
 
 
 def _resolve_delta(name: str, spec: DeltaSource, ctx: ExecutionContext) -> ResolvedSource:

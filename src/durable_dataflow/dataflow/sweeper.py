@@ -54,7 +54,7 @@ def _sweep_one(db: Database, lease: leases.ExpiredLease, key: Secret | None) -> 
         run = runs.get(conn, run_id)
         entries = ledger.read(conn, MODULE, run_id)
         decision = decide(entries, attempt, run.max_attempts)
-        now = db.now_us(conn)
+        now = db.now_us_expr()
         if decision == "outcome_unknown":
             ledger.append(
                 conn,
