@@ -47,8 +47,11 @@ def test_projection_counts_unresolved_and_ages(platform: Platform, tmp_path: Pat
     assert view.runs_by_recovery_status == {"outcome_unknown": 1, "verified": 2}
     [module] = view.modules
     assert (module.module, module.subjects, module.checkpoints) == ("dataflow", 3, 2)
+    assert module.entries is None, "entries are counted only on request (a full ledger scan)"
+    [counted] = ledger.read_projection(platform.db, count_entries=True).modules
     with platform.db.read() as conn:
-        assert module.entries == conn.execute(sa.select(sa.func.count()).select_from(ledger_entries)).scalar_one()
+        assert counted.entries == conn.execute(sa.select(sa.func.count()).select_from(ledger_entries)).scalar_one()
+    assert counted.subjects == module.subjects
     assert view.unresolved_total == 1
     assert view.oldest_unresolved is not None and view.oldest_unresolved.run_id == unknown.run_id
     assert view.oldest_unresolved.age_s >= 120

@@ -99,12 +99,13 @@ def ops_ledger(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="The projection as one JSON document"),
     tenant: str | None = typer.Option(None, help="Only this tenant (default: platform-wide)"),
+    entries: bool = typer.Option(False, "--entries", help="Also count every ledger entry (scans the whole ledger)"),
 ) -> None:
     """The platform-wide ledger projection: counts by module and recovery status, unresolved runs and ages."""
     from durable_dataflow.ops import ledger
 
     with common.open_platform(ctx) as platform:
-        projection = ledger.read_projection(platform.db, tenant)
+        projection = ledger.read_projection(platform.db, tenant, count_entries=entries)
     if as_json:
         typer.echo(json.dumps(projection.as_json(), indent=2, sort_keys=True))
         return
@@ -125,7 +126,11 @@ def _print_projection(data: dict[str, Any]) -> None:
     modules = Table(*columns, title="Ledger by module")
     for m in data["modules"]:
         modules.add_row(
-            m["module"], *(str(m[k]) for k in ("subjects", "entries", "checkpoints", "leases_live", "leases_expired"))
+            m["module"],
+            *(
+                "-" if m[k] is None else str(m[k])
+                for k in ("subjects", "entries", "checkpoints", "leases_live", "leases_expired")
+            ),
         )
     console.print(modules)
     recovery = Table("recovery status", "runs", title="Dataflow runs by recovery status")
@@ -157,4 +162,3 @@ def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
     app.add_typer(tokens_app, name="tokens")
     app.add_typer(ops_app, name="ops")
-

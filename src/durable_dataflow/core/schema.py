@@ -28,6 +28,13 @@ ledger_entries = sa.Table(
     sa.Column("entry_hash", sa.String(HASH_LENGTH), nullable=False),
     sa.Column("entry_mac", sa.String(HASH_LENGTH), nullable=True),
     sa.Column("recorded_at_us", sa.BigInteger, nullable=False),
+    # One entry per subject has seq 1: counting subjects per module reads this small index only.
+    sa.Index(
+        "ix_ledger_entries_first",
+        "module",
+        postgresql_where=sa.text("seq = 1"),
+        sqlite_where=sa.text("seq = 1"),
+    ),
 )
 
 leases = sa.Table(
@@ -40,7 +47,14 @@ leases = sa.Table(
     sa.Column("acquired_at_us", sa.BigInteger, nullable=False),
     sa.Column("expires_at_us", sa.BigInteger, nullable=False),
     sa.Column("released_at_us", sa.BigInteger, nullable=True),
-    sa.Index("ix_leases_expiry", "module", "released_at_us", "expires_at_us"),
+    # Only held leases matter to the sweeper and to Ops: a partial index keeps them small.
+    sa.Index(
+        "ix_leases_held_expiry",
+        "module",
+        "expires_at_us",
+        postgresql_where=sa.text("released_at_us IS NULL"),
+        sqlite_where=sa.text("released_at_us IS NULL"),
+    ),
 )
 
 checkpoints = sa.Table(

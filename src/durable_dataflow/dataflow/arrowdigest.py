@@ -5,10 +5,11 @@ Raw IPC bytes depend on chunking, on the undefined bytes under null slots and on
 
 1. a header, the canonical JSON of ``{"v": 1, "schema": [[name, type, nullable], ...], "rows": "n"}``
    (metadata excluded; the row count is a string so counts above 2**53 stay hashable);
-2. per column, after combining chunks and decoding dictionaries: a marker, the validity as one
-   byte per row when there are nulls, then the values with null slots filled by the type's zero.
-   Fixed-width values hash exactly their referenced bytes; booleans one byte per row; strings and
-   binaries their lengths as int64 and exactly the referenced data bytes.
+2. per column, after combining chunks and decoding dictionaries: a marker, the validity as
+   packed bits (Arrow's LSB-first bitmap, unused bits zeroed) when there are nulls, then the values with null
+   slots filled by the type's zero. Fixed-width values hash exactly their referenced bytes;
+   booleans one byte per row; strings and binaries their offsets rebased to 0 in the type's own
+   width (int32, or int64 for the large types) and exactly the referenced data bytes.
 
 Floats are hashed by bit pattern, so 0.0 and -0.0 (and NaN payloads) differ. Nested types are
 refused: the result schema is declared flat.
@@ -25,7 +26,7 @@ import pyarrow.compute as pc
 from durable_dataflow.core import hashing
 from durable_dataflow.core.errors import InputError
 
-DIGEST_FORMAT_VERSION = 1
+DIGEST_FORMAT_VERSION = 2
 _COLUMN_MARKER = b"\x00col"
 _HAS_NULLS = b"V"
 _NO_NULLS = b"N"
@@ -74,15 +75,28 @@ def _fixed_width_view(arr: pa.Array) -> memoryview:
     return memoryview(buffer)[arr.offset * width : (arr.offset + len(arr)) * width]
 
 
+def _packed_bits(bits: pa.BooleanArray) -> bytes:
+    """The bitmap of a boolean array, LSB first, with the unused bits of the last byte zeroed."""
+    n = len(bits)
+    if bits.offset % 8:
+        bits = pa.concat_arrays([bits])  # realign; rare, since kernels return offset 0
+    nbytes = (n + 7) // 8
+    data = bytearray(memoryview(bits.buffers()[1])[bits.offset // 8 : bits.offset // 8 + nbytes])
+    if n % 8:
+        data[-1] &= (1 << (n % 8)) - 1
+    return bytes(data)
+
+
 def _hash_variable_width(h: Any, arr: pa.Array) -> None:
+    """The offsets rebased to 0 (in the type's own width: the type is in the header), then the data."""
     large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
-    lengths = pc.cast(pc.binary_length(arr), pa.int64())
-    h.update(_fixed_width_view(lengths))
     buffers = arr.buffers()
     offsets = pa.Array.from_buffers(
         pa.int64() if large else pa.int32(), len(arr) + 1, [None, buffers[1]], offset=arr.offset
     )
     start, end = offsets[0].as_py(), offsets[len(arr)].as_py()
+    # Combined columns start at offset 0: their offsets are hashed in place, without a copy.
+    h.update(_fixed_width_view(offsets if start == 0 else pc.subtract(offsets, start)))
     if buffers[2] is not None and end > start:
         h.update(memoryview(buffers[2])[start:end])
 
@@ -93,9 +107,8 @@ def _hash_column(h: Any, column: pa.ChunkedArray) -> None:
         arr = arr.dictionary_decode()
     h.update(_COLUMN_MARKER)
     if arr.null_count:
-        validity = pc.cast(arr.is_valid(), pa.uint8())
         h.update(_HAS_NULLS)
-        h.update(_fixed_width_view(validity))
+        h.update(_packed_bits(arr.is_valid()))
         arr = arr.fill_null(_zero_of(arr.type))
     else:
         h.update(_NO_NULLS)

@@ -64,6 +64,9 @@ dataflow_runs = sa.Table(
     sa.Index("ix_dataflow_runs_tenant_created", "tenant", "created_at_us", "run_id"),
     sa.Index("ix_dataflow_runs_status", "status", "created_at_us"),
     sa.Index("ix_dataflow_runs_recovery_status", "recovery_status"),
+    # The history page: newest first overall, and newest first per definition (benchmarks/ledger_scale).
+    sa.Index("ix_dataflow_runs_created", "created_at_us", "run_id"),
+    sa.Index("ix_dataflow_runs_definition_created", "definition_name", "created_at_us", "run_id"),
 )
 
 run_results = sa.Table(

@@ -31,7 +31,7 @@ class ModuleCounts:
 
     module: str
     subjects: int  # distinct subjects with ledger entries
-    entries: int
+    entries: int | None  # None unless counted on request: it scans the whole ledger
     checkpoints: int
     leases_live: int  # held and unexpired (database clock)
     leases_expired: int  # held, expired, not yet swept
@@ -88,30 +88,61 @@ def _grouped_counts(conn: Connection, table: sa.Table, tenant: str | None, *extr
     return {str(module): int(count) for module, count in conn.execute(query)}
 
 
-def module_counts(conn: Connection, db: Database, tenant: str | None = None) -> list[ModuleCounts]:
-    """Per module: subjects, entries, checkpoints and leases, from Core's tables."""
-    entries_query = sa.select(
-        ledger_entries.c.module, sa.func.count(sa.distinct(ledger_entries.c.subject_id)), sa.func.count()
-    ).group_by(ledger_entries.c.module)
+def _subject_and_entry_counts(
+    conn: Connection, tenant: str | None, count_entries: bool
+) -> dict[str, tuple[int, int | None]]:
+    """Subjects per module are their first entries (seq 1, a small partial index); counting every
+    entry scans the whole ledger, so it is done only on request."""
+    first = ledger_entries.c.seq == 1
+    columns: list[Any] = [ledger_entries.c.module]
+    if count_entries:
+        columns += [sa.func.count().filter(first), sa.func.count()]
+    else:
+        columns += [sa.func.count()]
+    query = sa.select(*columns).group_by(ledger_entries.c.module)
+    if not count_entries:
+        query = query.where(first)
     if tenant is not None:
-        entries_query = entries_query.where(
+        query = query.where(
             ledger_entries.c.module == DATAFLOW_MODULE, ledger_entries.c.subject_id.in_(_dataflow_subjects(tenant))
         )
-    entry_rows = {str(m): (int(s), int(e)) for m, s, e in conn.execute(entries_query)}
-    held = leases.c.released_at_us.is_(None)
+    rows = conn.execute(query).all()
+    if count_entries:
+        return {str(r[0]): (int(r[1]), int(r[2])) for r in rows}
+    return {str(r[0]): (int(r[1]), None) for r in rows}
+
+
+def _lease_counts(conn: Connection, db: Database, tenant: str | None) -> dict[str, tuple[int, int]]:
+    """Held leases per module, live and expired on the database clock, in one pass over held leases."""
     now = db.now_us_expr()
+    live = sa.func.count().filter(leases.c.expires_at_us > now)
+    expired = sa.func.count().filter(leases.c.expires_at_us <= now)
+    query = (
+        sa.select(leases.c.module, live, expired)
+        .where(leases.c.released_at_us.is_(None))
+        .group_by(leases.c.module)
+    )
+    if tenant is not None:
+        query = query.where(leases.c.module == DATAFLOW_MODULE, leases.c.subject_id.in_(_dataflow_subjects(tenant)))
+    return {str(m): (int(a), int(b)) for m, a, b in conn.execute(query)}
+
+
+def module_counts(
+    conn: Connection, db: Database, tenant: str | None = None, *, count_entries: bool = False
+) -> list[ModuleCounts]:
+    """Per module: subjects, checkpoints and leases from Core's tables (entries only on request)."""
+    subjects = _subject_and_entry_counts(conn, tenant, count_entries)
     checkpoint_counts = _grouped_counts(conn, checkpoints, tenant)
-    live = _grouped_counts(conn, leases, tenant, held, leases.c.expires_at_us > now)
-    expired = _grouped_counts(conn, leases, tenant, held, leases.c.expires_at_us <= now)
-    names = sorted(set(entry_rows) | set(checkpoint_counts) | set(live) | set(expired))
+    held = _lease_counts(conn, db, tenant)
+    names = sorted(set(subjects) | set(checkpoint_counts) | set(held))
     return [
         ModuleCounts(
             module=name,
-            subjects=entry_rows.get(name, (0, 0))[0],
-            entries=entry_rows.get(name, (0, 0))[1],
+            subjects=subjects.get(name, (0, None))[0],
+            entries=subjects.get(name, (0, 0 if count_entries else None))[1],
             checkpoints=checkpoint_counts.get(name, 0),
-            leases_live=live.get(name, 0),
-            leases_expired=expired.get(name, 0),
+            leases_live=held.get(name, (0, 0))[0],
+            leases_expired=held.get(name, (0, 0))[1],
         )
         for name in names
     ]
@@ -186,25 +217,43 @@ def unresolved_runs(
     return total, found
 
 
-def projection(conn: Connection, db: Database, tenant: str | None = None) -> LedgerProjection:
+def _status_pairs(conn: Connection, tenant: str | None) -> tuple[dict[str, int], dict[str, int]]:
+    """Runs by status and by recovery status from ONE grouped scan of the projection."""
+    query = sa.select(dataflow_runs.c.status, dataflow_runs.c.recovery_status, sa.func.count()).group_by(
+        dataflow_runs.c.status, dataflow_runs.c.recovery_status
+    )
+    if tenant is not None:
+        query = query.where(dataflow_runs.c.tenant == tenant)
+    by_status: dict[str, int] = {}
+    by_recovery: dict[str, int] = {}
+    for status, recovery, count in conn.execute(query):
+        by_status[str(status)] = by_status.get(str(status), 0) + int(count)
+        by_recovery[str(recovery)] = by_recovery.get(str(recovery), 0) + int(count)
+    return dict(sorted(by_status.items())), dict(sorted(by_recovery.items()))
+
+
+def projection(
+    conn: Connection, db: Database, tenant: str | None = None, *, count_entries: bool = False
+) -> LedgerProjection:
     """The whole Ops view in one read transaction (one consistent snapshot on PostgreSQL)."""
     now_us = db.now_us(conn)
     total, unresolved = unresolved_runs(conn, now_us, tenant)
+    by_status, by_recovery = _status_pairs(conn, tenant)
     return LedgerProjection(
         tenant=tenant,
         now_us=now_us,
-        modules=module_counts(conn, db, tenant),
-        runs_by_status=runs_by_status(conn, tenant),
-        runs_by_recovery_status=runs_by_recovery_status(conn, tenant),
+        modules=module_counts(conn, db, tenant, count_entries=count_entries),
+        runs_by_status=by_status,
+        runs_by_recovery_status=by_recovery,
         unresolved_total=total,
         unresolved=unresolved,
         oldest_unresolved=unresolved[0] if unresolved else None,
     )
 
 
-def read_projection(db: Database, tenant: str | None = None) -> LedgerProjection:
+def read_projection(db: Database, tenant: str | None = None, *, count_entries: bool = False) -> LedgerProjection:
     with db.read() as conn:
-        return projection(conn, db, tenant)
+        return projection(conn, db, tenant, count_entries=count_entries)
 
 
 # ---- the definitions catalogue (read-only, tenant-scoped) ---------------------------------------
