@@ -89,27 +89,26 @@ def _grouped_counts(conn: Connection, table: sa.Table, tenant: str | None, *extr
 
 
 def _subject_and_entry_counts(
-    conn: Connection, tenant: str | None, count_entries: bool
+    conn: Connection, tenant: str | None, *, count_entries: bool, skip_dataflow: bool
 ) -> dict[str, tuple[int, int | None]]:
-    """Subjects per module are their first entries (seq 1, a small partial index); counting every
-    entry scans the whole ledger, so it is done only on request."""
+    """Subjects per module are their first entries (seq 1, a small partial index). Counting every
+    entry scans the whole ledger, so it is done only on request. ``skip_dataflow`` leaves Dataflow
+    out when its subjects are already known (its runs)."""
+    if skip_dataflow and tenant is not None:
+        return {}  # a tenant's view holds Dataflow subjects only, and those are already known
     first = ledger_entries.c.seq == 1
-    columns: list[Any] = [ledger_entries.c.module]
     if count_entries:
-        columns += [sa.func.count().filter(first), sa.func.count()]
+        query = sa.select(ledger_entries.c.module, sa.func.count().filter(first), sa.func.count())
     else:
-        columns += [sa.func.count()]
-    query = sa.select(*columns).group_by(ledger_entries.c.module)
-    if not count_entries:
-        query = query.where(first)
+        query = sa.select(ledger_entries.c.module, sa.func.count(), sa.null()).where(first)
+    if skip_dataflow:
+        query = query.where(ledger_entries.c.module != DATAFLOW_MODULE)
     if tenant is not None:
         query = query.where(
             ledger_entries.c.module == DATAFLOW_MODULE, ledger_entries.c.subject_id.in_(_dataflow_subjects(tenant))
         )
-    rows = conn.execute(query).all()
-    if count_entries:
-        return {str(r[0]): (int(r[1]), int(r[2])) for r in rows}
-    return {str(r[0]): (int(r[1]), None) for r in rows}
+    rows = conn.execute(query.group_by(ledger_entries.c.module)).all()
+    return {str(m): (int(n), None if e is None else int(e)) for m, n, e in rows}
 
 
 def _lease_counts(conn: Connection, db: Database, tenant: str | None) -> dict[str, tuple[int, int]]:
@@ -122,16 +121,30 @@ def _lease_counts(conn: Connection, db: Database, tenant: str | None) -> dict[st
         .where(leases.c.released_at_us.is_(None))
         .group_by(leases.c.module)
     )
-    if tenant is not None:
-        query = query.where(leases.c.module == DATAFLOW_MODULE, leases.c.subject_id.in_(_dataflow_subjects(tenant)))
+    if tenant is not None:  # few leases are held: join them to their runs rather than list the tenant's runs
+        query = query.join(dataflow_runs, dataflow_runs.c.run_id == leases.c.subject_id).where(
+            leases.c.module == DATAFLOW_MODULE, dataflow_runs.c.tenant == tenant
+        )
     return {str(m): (int(a), int(b)) for m, a, b in conn.execute(query)}
 
 
 def module_counts(
-    conn: Connection, db: Database, tenant: str | None = None, *, count_entries: bool = False
+    conn: Connection,
+    db: Database,
+    tenant: str | None = None,
+    *,
+    count_entries: bool = False,
+    dataflow_runs_total: int | None = None,
 ) -> list[ModuleCounts]:
-    """Per module: subjects, checkpoints and leases from Core's tables (entries only on request)."""
-    subjects = _subject_and_entry_counts(conn, tenant, count_entries)
+    """Per module: subjects, checkpoints and leases from Core's tables (entries only on request).
+
+    Every dataflow run has exactly one chain (recorded in the run's own submit transaction), so
+    the number of runs, when the caller has it, is Dataflow's subject count.
+    """
+    known = dataflow_runs_total is not None and not count_entries
+    subjects = _subject_and_entry_counts(conn, tenant, count_entries=count_entries, skip_dataflow=known)
+    if known and dataflow_runs_total:
+        subjects[DATAFLOW_MODULE] = (int(dataflow_runs_total), None)
     checkpoint_counts = _grouped_counts(conn, checkpoints, tenant)
     held = _lease_counts(conn, db, tenant)
     names = sorted(set(subjects) | set(checkpoint_counts) | set(held))
@@ -239,10 +252,11 @@ def projection(
     now_us = db.now_us(conn)
     total, unresolved = unresolved_runs(conn, now_us, tenant)
     by_status, by_recovery = _status_pairs(conn, tenant)
+    runs_total = sum(by_status.values())
     return LedgerProjection(
         tenant=tenant,
         now_us=now_us,
-        modules=module_counts(conn, db, tenant, count_entries=count_entries),
+        modules=module_counts(conn, db, tenant, count_entries=count_entries, dataflow_runs_total=runs_total),
         runs_by_status=by_status,
         runs_by_recovery_status=by_recovery,
         unresolved_total=total,

@@ -17,6 +17,10 @@ depends_on = None
 
 
 def upgrade() -> None:
+    op.create_index("ix_dataflow_runs_status_pair", "dataflow_runs", ["status", "recovery_status"])
+    op.create_index(
+        "ix_dataflow_runs_tenant_status_pair", "dataflow_runs", ["tenant", "status", "recovery_status"]
+    )
     op.drop_index("ix_leases_expiry", table_name="leases")
     op.create_index(
         "ix_leases_held_expiry",
@@ -39,6 +43,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_dataflow_runs_tenant_status_pair", table_name="dataflow_runs")
+    op.drop_index("ix_dataflow_runs_status_pair", table_name="dataflow_runs")
     op.drop_index("ix_ledger_entries_first", table_name="ledger_entries")
     op.drop_index("ix_leases_held_expiry", table_name="leases")
     op.create_index("ix_leases_expiry", "leases", ["module", "released_at_us", "expires_at_us"])
