@@ -127,10 +127,18 @@ def append_many(
     items: Sequence[tuple[int, str, Mapping[str, Any]]],
     *,
     evidence_key: Secret | None = None,
+    new_subject_at_us: int | None = None,
 ) -> list[Entry]:
-    """Append entries ``(attempt, kind, payload)`` in order: one head read, one clock read, one insert."""
+    """Append entries ``(attempt, kind, payload)`` in order: one head-and-clock read, one insert.
+
+    ``new_subject_at_us`` is for a subject created in the caller's transaction: the chain is empty,
+    and the given database time (read in that transaction) is the entries' time, so nothing is read.
+    """
     if not items:
         raise InputError("append_many needs at least one entry")
+    if new_subject_at_us is not None:
+        return _insert_chained(conn, module, subject_id, items, 0, genesis_hash(module, subject_id),
+                               new_subject_at_us, evidence_key)  # fmt: skip
     # The head and the database clock in one round trip.
     last = (
         sa.select(ledger_entries.c.seq, ledger_entries.c.entry_hash)
@@ -148,7 +156,19 @@ def append_many(
     if seq + len(items) > ENTRIES_PER_SUBJECT_MAX:
         raise InputError(f"subject {module}/{subject_id} reached {ENTRIES_PER_SUBJECT_MAX} ledger entries")
     prev_hash = genesis_hash(module, subject_id) if head.seq is None else str(head.entry_hash)
-    recorded_at_us = int(head.now_us)
+    return _insert_chained(conn, module, subject_id, items, seq, prev_hash, int(head.now_us), evidence_key)
+
+
+def _insert_chained(
+    conn: Connection,
+    module: str,
+    subject_id: str,
+    items: Sequence[tuple[int, str, Mapping[str, Any]]],
+    seq: int,
+    prev_hash: str,
+    recorded_at_us: int,
+    evidence_key: Secret | None,
+) -> list[Entry]:
     entries: list[Entry] = []
     rows: list[dict[str, Any]] = []
     for attempt, kind, payload in items:

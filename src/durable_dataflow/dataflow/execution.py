@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from durable_dataflow.dataflow.sources import (
 DATA_ROOTS_ENV = "DATAFLOW_DATA_ROOTS"
 SOURCE_BYTES_MAX_DEFAULT = 1024**3
 ERROR_LINE_CHARS_MAX = 300
+RESULT_BATCH_ROWS = 64 * 1024
 
 __all__ = [
     "ExecutionContext",
@@ -83,14 +83,26 @@ class ExecutionResult:
 
 
 class _Deadline:
-    """Interrupts the cursor's running query when the execution's time budget runs out."""
+    """Interrupts the cursor's running query when the execution's time budget runs out.
+
+    One timer covers every statement of the execution (a thread per statement costs more than a
+    small query); ``run`` translates an interrupt into the limit that was hit.
+    """
 
     def __init__(self, cursor: duckdb.DuckDBPyConnection, limits: ExecutionLimits) -> None:
         self.cursor = cursor
         self.time_limit_s = limits.time_limit_s
         self.memory_limit = limits.memory_limit
-        self.ends_at = time.monotonic() + limits.time_limit_s
         self.fired = threading.Event()
+        self._timer = threading.Timer(limits.time_limit_s, self._interrupt)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._timer.cancel()
 
     def _interrupt(self) -> None:
         self.fired.set()
@@ -98,21 +110,36 @@ class _Deadline:
 
     def run(self, step: str, statement: str, params: dict[str, Any]) -> None:
         """Execute one statement under the remaining budget, translating DuckDB errors."""
-        remaining_s = self.ends_at - time.monotonic()
-        if remaining_s <= 0:
+        if self.fired.is_set():
             raise self.exceeded(step)
-        timer = threading.Timer(remaining_s, self._interrupt)
-        timer.daemon = True
-        timer.start()
         try:
             self.cursor.execute(statement, params)
         except duckdb.InterruptException:
             raise self.exceeded(step) from None
         except duckdb.Error as exc:
             raise _translate(step, exc, self.memory_limit) from None
-        finally:
-            timer.cancel()
-            timer.join()
+
+    def fetch_bounded(self, step: str, statement: str, params: dict[str, Any], rows_max: int) -> pa.Table:
+        """Stream the statement's result and stop as soon as it has more than ``rows_max`` rows, so
+        an oversized result is refused without ever being held in memory whole."""
+        if self.fired.is_set():
+            raise self.exceeded(step)
+        try:
+            reader = self.cursor.sql(statement, params=params).to_arrow_reader(RESULT_BATCH_ROWS)
+            batches: list[pa.RecordBatch] = []
+            rows = 0
+            for batch in reader:
+                batches.append(batch)
+                rows += batch.num_rows
+                if rows > rows_max:
+                    raise LimitExceeded(
+                        f"the result has more than output.max_rows = {rows_max} rows (stopped reading at {rows})"
+                    )
+            return pa.Table.from_batches(batches, schema=reader.schema)
+        except duckdb.InterruptException:
+            raise self.exceeded(step) from None
+        except duckdb.Error as exc:
+            raise _translate(step, exc, self.memory_limit) from None
 
     def exceeded(self, step: str) -> LimitExceeded:
         return LimitExceeded(f"step {step!r} exceeded the time limit of {self.time_limit_s:g} s")
@@ -176,19 +203,15 @@ def _run_steps(
     bound: dict[str, Any],
     limits: ExecutionLimits,
 ) -> pa.Table:
-    deadline = _Deadline(cursor, limits)
-    for step in gated:
-        params = {name: bound[name] for name in step.parameter_names}
-        deadline.run(step.name, sandbox.materialize_statement(cursor, step), params)
-    last = gated[-1].name
-    deadline.run(last, f'SELECT count(*) FROM "{last}"', {})
-    row_count = int(cursor.fetchall()[0][0])
-    if row_count > d.output.max_rows:
-        raise LimitExceeded(f"the result has {row_count} rows, more than output.max_rows = {d.output.max_rows}")
-    try:
-        return cursor.sql(f'SELECT * FROM "{last}"').to_arrow_table()
-    except duckdb.Error as exc:
-        raise _translate(last, exc, limits.memory_limit) from None
+    with _Deadline(cursor, limits) as deadline:
+        # Earlier steps become private TEMP tables that later steps read by name; the last step's
+        # result is streamed straight out, in its own order.
+        for step in gated[:-1]:
+            params = {name: bound[name] for name in step.parameter_names}
+            deadline.run(step.name, sandbox.materialize_statement(cursor, step), params)
+        last = gated[-1]
+        params = {name: bound[name] for name in last.parameter_names}
+        return deadline.fetch_bounded(last.name, last.sql, params, d.output.max_rows)
 
 
 def _register_sources(cursor: duckdb.DuckDBPyConnection, resolved: list[ResolvedSource]) -> None:

@@ -127,8 +127,11 @@ def from_row(row: sa.Row[Any]) -> Run:
     return Run.model_validate(data)
 
 
-def insert(conn: Connection, values: Mapping[str, Any]) -> None:
-    conn.execute(dataflow_runs.insert().values(**values))
+def insert(conn: Connection, values: Mapping[str, Any]) -> int:
+    """Insert a run; returns its ``created_at_us`` (database time of this transaction)."""
+    return int(
+        conn.execute(dataflow_runs.insert().values(**values).returning(dataflow_runs.c.created_at_us)).scalar_one()
+    )
 
 
 def get(conn: Connection, run_id: str, tenant: str | None = None, *, for_update: bool = False) -> Run:

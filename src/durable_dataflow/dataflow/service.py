@@ -177,12 +177,15 @@ class RunService:
         if d_hash not in self._stored_definitions:
             _store_definition(conn, self.db, defn, d_hash)
         now = self.db.now_us_expr()
-        runs.insert(conn, {**values, "created_at_us": now, "updated_at_us": now})
+        created_at_us = runs.insert(conn, {**values, "created_at_us": now, "updated_at_us": now})
         run_id = values["run_id"]
         recorded = (0, evidence.RUN_RECORDED, _recorded_payload(values))
         if claim:
-            return self._start_attempt(conn, run_id, expected_attempt=0, before=[recorded])
-        self._append(conn, run_id, *recorded)
+            return self._start_attempt(conn, run_id, expected_attempt=0, before=[recorded], new_at_us=created_at_us)
+        ledger.append_many(
+            conn, self.db, MODULE, run_id, [recorded],
+            evidence_key=self.config.evidence_key, new_subject_at_us=created_at_us,
+        )  # fmt: skip
         return None
 
     def _append(self, conn: Connection, run_id: str, attempt: int, kind: str, payload: Mapping[str, Any]) -> None:
@@ -197,6 +200,7 @@ class RunService:
         run_id: str,
         expected_attempt: int,
         before: list[tuple[int, str, Mapping[str, Any]]] | None = None,
+        new_at_us: int | None = None,
     ) -> Run:
         lease = leases.acquire(
             conn,
@@ -208,7 +212,10 @@ class RunService:
             expected_attempt=expected_attempt,
         )
         started = (lease.attempt, evidence.ATTEMPT_STARTED, {"holder": lease.holder})
-        self._append_many(conn, run_id, [*(before or []), started])
+        ledger.append_many(
+            conn, self.db, MODULE, run_id, [*(before or []), started],
+            evidence_key=self.config.evidence_key, new_subject_at_us=new_at_us,
+        )  # fmt: skip
         return runs.update(
             conn,
             run_id,
