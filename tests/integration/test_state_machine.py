@@ -179,6 +179,10 @@ class RecoveryMachine(RuleBasedStateMachine):
             or (reconcilable(world) and self.within_budget("reconcile"))
         )
 
+    def overtaken(self) -> list[Request]:
+        """In-flight requests whose run has a newer attempt than their token."""
+        return [r for r in self.in_flight if self.world.runs[r.run_id].attempt > r.attempt]
+
     def svc(self, worker: int) -> RunService:
         return self.bench.platforms[worker].runs
 
@@ -253,7 +257,10 @@ class RecoveryMachine(RuleBasedStateMachine):
             after = self.read()
             assert (after.counts, after.runs) == (before.counts, before.runs), "invariant 11: a conflict wrote"
             return
-        submission = self.svc(worker).submit(request, claim=inline)
+        try:
+            submission = self.svc(worker).submit(request, claim=inline)
+        except Conflict as error:
+            raise AssertionError(f"invariant 11: submit of {slot} as {flavour} ({known=}) raised {error}") from error
         if known is not None:
             assert not submission.created and submission.run.run_id == self.history.keys[slot], (
                 f"invariant 11: replay of {slot} returned run {submission.run.run_id} (created={submission.created}), "
@@ -393,11 +400,15 @@ class RecoveryMachine(RuleBasedStateMachine):
             lambda: forward.record_unknown(svc, run, held.attempt, "no conclusive answer"), swallows=True,
         )  # fmt: skip
 
-    @precondition(lambda self: self.in_flight)
+    @precondition(lambda self: self.overtaken())
     @rule(data=st.data())
     def deliver(self, data: st.DataObject) -> None:
-        """A request sent earlier reaches the sink now; nobody is waiting for its answer any more."""
-        request = data.draw(st.sampled_from(self.in_flight))
+        """A request sent earlier reaches the sink now; nobody is waiting for its answer any more.
+
+        Only once a newer attempt (a reconcile or resume) exists for its run: arriving before that
+        is the "unknown" response of ``publish``, already a step of its own.
+        """
+        request = data.draw(st.sampled_from(self.overtaken()))
         self.in_flight.remove(request)
         self.send(request)
 
