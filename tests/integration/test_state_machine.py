@@ -171,10 +171,10 @@ class RecoveryMachine(RuleBasedStateMachine):
         return self.calls[rule_name] < BUDGET[rule_name]
 
     def quiescent(self) -> bool:
-        """Nothing but a submit can move: no attempt held, nothing queued, leased, sweepable or unresolved."""
+        """Nothing but a submit can move: nothing held, deliverable, queued, leased or unresolved."""
         world = self.world
         return not (
-            self.held or self.in_flight or any(r.released_at_us is None for r in world.leases.values())
+            self.held or self.overtaken() or any(r.released_at_us is None for r in world.leases.values())
             or any(r.status == RunStatus.QUEUED for r in world.runs.values())
             or (reconcilable(world) and self.within_budget("reconcile"))
         )
