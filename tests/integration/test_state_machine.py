@@ -74,7 +74,8 @@ FLAVOURS = {"fwd-a": (Mode.FORWARD_RECOVERY, "2026-11-02"), "fwd-b": (Mode.FORWA
 BUDGET = {"submit": 6, "heartbeat": 3, "abandon": 2, "execute_whole_attempt": 2, "pause": 2, "reconcile": 4}
 SUBMIT_CLOCK_STEP_S = 0.005
 CLAIM_THEN = ("stop", "compute", "authorize")
-RESPONSES = ("commit", "keep", "lost", "unknown", "in_flight")
+# "keep" twice: holding an answer while the lease runs out is the window the fenced terminal commit guards.
+RESPONSES = ("commit", "keep", "keep", "lost", "unknown", "in_flight")
 MAX_ATTEMPTS = 2  # small, so exhausting the attempts is reachable in a few steps
 SWEPT_STATUS = {"recovered": RunStatus.QUEUED, "failed": RunStatus.FAILED}
 WORKER = st.integers(min_value=0, max_value=WORKERS - 1)
