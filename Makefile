@@ -14,6 +14,8 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	2>/dev/null && { command -v $$p; break; }; done)
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k ledger"` (.ci/run adds --junitxml).
 PYTEST_ARGS ?=
+# Extra soak arguments, e.g. `make soak SOAK_ARGS="--runs 2000 --seed 7"`.
+SOAK_ARGS ?=
 
 # The demo, one shell command per line; run with `set -e`, so the first failure stops it.
 define DEMO_SCRIPT
@@ -35,7 +37,7 @@ help:
 	@echo "make lint       ruff check src tests"
 	@echo "make typecheck  mypy (strict, src)"
 	@echo "make bench      benchmarks vs DBOS (BENCH_ARGS=--quick for a smoke run); see docs/performance.md"
-	@echo "make soak       the soak test (scripts/soak.py or benchmarks/soak.py)"
+	@echo "make soak       500 runs with random crash/pause points (scripts/soak.py), then the state machine's long profile"
 	@echo "make model      model-check the recovery protocol (model/check, needs spin)"
 	@echo "make screenshots refresh docs/img from the browser test"
 	@echo "make clean      remove caches and test artefacts (distclean also removes .venv)"
@@ -81,9 +83,8 @@ bench: venv sysdeps
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
 soak: venv sysdeps
-	if [ -f scripts/soak.py ]; then $(BIN)/python scripts/soak.py; \
-	elif [ -f benchmarks/soak.py ]; then $(BIN)/python benchmarks/soak.py; \
-	else echo "make soak: no soak test yet (scripts/soak.py or benchmarks/soak.py)"; fi
+	$(BIN)/python scripts/soak.py $(SOAK_ARGS)
+	$(BIN)/pytest --hypothesis-profile=long tests/integration/test_state_machine.py
 
 screenshots: venv sysdeps
 	DATAFLOW_SCREENSHOT_DIR=docs/img $(BIN)/pytest tests/acceptance/test_browser.py

@@ -17,6 +17,7 @@ from types import FrameType
 
 import pytest
 
+import hypothesis_profiles  # noqa: F401  (registers the ci and long profiles before any test module loads)
 from support.pg import PostgresServer, PostgresUnavailable, find_bindir, reap_orphans, save_log
 
 POSTGRES_FIXTURES = frozenset({"postgres_server", "pg_url"})
