@@ -240,3 +240,23 @@ def test_parquet_folder_example_publishes_once(platform: Platform, tmp_path: Pat
     assert run.status == "succeeded"
     assert len(flows.manifests(_sink(tmp_path))) == 1
     assert len(list((_sink(tmp_path) / "data").glob("*.parquet"))) == 1
+
+
+def test_terminal_commit_after_lease_expiry_is_refused(platform: Platform, tmp_path: Path) -> None:
+    """Invariant 3: the sink answered, but the lease expired (database clock) before the terminal commit and no
+    sweeper has run yet: the success commit is refused; the sweeper then records outcome_unknown and a
+    reconciliation finds the publication, so success is committed by a live attempt only."""
+
+    def expire(point: str) -> None:
+        if point == crashpoints.BEFORE_TERMINAL_COMMIT:
+            platform.db.advance_clock(6)
+
+    crashpoints.set_hook(expire)
+    run = _run(platform, tmp_path)
+    crashpoints.set_hook(None)
+    assert run.status == "running" and run.recovery_status == "dispatch_authorized"
+    assert "run.succeeded" not in flows.kinds(platform, run.run_id)
+    assert [d.decision for d in sweeper.sweep(platform.db)] == ["outcome_unknown"]
+    settled = reconcile.reconcile(platform.runs, run.run_id)
+    assert settled.finding == "present" and settled.run.status == "succeeded" and settled.run.attempt == 2
+    assert len(flows.delta_publications(_sink(tmp_path))) == 1
