@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import time
 from pathlib import Path
 from typing import Annotated
@@ -13,7 +12,7 @@ from rich.text import Text
 from durable_dataflow.cli import common, render
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.dataflow import catalog, reconcile, runs
-from durable_dataflow.dataflow.definitions import load_definition
+from durable_dataflow.dataflow.definitions import LoadedDefinition, load_definition
 from durable_dataflow.dataflow.requests import MAX_ATTEMPTS_DEFAULT, AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.runs import Run, RunStatus
 
@@ -37,13 +36,6 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
     return parsed
 
 
-def _os_user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "unknown"
-
-
 def _announce(run: Run, replayed: bool, ctx: typer.Context, as_json: bool) -> None:
     """Print the run; in JSON mode the notes go to stderr so stdout stays one JSON document."""
     if as_json:
@@ -62,6 +54,22 @@ def _announce(run: Run, replayed: bool, ctx: typer.Context, as_json: bool) -> No
     common.print_warning_block(console, run, ctx)
 
 
+def build_request(
+    loaded: LoadedDefinition, param: list[str] | None, idempotency_key: str | None, tenant: str, max_attempts: int
+) -> RunRequest:
+    """The request `run` and `submit` make: the local user at a terminal, trigger "cli"."""
+    access = AccessContext.local(tenant)
+    return RunRequest(
+        definition=loaded.definition,
+        base_dir=loaded.base_dir,
+        parameters=parse_params(param or []),
+        access=access,
+        provenance=Provenance(actor=access.principal, trigger="cli"),
+        idempotency_key=idempotency_key,
+        max_attempts=max_attempts,
+    )
+
+
 def run_command(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="The definition file (YAML or JSON).")],
@@ -77,15 +85,7 @@ def run_command(
 ) -> None:
     """Register, submit and execute a dataflow in this process, then print the run."""
     loaded = load_definition(file)
-    request = RunRequest(
-        definition=loaded.definition,
-        base_dir=loaded.base_dir,
-        parameters=parse_params(param or []),
-        access=AccessContext.local(tenant),
-        provenance=Provenance(actor=_os_user(), trigger="cli"),
-        idempotency_key=idempotency_key,
-        max_attempts=max_attempts,
-    )
+    request = build_request(loaded, param, idempotency_key, tenant, max_attempts)
     with common.open_platform(ctx) as platform, common.spinner(f"running {loaded.definition.name}"):
         submission = platform.runs.run_inline(request)
     _announce(submission.run, not submission.created, ctx, as_json)

@@ -23,7 +23,7 @@ from durable_dataflow.cli import runs as cli_runs
 from durable_dataflow.core.errors import InputError, StorageUnavailable
 from durable_dataflow.dataflow import worker as worker_loop
 from durable_dataflow.dataflow.definitions import load_definition
-from durable_dataflow.dataflow.requests import MAX_ATTEMPTS_DEFAULT, AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.requests import MAX_ATTEMPTS_DEFAULT
 from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.platform import Platform
 
@@ -64,13 +64,7 @@ def submit(
     as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON.")] = False,
 ) -> None:
     """Record a run and queue it for a worker; nothing is executed here. A replay returns the run."""
-    loaded = load_definition(file)
-    access = AccessContext.local(tenant)
-    request = RunRequest(
-        definition=loaded.definition, base_dir=loaded.base_dir, parameters=cli_runs.parse_params(param or []),
-        access=access, provenance=Provenance(actor=access.principal, trigger="cli"),
-        idempotency_key=idempotency_key, max_attempts=max_attempts,
-    )  # fmt: skip
+    request = cli_runs.build_request(load_definition(file), param, idempotency_key, tenant, max_attempts)
     with common.open_platform(ctx) as platform:
         submission = platform.runs.submit(request)
     run, replayed = submission.run, not submission.created

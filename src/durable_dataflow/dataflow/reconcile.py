@@ -13,7 +13,9 @@ There is no path that marks a run absent without a conclusive, fenced inspection
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.engine import Connection
 
@@ -58,15 +60,24 @@ def reconcile(service: RunService, run_id: str, *, tenant: str | None = None, re
     return result
 
 
-def _take_lease(service: RunService, run: Run, kind: str) -> int:
+def _take_lease(service: RunService, run: Run, kind: str, *, redispatch: bool = False) -> int:
+    """A new fenced attempt for an operator action; with ``redispatch`` it is authorized at once to
+    re-dispatch the stored result under the original authorization's digests and key."""
     db = service.db
     with db.begin() as conn:
         lease = leases.acquire(
             conn, db, MODULE, run.run_id, service.config.holder, service.config.lease_ttl_s,
             expected_attempt=run.attempt,
         )  # fmt: skip
-        service._append(conn, run.run_id, lease.attempt, kind, {"holder": lease.holder})
-        runs.update(conn, run.run_id, db.now_us_expr(), attempt=lease.attempt)
+        items: list[tuple[int, str, Mapping[str, Any]]] = [(lease.attempt, kind, {"holder": lease.holder})]
+        projection: dict[str, Any] = {"attempt": lease.attempt}
+        if redispatch:
+            items.append((lease.attempt, evidence.DISPATCH_AUTHORIZED, _authorization_of(conn, run)))
+            projection.update(
+                status=RunStatus.RUNNING, recovery_status=RecoveryStatus.DISPATCH_AUTHORIZED, warning=None
+            )
+        service._append_many(conn, run.run_id, items)
+        runs.update(conn, run.run_id, db.now_us_expr(), **projection)
     return lease.attempt
 
 
@@ -112,19 +123,7 @@ def _record_undecided(service: RunService, run: Run, attempt: int, reason: str) 
 def _resume(service: RunService, run: Run) -> Reconciliation:
     """Re-dispatch the stored result with the same key under a new fenced attempt."""
     provider = forward.load_capable_provider(run)
-    db = service.db
-    with db.begin() as conn:
-        lease = leases.acquire(
-            conn, db, MODULE, run.run_id, service.config.holder, service.config.lease_ttl_s,
-            expected_attempt=run.attempt,
-        )  # fmt: skip
-        attempt = lease.attempt
-        service._append(conn, run.run_id, attempt, evidence.RESUME_STARTED, {"holder": lease.holder})
-        service._append(conn, run.run_id, attempt, evidence.DISPATCH_AUTHORIZED, _authorization_of(conn, service, run))
-        runs.update(
-            conn, run.run_id, db.now_us_expr(), attempt=attempt, status=RunStatus.RUNNING,
-            recovery_status=RecoveryStatus.DISPATCH_AUTHORIZED, warning=None,
-        )  # fmt: skip
+    attempt = _take_lease(service, run, evidence.RESUME_STARTED, redispatch=True)
     crashpoints.reach(crashpoints.AFTER_PREDISPATCH_COMMIT)
     with contextlib.suppress(DataflowError):  # the lease then expires; the sweeper records outcome_unknown
         forward.dispatch(service, run, attempt, provider)
@@ -132,7 +131,7 @@ def _resume(service: RunService, run: Run) -> Reconciliation:
     return Reconciliation(final, "absent", f"resumed under attempt {attempt}: {final.status}", resumed=True)
 
 
-def _authorization_of(conn: Connection, service: RunService, run: Run) -> dict[str, object]:
+def _authorization_of(conn: Connection, run: Run) -> dict[str, object]:
     """The original authorization's facts: the same digests and key, never recomputed."""
     entries = ledger.read(conn, MODULE, run.run_id)
     original = next(e for e in entries if e.kind == evidence.DISPATCH_AUTHORIZED)
