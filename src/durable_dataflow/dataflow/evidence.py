@@ -7,12 +7,14 @@ stored result bytes that hash to it. A check returns the empty string or the pro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import checkpoints, ledger
+from durable_dataflow.core.errors import EvidenceError
 from durable_dataflow.core.secrets import Secret
 from durable_dataflow.dataflow import arrowdigest, results
 from durable_dataflow.dataflow.runs import MODULE
@@ -41,12 +43,30 @@ RESUME_STARTED = "resume.started"
 CONCLUSIVE_PRESENCE = frozenset({PUBLICATION_CONFIRMED, RECONCILE_PRESENT})
 
 
+# The digest format each stored result format was written with; results are verified under it.
+_DIGEST_OF_FORMAT: dict[str, Callable[[pa.Table], str]] = {
+    results.FORMAT_IPC_DIGEST_V2: arrowdigest.output_digest_v2,
+    results.FORMAT_IPC_DIGEST_V3: arrowdigest.output_digest,
+}
+
+
 def stored_result_digest(conn: Connection, run_id: str) -> str | None:
-    """The digest recomputed from the stored result bytes (not the digest stored beside them)."""
-    data = conn.execute(sa.select(run_results.c.bytes).where(run_results.c.run_id == run_id)).scalar_one_or_none()
-    if data is None:
+    """The digest recomputed from the stored result bytes (not the digest stored beside them), in the
+    digest format named by the stored format; EvidenceError when this version cannot verify that format."""
+    row = conn.execute(
+        sa.select(run_results.c.format, run_results.c.bytes).where(run_results.c.run_id == run_id)
+    ).one_or_none()
+    if row is None:
         return None
-    return arrowdigest.output_digest(results.decode_ipc(bytes(data)))
+    stored_format, data = row
+    digest_of = _DIGEST_OF_FORMAT.get(stored_format)
+    if digest_of is None:
+        known = ", ".join(sorted(_DIGEST_OF_FORMAT))
+        raise EvidenceError(
+            f"the stored result of run {run_id} has format {stored_format!r}, which this version cannot "
+            f"verify (it knows {known})"
+        )
+    return digest_of(results.decode_ipc(bytes(data)))
 
 
 def _last(entries: Sequence[ledger.Entry], kind: str) -> ledger.Entry | None:
@@ -109,7 +129,10 @@ def verify_run(
     def facts(entries: Sequence[ledger.Entry]) -> str:
         if status != "succeeded":
             return ""
-        digest = stored_result_digest(conn, run_id)
+        try:
+            digest = stored_result_digest(conn, run_id)
+        except EvidenceError as error:
+            return error.message  # verify reports the problem, as for every other fact
         if mode == "atomic":
             return atomic_success_problem(entries, attempt, digest)
         return forward_success_problem(entries, attempt, digest)

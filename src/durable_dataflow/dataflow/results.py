@@ -18,6 +18,11 @@ from durable_dataflow.core.errors import InputError
 ExportFormat = Literal["csv", "parquet", "json"]
 EXPORT_FORMATS: tuple[ExportFormat, ...] = ("csv", "parquet", "json")
 
+# The stored result formats (``run_results.format``, at most 32 characters). The bytes are an Arrow
+# IPC stream in both; the name says which output digest format verifies them (arrowdigest).
+FORMAT_IPC_DIGEST_V2 = "arrow-ipc-stream"  # stored before digest v3: verified by output_digest_v2
+FORMAT_IPC_DIGEST_V3 = "arrow-ipc-stream+digest-v3"  # stored from digest v3 on: verified by output_digest
+
 
 def encode_ipc(table: pa.Table) -> bytes:
     """One-batch-per-column IPC stream bytes of table (chunks combined first, so stable for equal tables)."""

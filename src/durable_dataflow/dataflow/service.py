@@ -33,13 +33,13 @@ from durable_dataflow.core.errors import (
 )
 from durable_dataflow.core.heartbeat import KeepAlive
 from durable_dataflow.core.secrets import Secret
-from durable_dataflow.dataflow import crashpoints, evidence, execution, parameters, runs, sources
+from durable_dataflow.dataflow import crashpoints, evidence, execution, parameters, results, runs, sources
 from durable_dataflow.dataflow.definitions import Definition, canonical_body, definition_hash
 from durable_dataflow.dataflow.requests import RunRequest, check_request, request_hash
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.schema import dataflow_runs, definitions, run_results
 
-RESULT_FORMAT = "arrow-ipc-stream"
+RESULT_FORMAT = results.FORMAT_IPC_DIGEST_V3
 ERROR_MESSAGE_CHARS_MAX = 2000
 LEASE_TTL_ENV = "DATAFLOW_LEASE_TTL"
 DEFINITIONS_CACHED_MAX = 256
