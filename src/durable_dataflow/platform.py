@@ -12,7 +12,8 @@ from durable_dataflow import migrations
 from durable_dataflow.core import secrets
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.secrets import Secret
-from durable_dataflow.dataflow.execution import ExecutionLimits
+from durable_dataflow.dataflow.limits import ExecutionLimits
+from durable_dataflow.dataflow.limits import from_env as limits_from_env
 from durable_dataflow.dataflow.service import RunService, ServiceConfig, lease_ttl_from_env
 
 EVIDENCE_KEY_NAME = "DATAFLOW_EVIDENCE_KEY"
@@ -28,7 +29,11 @@ def evidence_key_from_env() -> Secret | None:
 
 
 class Platform:
-    """A platform database with its run service."""
+    """A platform database with its run service.
+
+    Without an explicit ``limits`` the platform's execution limits come from the ``DATAFLOW_*``
+    variables (``dataflow.limits.from_env``), so every entry point (CLI, API server, Python) obeys them.
+    """
 
     def __init__(
         self,
@@ -44,7 +49,7 @@ class Platform:
             migrations.upgrade(self.db)
         config = ServiceConfig(
             lease_ttl_s=lease_ttl_from_env(lease_ttl_s),
-            limits=limits or ExecutionLimits(),
+            limits=limits if limits is not None else limits_from_env(),
             evidence_key=evidence_key_from_env(),
         )
         if holder is not None:

@@ -16,7 +16,12 @@ REVENUE_EXAMPLE = EXAMPLES / "revenue_by_region" / "dataflow.yaml"
 PUBLISH_EXAMPLE = EXAMPLES / "daily_orders_publish"
 CLI_TIMEOUT_S = 120
 # Environment that would change what the CLI does; each test sets what it needs explicitly.
-SCRUBBED_ENV = ("DATAFLOW_DB", "DATAFLOW_LEASE_TTL", "DATAFLOW_CRASH_AT", "DATAFLOW_PAUSE_AT", "DATAFLOW_EVIDENCE_KEY")
+SCRUBBED_ENV = (
+    "DATAFLOW_DB", "DATAFLOW_LEASE_TTL", "DATAFLOW_CRASH_AT", "DATAFLOW_PAUSE_AT", "DATAFLOW_EVIDENCE_KEY",
+    # The platform limits (dataflow/limits.py SETTINGS): a developer's own settings must not leak in.
+    "DATAFLOW_TIME_LIMIT", "DATAFLOW_MEMORY_LIMIT", "DATAFLOW_THREADS", "DATAFLOW_TEMP_DIR", "DATAFLOW_TEMP_MAX",
+    "DATAFLOW_SOURCE_BYTES_MAX", "DATAFLOW_RESULT_BYTES_MAX",
+)
 
 
 @dataclass(frozen=True)

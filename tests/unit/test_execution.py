@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
@@ -27,6 +28,7 @@ from durable_dataflow.dataflow.execution import (
     resolve_sources,
     source_fingerprint_digest,
 )
+from durable_dataflow.dataflow.sources import ArrowTable, ResolvedSource
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 REVENUE_2026_11_02 = [
@@ -78,7 +80,8 @@ def test_given_sources_are_used_instead_of_resolving() -> None:
     loaded = definitions.load_definition(EXAMPLES / "revenue_by_region" / "dataflow.yaml")
     ctx = ExecutionContext.for_definition(loaded)
     resolved = resolve_sources(loaded.definition, ctx)
-    fewer = [s if s.name != "orders" else s.__class__(s.name, s.kind, s.table.slice(0, 0), "sha256:empty")
+    no_orders = pacsv.read_csv(EXAMPLES / "revenue_by_region" / "data" / "orders.csv").slice(0, 0)
+    fewer = [s if s.name != "orders" else ResolvedSource(s.name, s.kind, ArrowTable(no_orders), "sha256:empty")
              for s in resolved]
     empty = execute(loaded.definition, {"day": "2026-11-02"}, ctx, sources=fewer)
     assert empty.row_count == 0
@@ -183,7 +186,7 @@ def test_source_larger_than_the_limit_is_refused(tmp_path: Path) -> None:
     """Proves a file above source_bytes_max is refused before it is parsed."""
     (tmp_path / "big.csv").write_text("n\n" + "1\n" * 1000)
     ctx = ExecutionContext(tmp_path, (tmp_path,), ExecutionLimits(source_bytes_max=100))
-    with pytest.raises(InputError, match="larger than the source limit of 100 bytes"):
+    with pytest.raises(LimitExceeded, match="larger than the source limit of 100 bytes"):
         execute(_csv_definition("big.csv"), {}, ctx)
 
 
@@ -218,7 +221,8 @@ def test_delta_source_records_its_version(tmp_path: Path) -> None:
     result = execute(latest, {}, _ctx(tmp_path))
     assert result.table.to_pylist() == [{"n": 13}]
     uri = (tmp_path / "tbl").resolve().as_uri()
-    assert result.sources[0][2] == hashing.digest({"uri": uri, "version": 1})
+    table_id = deltalake.DeltaTable(str(tmp_path / "tbl")).metadata().id
+    assert result.sources[0][2] == hashing.digest({"uri": uri, "table_id": table_id, "version": 1})
 
 
 def test_inline_source_types_dates_and_decimals(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from durable_dataflow.dataflow.execution import (
     execute,
     preflight,
 )
+from durable_dataflow.dataflow.sources import ArrowTable
 
 THREADS = 2
 RUNS_PER_THREAD = 15
@@ -149,8 +150,8 @@ def test_query_that_exhausts_memory_hits_the_memory_limit(tmp_path: Path) -> Non
     """
     hog = "select list(range) as l from range(50000000)"  # one 400 MB list, kept as the step's result
     d = _definition(hog, "select len(l) as n from s0")
-    with pytest.raises(LimitExceeded, match="step 's0' exceeded the memory limit of 64MB"):
-        execute(d, {}, _ctx(tmp_path, memory_limit="64MB", time_limit_s=60))
+    with pytest.raises(LimitExceeded, match="step 's0' exceeded the memory limit of 64MiB"):
+        execute(d, {}, _ctx(tmp_path, memory_bytes_max=64 * 1024**2, time_limit_s=60))
 
 
 def test_registered_views_and_temp_tables_are_private_to_a_cursor() -> None:
@@ -183,7 +184,8 @@ def test_concurrent_executions_in_threads_see_only_their_own_sources(tmp_path: P
             barrier.wait()
             for run in range(RUNS_PER_THREAD):
                 value = k * 1000 + run
-                source = ResolvedSource("t", "inline", pa.table({"n": pa.array([value], pa.int64())}), "sha256:x")
+                table = pa.table({"n": pa.array([value], pa.int64())})
+                source = ResolvedSource("t", "inline", ArrowTable(table), "sha256:x")
                 seen[k].append(execute(d, {}, ctx, sources=[source]).table.column("n")[0].as_py())
         except BaseException as exc:  # collected and re-raised by the main thread
             failures.append(exc)

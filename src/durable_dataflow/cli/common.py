@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
+import inspect
 import json
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -25,7 +28,8 @@ from rich.text import Text
 
 from durable_dataflow.core.db import redact_url
 from durable_dataflow.core.errors import DataflowError, InputError
-from durable_dataflow.dataflow import runs
+from durable_dataflow.core.invariants import invariant
+from durable_dataflow.dataflow import limits, runs
 from durable_dataflow.dataflow.runs import Run, RunStatus
 from durable_dataflow.platform import Platform
 
@@ -63,6 +67,7 @@ class CliState:
     db_url: str | None = None
     debug: bool = False
     lease_ttl_s: float | None = None
+    limits: limits.ExecutionLimits | None = None  # set by the limit options; None: DATAFLOW_* variables
 
 
 def state_of(ctx: typer.Context) -> CliState:
@@ -76,11 +81,65 @@ def state_of(ctx: typer.Context) -> CliState:
 def open_platform(ctx: typer.Context) -> Iterator[Platform]:
     """The platform on the ``--db`` URL (else DATAFLOW_DB, else the embedded default), migrated."""
     state = state_of(ctx)
-    platform = Platform(state.db_url, lease_ttl_s=state.lease_ttl_s)
+    platform = Platform(state.db_url, lease_ttl_s=state.lease_ttl_s, limits=state.limits)
     try:
         yield platform
     finally:
         platform.close()
+
+
+# ---- platform limits: one option set for `run`, `worker` and `serve` ------------------------------
+
+P = ParamSpec("P")
+R = TypeVar("R")
+_LIMIT_METAVARS = {
+    limits.SettingKind.DURATION: "SECONDS",
+    limits.SettingKind.SIZE: "SIZE",
+    limits.SettingKind.COUNT: "N",
+    limits.SettingKind.DIRECTORY: "DIR",
+}
+
+
+def _limit_parameter(setting: limits.Setting) -> inspect.Parameter:
+    value_type = Path if setting.kind is limits.SettingKind.DIRECTORY else str
+    option = typer.Option(
+        setting.option,
+        metavar=_LIMIT_METAVARS[setting.kind],
+        help=(
+            f"{setting.meaning[:1].upper()}{setting.meaning[1:]}: {limits.KIND_FORMS[setting.kind]} "
+            f"(else ${setting.variable}, else {setting.default_text})."
+        ),
+        rich_help_panel="Limits",
+        show_default=False,
+    )
+    annotation = Annotated[value_type | None, option]  # type: ignore[valid-type]  # built from the table
+    return inspect.Parameter(setting.field, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+
+
+LIMIT_PARAMETERS = tuple(_limit_parameter(setting) for setting in limits.SETTINGS)
+
+
+def with_limit_options(command: Callable[P, R]) -> Callable[P, R]:
+    """Give a command that executes runs the platform-limit options (``limits.SETTINGS``).
+
+    One option set, declared once, for every such command: the options are appended to the
+    command's signature (Typer reads ``__signature__``), parsed together with the ``DATAFLOW_*``
+    variables before the command body runs, and kept in ``CliState.limits`` for ``open_platform``.
+    A bad value exits 2 naming its option or variable. The command must take ``ctx``.
+    """
+    signature = inspect.signature(command, eval_str=True)
+    invariant("ctx" in signature.parameters, f"{command.__name__} takes ctx, where the limits are kept")
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        given = {parameter.name: kwargs.pop(parameter.name, None) for parameter in LIMIT_PARAMETERS}
+        # Typer passes every parameter by name, ctx included (a click context, whatever the annotation).
+        state_of(kwargs["ctx"]).limits = limits.from_env(**given)  # type: ignore[arg-type]  # typed by the options
+        return command(*args, **kwargs)
+
+    parameters = [*signature.parameters.values(), *LIMIT_PARAMETERS]
+    wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    return wrapper
 
 
 def db_option_hint(ctx: typer.Context) -> str:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from durable_dataflow.cli import common, render
+from durable_dataflow.cli import common, progress_line, render
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.dataflow import catalog, reconcile, runs
 from durable_dataflow.dataflow.definitions import LoadedDefinition, load_definition
@@ -70,6 +70,7 @@ def build_request(
     )
 
 
+@common.with_limit_options
 def run_command(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="The definition file (YAML or JSON).")],
@@ -86,8 +87,8 @@ def run_command(
     """Register, submit and execute a dataflow in this process, then print the run."""
     loaded = load_definition(file)
     request = build_request(loaded, param, idempotency_key, tenant, max_attempts)
-    with common.open_platform(ctx) as platform, common.spinner(f"running {loaded.definition.name}"):
-        submission = platform.runs.run_inline(request)
+    with common.open_platform(ctx) as platform, progress_line.run_progress(loaded.definition.name, as_json) as sink:
+        submission = platform.runs.run_inline(request, sink)
     _announce(submission.run, not submission.created, ctx, as_json)
     raise typer.Exit(common.run_exit_code(submission.run))
 

@@ -25,6 +25,7 @@ tokens_app = typer.Typer(help="Create, list and revoke API tokens (stored as has
 ops_app = typer.Typer(help="Ops: the read-only, platform-wide ledger projection.", no_args_is_help=True)
 
 
+@common.with_limit_options
 def serve(
     ctx: typer.Context,
     host: str = typer.Option("127.0.0.1", help="Interface to listen on"),

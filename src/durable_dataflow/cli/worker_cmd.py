@@ -76,6 +76,7 @@ def submit(
     common.print_warning_block(common.stdout_console(), run, ctx)
 
 
+@common.with_limit_options
 def worker(
     ctx: typer.Context,
     concurrency: Annotated[int, typer.Option(help="Attempts executed at once (threads).")] = 1,
@@ -128,7 +129,7 @@ def _open_platform(state: common.CliState, options: worker_loop.WorkerOptions) -
     log = structlog.get_logger("dataflow.worker")
     for tries in range(1, OPEN_TRIES_MAX + 1):
         try:
-            return Platform(state.db_url, lease_ttl_s=state.lease_ttl_s)
+            return Platform(state.db_url, lease_ttl_s=state.lease_ttl_s, limits=state.limits)
         except StorageUnavailable as error:
             if tries == OPEN_TRIES_MAX:
                 raise

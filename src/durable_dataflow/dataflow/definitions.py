@@ -1,7 +1,8 @@
 """Dataflow definitions: the YAML/JSON document, its pydantic models and its canonical body.
 
 A definition names typed parameters, sources, ordered SQL steps, a declared output schema with
-bounds, and an optional publication target (DESIGN §8). The canonical body is what gets hashed
+bounds, an optional publication target (DESIGN §8) and optional execution limits that may only
+narrow the platform's (``dataflow.limits.effective``). The canonical body is what gets hashed
 and pinned: ``Definition.model_validate(canonical_body(d)) == d`` always holds, so a run can
 re-execute exactly the body it recorded.
 
@@ -37,19 +38,29 @@ STEPS_MAX = 64
 STEP_SQL_CHARS_MAX = 100_000
 OUTPUT_COLUMNS_MAX = 1024
 INLINE_ROWS_MAX = 10_000
-# Result bytes are stored in the platform database, so no definition may ask for more than this.
+# Result bytes are stored in the platform database, so no definition may ask for more than this;
+# a platform may allow less (its result_bytes_max, checked by dataflow.limits.effective).
 OUTPUT_BYTES_CEILING = 1024**3
 JSON_INT_MAX = 2**53 - 1
+# The most engine threads any platform or definition may name: more is a typo, not a machine.
+THREADS_CEILING = 256
+# The longest time limit any platform or definition may name: a run holds a lease and an engine for
+# all of it, and a week is far beyond any batch job while keeping timers well inside their range.
+TIME_LIMIT_S_CEILING = 7 * 24 * 3600.0
 ERRORS_SHOWN_MAX = 10
 
 # Option keys that name a credential must hold a secret reference, never the value itself.
 CREDENTIAL_OPTION_WORDS = ("password", "passwd", "dsn", "secret", "token", "credential", "api_key")
 
-_SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$")
+_SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$")
 _SIZE_UNITS = {
-    None: 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3,
-    "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3,
+    None: 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
+    "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4,
 }
+_DURATION_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$")
+_DURATION_UNITS_S = {None: 1, "s": 1, "m": 60, "h": 3600}
+# A CSV delimiter: one printable ASCII character or a tab, never the quote character.
+_DELIMITER_CHARS = frozenset(chr(code) for code in range(0x20, 0x7F)) - {'"'} | {"\t"}
 _DECIMAL_TYPE_PATTERN = re.compile(r"^decimal(?:128)?\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
 _TIMESTAMP_TYPE_PATTERN = re.compile(r"^timestamp(?:\[\s*(s|ms|us|ns)\s*(?:,\s*tz\s*=\s*([A-Za-z0-9_/+:-]+)\s*)?\])?$")
 _SIMPLE_TYPES: dict[str, pa.DataType] = {
@@ -85,13 +96,29 @@ def parse_arrow_type(name: str) -> pa.DataType:
 
 
 def parse_size(value: int | str) -> int:
-    """Bytes in a size written as an int or as '64MiB', '10MB', '512KiB'."""
+    """Bytes in a size written as an int or as '64MiB', '10MB', '512KiB', '2TiB'."""
     if isinstance(value, int):
         return value
     match = _SIZE_PATTERN.match(value)
     if not match:
-        raise ValueError(f"size {value!r} is not valid: write e.g. 1048576, '10MB', '512KiB' or '64MiB'")
+        raise ValueError(f"size {value!r} is not valid: write e.g. 1048576, '10MB', '512KiB', '64MiB' or '2TiB'")
     return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
+def parse_duration(value: int | float | str) -> float:
+    """Seconds in a duration written as a number of seconds or as '90s', '10m', '2h', '1.5h'."""
+    if isinstance(value, bool):
+        raise ValueError("a duration must be a number of seconds or a string such as '90s', '10m' or '2h'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION_PATTERN.match(value)
+        if not match:
+            raise ValueError(f"duration {value!r} is not valid: write seconds (e.g. 90) or '90s', '10m' or '2h'")
+        seconds = float(match.group(1)) * _DURATION_UNITS_S[match.group(2)]
+    if not math.isfinite(seconds):
+        raise ValueError("a duration must be a finite number of seconds")
+    return seconds
 
 
 def _check_json_value(value: Any, where: str) -> None:
@@ -191,6 +218,17 @@ class CsvSource(_Model):
 
     _ordered = field_validator("columns", mode="before")(ordered_columns)
 
+    @field_validator("delimiter")
+    @classmethod
+    def _delimiter(cls, value: str) -> str:
+        if value in _DELIMITER_CHARS:
+            return value
+        # A control character would garble the message (or the terminal showing it): name its code point.
+        shown = repr(value) if value.isprintable() else f"U+{ord(value):04X}"
+        raise ValueError(
+            f"delimiter {shown} is not allowed: use one printable ASCII character other than '\"', or a tab"
+        )
+
     @field_validator("columns")
     @classmethod
     def _types(cls, value: dict[str, str] | None) -> dict[str, str] | None:
@@ -287,7 +325,10 @@ class OutputSpec(_Model):
     def _size(cls, value: int | str) -> int | str:
         size = parse_size(value)
         if not 1 <= size <= OUTPUT_BYTES_CEILING:
-            raise ValueError(f"max_bytes must be between 1 byte and {OUTPUT_BYTES_CEILING} bytes (1 GiB)")
+            raise ValueError(
+                f"max_bytes must be between 1 byte and {OUTPUT_BYTES_CEILING} bytes (1 GiB), the most any "
+                "platform stores (a platform's result_bytes_max may allow less)"
+            )
         return value
 
     @property
@@ -332,6 +373,56 @@ class TargetSpec(_Model):
         return options
 
 
+def _no_bool(value: Any) -> Any:
+    # YAML `true` would pass as the number 1; a limit is never a yes/no answer.
+    if isinstance(value, bool):
+        raise ValueError("must be a number or a string, not true/false")
+    return value
+
+
+class DefinitionLimits(_Model):
+    """Execution limits a definition asks for; each may only be lower than the platform's.
+
+    Values stay as written (like ``output.max_bytes``), so the pinned body reads as its author wrote
+    it. ``dataflow.limits.effective`` narrows the platform's limits by ``requested()`` and refuses a
+    request above the platform's ceiling.
+    """
+
+    time_limit: int | float | str | None = None  # seconds, or a duration such as "90s", "10m", "2h"
+    memory: int | str | None = None  # a size such as "2GiB"
+    threads: int | None = Field(default=None, ge=1, le=THREADS_CEILING)
+    source_bytes_max: int | str | None = None  # a size: the bytes one source may read
+
+    _not_bool = field_validator("time_limit", "memory", "threads", "source_bytes_max", mode="before")(_no_bool)
+
+    @field_validator("time_limit")
+    @classmethod
+    def _duration(cls, value: int | float | str | None) -> int | float | str | None:
+        if value is not None and not 0 < parse_duration(value) <= TIME_LIMIT_S_CEILING:
+            raise ValueError(f"time_limit must be more than 0 and at most {TIME_LIMIT_S_CEILING:.0f} seconds (7 days)")
+        return value
+
+    @field_validator("memory", "source_bytes_max")
+    @classmethod
+    def _size(cls, value: int | str | None) -> int | str | None:
+        if value is not None and not 1 <= parse_size(value) <= JSON_INT_MAX:
+            raise ValueError(f"a size must be between 1 byte and {JSON_INT_MAX} bytes")
+        return value
+
+    def requested(self) -> dict[str, int | float]:
+        """What is asked, in seconds and bytes, keyed by the ExecutionLimits field it narrows."""
+        asked: dict[str, int | float] = {}
+        if self.time_limit is not None:
+            asked["time_limit_s"] = parse_duration(self.time_limit)
+        if self.memory is not None:
+            asked["memory_bytes_max"] = parse_size(self.memory)
+        if self.threads is not None:
+            asked["threads"] = self.threads
+        if self.source_bytes_max is not None:
+            asked["source_bytes_max"] = parse_size(self.source_bytes_max)
+        return asked
+
+
 class Definition(_Model):
     """A whole dataflow definition document."""
 
@@ -342,7 +433,14 @@ class Definition(_Model):
     sources: dict[Identifier, SourceSpec] = Field(max_length=SOURCES_MAX)
     steps: list[StepSpec] = Field(min_length=1, max_length=STEPS_MAX)
     output: OutputSpec
+    limits: DefinitionLimits | None = None
     target: TargetSpec | None = None
+
+    @field_validator("limits")
+    @classmethod
+    def _empty_limits_ask_nothing(cls, value: DefinitionLimits | None) -> DefinitionLimits | None:
+        # `limits: {}` asks for nothing, so it is the same definition (and hash) as no block at all.
+        return None if value is None or not value.requested() else value
 
     @model_validator(mode="after")
     def _unique_names(self) -> Definition:
@@ -477,6 +575,12 @@ def load_definition(path: Path) -> LoadedDefinition:
 def canonical_body(d: Definition) -> dict[str, Any]:
     """The JSON body that is hashed and pinned; validating it again gives an equal Definition."""
     body: dict[str, Any] = d.model_dump(mode="json", by_alias=True)
+    # The limits block is newer than the body format: without it, a definition keeps exactly the body
+    # (and so the hash) it had before; with it, only the limits asked for are written.
+    if d.limits is None:
+        del body["limits"]
+    else:
+        body["limits"] = d.limits.model_dump(mode="json", exclude_none=True)
     # Column order is meaning: write ordered maps as [name, type] pairs, which RFC 8785 keeps in order.
     body["output"]["schema"] = [[name, t] for name, t in d.output.columns.items()]
     for name, spec in d.sources.items():

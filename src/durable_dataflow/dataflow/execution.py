@@ -1,15 +1,23 @@
-"""Typed execution: resolve sources, run the SQL steps in the sandbox, cast to the declared schema.
+"""Typed execution: resolve sources, run the SQL steps in the sandbox, stream the bounded result.
 
 Everything here is recomputable and nothing is committed: the caller (the run service) stores the
 IPC bytes, digests and row count in its fenced terminal transaction. All bounds (rows, bytes,
-time, memory) are enforced here, before the caller can commit anything.
+time, memory, spill) are enforced here, while the result streams, before the caller can commit
+anything; every engine or Arrow error at any batch becomes a ``DataflowError`` naming the step.
+
+The engine is DuckDB (docs/engines.md). File sources (CSV, Parquet) are read by DuckDB itself
+through views over ``read_csv`` / ``read_parquet`` in a database confined to exactly those files;
+a Delta snapshot is scanned as a pyarrow dataset with pushdown; a PostgreSQL query streams into a
+private table; inline rows are registered as an Arrow table.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,20 +25,25 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from durable_dataflow.core.errors import ExecutionError, InputError, LimitExceeded
-from durable_dataflow.dataflow import arrowdigest, parameters, results, sandbox
-from durable_dataflow.dataflow.definitions import Definition, LoadedDefinition
+from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
+from durable_dataflow.dataflow import parameters, progress, results, resultstream, sandbox
+from durable_dataflow.dataflow.definitions import Definition, LoadedDefinition, parse_arrow_type
+from durable_dataflow.dataflow.limits import ExecutionLimits, format_size
 from durable_dataflow.dataflow.sources import (
+    ArrowDataset,
+    ArrowTable,
+    FileScan,
+    PostgresStream,
     ResolvedSource,
+    check_unchanged,
     confine_path,
     resolve_sources,
     source_fingerprint_digest,
 )
 
 DATA_ROOTS_ENV = "DATAFLOW_DATA_ROOTS"
-SOURCE_BYTES_MAX_DEFAULT = 1024**3
-ERROR_LINE_CHARS_MAX = 300
-RESULT_BATCH_ROWS = 64 * 1024
+RESULT_BATCH_ROWS = 16 * 1024
+PROGRESS_INTERVAL_S = 0.5
 
 __all__ = [
     "ExecutionContext",
@@ -42,16 +55,6 @@ __all__ = [
     "resolve_sources",
     "source_fingerprint_digest",
 ]
-
-
-@dataclass(frozen=True)
-class ExecutionLimits:
-    """Bounds of one execution. memory_limit and threads configure the per-process sandbox database."""
-
-    time_limit_s: float = 60
-    memory_limit: str = "1GB"
-    threads: int = 2
-    source_bytes_max: int = SOURCE_BYTES_MAX_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -72,88 +75,124 @@ class ExecutionContext:
 
 @dataclass(frozen=True)
 class ExecutionResult:
-    """The typed result of one execution and the digests that describe it."""
+    """The typed result of one execution (as stored IPC bytes) and the digests that describe it."""
 
-    table: pa.Table
     row_count: int
     output_digest: str
     ipc_bytes: bytes
     source_fingerprint_digest: str
     sources: tuple[tuple[str, str, str], ...]  # (name, kind, fingerprint) in definition order
 
+    @property
+    def table(self) -> pa.Table:
+        """The result decoded from its IPC bytes (a view over them, not a copy of the values)."""
+        return results.decode_ipc(self.ipc_bytes)
 
-class _Deadline:
-    """Interrupts the cursor's running query when the execution's time budget runs out.
 
-    One timer covers every statement of the execution (a thread per statement costs more than a
-    small query); ``run`` translates an interrupt into the limit that was hit.
-    """
+class _Watch:
+    """One thread per execution: interrupts the engine when the time budget runs out and, when
+    someone watches, reports the engine's progress and the result stream's size meanwhile."""
 
-    def __init__(self, cursor: duckdb.DuckDBPyConnection, limits: ExecutionLimits) -> None:
-        self.cursor = cursor
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        limits: ExecutionLimits,
+        sink: progress.ProgressSink | None,
+        reports_percent: bool,
+    ) -> None:
+        self.con = con
         self.time_limit_s = limits.time_limit_s
         self.memory_limit = limits.memory_limit
+        self.temp_limit = format_size(limits.temp_bytes_max)
+        self.sink = sink
+        self.reports_percent = reports_percent
+        self.collector: resultstream.ResultCollector | None = None
         self.fired = threading.Event()
-        self._timer = threading.Timer(limits.time_limit_s, self._interrupt)
-        self._timer.daemon = True
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="dataflow-execution-watch", daemon=True)
 
-    def __enter__(self) -> _Deadline:
-        self._timer.start()
+    def __enter__(self) -> _Watch:
+        self._thread.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._timer.cancel()
+        self._done.set()
+        self._thread.join()
 
-    def _interrupt(self) -> None:
-        self.fired.set()
-        self.cursor.interrupt()
+    def _watch(self) -> None:
+        deadline_at = time.monotonic() + self.time_limit_s
+        interval = PROGRESS_INTERVAL_S if self.sink is not None else self.time_limit_s
+        while True:  # ends when the execution ends or its time is up
+            remaining = deadline_at - time.monotonic()
+            if remaining <= 0:
+                self.fired.set()
+                self.con.interrupt()
+                return
+            if self._done.wait(min(interval, remaining)):
+                return
+            self._report()
 
-    def run(self, step: str, statement: str, params: dict[str, Any]) -> None:
-        """Execute one statement under the remaining budget, translating DuckDB errors."""
-        if self.fired.is_set():
-            raise self.exceeded(step)
-        try:
-            self.cursor.execute(statement, params)
-        except duckdb.InterruptException:
-            raise self.exceeded(step) from None
-        except duckdb.Error as exc:
-            raise _translate(step, exc, self.memory_limit) from None
-
-    def fetch_bounded(self, step: str, statement: str, params: dict[str, Any], rows_max: int) -> pa.Table:
-        """Stream the statement's result and stop as soon as it has more than ``rows_max`` rows, so
-        an oversized result is refused without ever being held in memory whole."""
-        if self.fired.is_set():
-            raise self.exceeded(step)
-        try:
-            reader = self.cursor.sql(statement, params=params).to_arrow_reader(RESULT_BATCH_ROWS)
-            batches: list[pa.RecordBatch] = []
-            rows = 0
-            for batch in reader:
-                batches.append(batch)
-                rows += batch.num_rows
-                if rows > rows_max:
-                    raise LimitExceeded(
-                        f"the result has more than output.max_rows = {rows_max} rows (stopped reading at {rows})"
-                    )
-            return pa.Table.from_batches(batches, schema=reader.schema)
-        except duckdb.InterruptException:
-            raise self.exceeded(step) from None
-        except duckdb.Error as exc:
-            raise _translate(step, exc, self.memory_limit) from None
+    def _report(self) -> None:
+        if self.sink is None:
+            return
+        percent = None
+        if self.reports_percent:
+            value = self.con.query_progress()
+            percent = value if value >= 0 else None
+        collector = self.collector
+        progress.report(self.sink, progress.Progress(
+            progress.Phase.EXECUTING, percent,
+            collector.rows if collector else 0, collector.bytes if collector else 0,
+        ))  # fmt: skip
 
     def exceeded(self, step: str) -> LimitExceeded:
         return LimitExceeded(f"step {step!r} exceeded the time limit of {self.time_limit_s:g} s")
 
+    def translate(self, step: str, exc: BaseException, what: str = "step") -> DataflowError:
+        """An engine or Arrow error, raised while a statement ran, a source was bound or any batch was read.
 
-def _translate(step: str, exc: duckdb.Error, memory_limit: str) -> Exception:
-    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:ERROR_LINE_CHARS_MAX]
-    if isinstance(exc, duckdb.OutOfMemoryException):
-        return LimitExceeded(f"step {step!r} exceeded the memory limit of {memory_limit}")
-    if isinstance(exc, duckdb.PermissionException):
-        return InputError(
-            f"step {step!r} tried to reach files, the network or extensions, which the sandbox forbids: {text}"
-        )
-    return ExecutionError(f"step {step!r} failed: {text}")
+        ``what`` names the part that failed (``step`` or ``source``) in the message."""
+        if isinstance(exc, DataflowError):
+            return exc
+        text = sandbox.engine_message(exc)
+        part = f"{what} {step!r}"
+        if self.fired.is_set() or isinstance(exc, duckdb.InterruptException) or text.startswith("INTERRUPT"):
+            return LimitExceeded(f"{part} exceeded the time limit of {self.time_limit_s:g} s")
+        if "max_temp_directory_size" in text:
+            return LimitExceeded(
+                f"{part} exceeded the spill limit of {self.temp_limit} (--temp-max / DATAFLOW_TEMP_MAX): {text}"
+            )
+        if isinstance(exc, duckdb.OutOfMemoryException) or text.startswith("Out of Memory Error"):
+            return LimitExceeded(f"{part} exceeded the memory limit of {self.memory_limit}: {text}")
+        if isinstance(exc, duckdb.PermissionException) or text.startswith("Permission Error"):
+            return InputError(
+                f"{part} tried to reach files, the network or extensions, which the sandbox forbids: {text}"
+            )
+        if isinstance(exc, pa.ArrowCapacityError) or "offset overflow" in text:
+            return LimitExceeded(f"{part} produced a batch larger than Arrow can hold (2 GiB): {text}")
+        return ExecutionError(f"{part} failed: {text}")
+
+    def run(self, step: str, statement: str, params: dict[str, Any]) -> None:
+        """Execute one statement under the remaining budget, translating every error."""
+        if self.fired.is_set():
+            raise self.exceeded(step)
+        try:
+            self.con.execute(statement, params)
+        except (duckdb.Error, pa.ArrowException, OSError) as exc:
+            raise self.translate(step, exc) from None
+
+    def stream(self, step: str, statement: str, params: dict[str, Any], collector: resultstream.ResultCollector,
+               declared: pa.Schema) -> None:
+        """Stream the statement's result into the collector, which stops at the first bound hit."""
+        if self.fired.is_set():
+            raise self.exceeded(step)
+        self.collector = collector
+        try:
+            reader = self.con.sql(statement, params=params).to_arrow_reader(RESULT_BATCH_ROWS)
+            resultstream.check_columns(reader.schema, declared, step)
+            collector.add_all(reader)
+        except (duckdb.Error, pa.ArrowException, OSError) as exc:
+            raise self.translate(step, exc) from None
 
 
 def _gate_all(cursor: duckdb.DuckDBPyConnection, d: Definition) -> list[sandbox.GatedStep]:
@@ -168,66 +207,137 @@ def _gate_all(cursor: duckdb.DuckDBPyConnection, d: Definition) -> list[sandbox.
     return gated
 
 
-def _cast_column(name: str, column: pa.ChunkedArray, declared: pa.DataType) -> pa.ChunkedArray:
-    actual = column.type
-    if actual == declared:
-        return column
-    if pa.types.is_floating(actual) and pa.types.is_decimal(declared):
-        raise ExecutionError(
-            f"column {name!r} is {actual} but the schema declares {declared}: a float-to-decimal cast "
-            f"rounds silently, so cast in SQL instead (e.g. {name}::DECIMAL({declared.precision},{declared.scale}))"
-        )
+def _gate(d: Definition, limits: ExecutionLimits) -> list[sandbox.GatedStep]:
+    cursor = sandbox.open_cursor(limits)
     try:
-        return column.cast(declared, safe=True)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-        reason = (str(exc).strip().splitlines() or ["cast failed"])[0][:ERROR_LINE_CHARS_MAX]
-        raise ExecutionError(
-            f"column {name!r} is {actual} and cannot be cast to the declared {declared}: {reason}"
-        ) from None
+        return _gate_all(cursor, d)
+    finally:
+        cursor.close()
 
 
-def cast_to_schema(table: pa.Table, declared: pa.Schema, step: str) -> pa.Table:
-    """table cast column by column to the declared schema; names and order must already match."""
-    if table.column_names != declared.names:
-        raise ExecutionError(
-            f"the result of step {step!r} has columns {table.column_names} but output.schema declares {declared.names}"
-        )
-    columns = [_cast_column(f.name, table.column(f.name), f.type) for f in declared]
-    return pa.Table.from_arrays(columns, schema=declared)
+def duckdb_type(arrow_type_name: str) -> str:
+    """The DuckDB type that reads a column declared with this Arrow type name."""
+    t = parse_arrow_type(arrow_type_name)
+    if pa.types.is_decimal(t):
+        return f"DECIMAL({t.precision},{t.scale})"
+    if pa.types.is_timestamp(t):
+        if t.tz is not None:
+            return "TIMESTAMPTZ"
+        return {"s": "TIMESTAMP_S", "ms": "TIMESTAMP_MS", "us": "TIMESTAMP", "ns": "TIMESTAMP_NS"}[t.unit]
+    names = {
+        pa.string(): "VARCHAR", pa.large_string(): "VARCHAR", pa.binary(): "BLOB", pa.large_binary(): "BLOB",
+        pa.int8(): "TINYINT", pa.int16(): "SMALLINT", pa.int32(): "INTEGER", pa.int64(): "BIGINT",
+        pa.uint8(): "UTINYINT", pa.uint16(): "USMALLINT", pa.uint32(): "UINTEGER", pa.uint64(): "UBIGINT",
+        pa.float32(): "FLOAT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN", pa.date32(): "DATE",
+    }
+    return names[t]
+
+
+def _scan_sql(scan: FileScan, columns: dict[str, str] | None) -> str:
+    """The platform-built table function call that reads the scan's files (never user text)."""
+    paths = ", ".join(sandbox.string_literal(s.path) for s in scan.stamps)
+    options = [f"{key} = {value}" for key, value in scan.options]
+    if columns:
+        types = ", ".join(f"{sandbox.string_literal(c)}: {sandbox.string_literal(duckdb_type(t))}"
+                          for c, t in columns.items())
+        options.append(f"types = {{{types}}}")
+    return f"{scan.reader}([{paths}]{''.join(', ' + o for o in options)})"
+
+
+def _bind_csv(con: duckdb.DuckDBPyConnection, name: str, scan: FileScan) -> None:
+    declared = scan.declared or {}
+    header = dict(scan.options).get("header") == "true"
+    if declared and not header:  # without a header line the declared schema names the columns, in order
+        names = ", ".join(sandbox.string_literal(c) for c in declared)
+        scan = FileScan(scan.reader, scan.stamps, (*scan.options, ("names", f"[{names}]")), scan.declared)
+    elif declared:
+        con.execute(f'CREATE TEMP VIEW "{name}" AS SELECT * FROM {_scan_sql(scan, None)}')
+        found = {row[0] for row in con.execute(f'DESCRIBE "{name}"').fetchall()}
+        missing = [c for c in declared if c not in found]
+        if missing:
+            raise ExecutionError(f"source {name!r}: the file has no column {missing[0]!r} that its schema declares")
+        con.execute(f'DROP VIEW "{name}"')
+    con.execute(f'CREATE TEMP VIEW "{name}" AS SELECT * FROM {_scan_sql(scan, declared or None)}')
+
+
+def _bind_one(con: duckdb.DuckDBPyConnection, source: ResolvedSource) -> None:
+    name, binding = source.name, source.binding
+    if isinstance(binding, ArrowTable):
+        con.register(name, binding.table)
+    elif isinstance(binding, ArrowDataset):
+        con.register(name, binding.dataset)
+    elif isinstance(binding, PostgresStream):
+        schema, batches = binding.batches()
+        reader = pa.RecordBatchReader.from_batches(schema, batches)
+        staging = f"__dataflow_stream_{name}"
+        try:
+            con.register(staging, reader)
+            con.execute(f'CREATE TEMP TABLE "{name}" AS SELECT * FROM "{staging}"')
+            con.unregister(staging)
+        except (duckdb.Error, pa.ArrowException, OSError):
+            if binding.failure is not None:  # the stream's own error, which the engine wrapped
+                raise binding.failure from None
+            raise
+        finally:
+            binding.close()
+    elif binding.reader == "read_csv":
+        _bind_csv(con, name, binding)
+    else:
+        con.execute(f'CREATE TEMP VIEW "{name}" AS SELECT * FROM {_scan_sql(binding, None)}')
+
+
+def _bind_sources(con: duckdb.DuckDBPyConnection, resolved: list[ResolvedSource], watch: _Watch) -> None:
+    for source in resolved:
+        if watch.fired.is_set():
+            raise watch.translate(source.name, duckdb.InterruptException("INTERRUPT"), "source")
+        try:
+            _bind_one(con, source)
+        except (duckdb.Error, pa.ArrowException, OSError) as exc:
+            raise watch.translate(source.name, exc, "source") from None
 
 
 def _run_steps(
-    cursor: duckdb.DuckDBPyConnection,
+    con: duckdb.DuckDBPyConnection,
     d: Definition,
     gated: list[sandbox.GatedStep],
     bound: dict[str, Any],
+    resolved: list[ResolvedSource],
     limits: ExecutionLimits,
-) -> pa.Table:
-    with _Deadline(cursor, limits) as deadline:
+    sink: progress.ProgressSink | None,
+    confined: bool,
+) -> resultstream.BoundedResult:
+    declared = d.output.arrow_schema()
+    bytes_max = d.output.max_bytes_int
+    collector = resultstream.ResultCollector(
+        declared, d.output.max_rows, bytes_max, f"output.max_bytes = {d.output.max_bytes}"
+    )
+    with _Watch(con, limits, sink, reports_percent=confined) as watch:
+        _bind_sources(con, resolved, watch)
         # Earlier steps become private TEMP tables that later steps read by name; the last step's
         # result is streamed straight out, in its own order.
         for step in gated[:-1]:
             params = {name: bound[name] for name in step.parameter_names}
-            deadline.run(step.name, sandbox.materialize_statement(cursor, step), params)
+            watch.run(step.name, sandbox.materialize_statement(con, step), params)
         last = gated[-1]
         params = {name: bound[name] for name in last.parameter_names}
-        return deadline.fetch_bounded(last.name, last.sql, params, d.output.max_rows)
+        watch.stream(last.name, last.sql, params, collector, declared)
+    return collector.finish()
 
 
-def _register_sources(cursor: duckdb.DuckDBPyConnection, resolved: list[ResolvedSource]) -> None:
-    for source in resolved:
-        cursor.register(source.name, source.table)
+def _allowed_paths(resolved: list[ResolvedSource]) -> list[str]:
+    return [s.path for source in resolved if isinstance(source.binding, FileScan) for s in source.stamps]
+
+
+def _needs_own_database(resolved: list[ResolvedSource]) -> bool:
+    """Only executions over inline rows alone share the process's database (they never spill)."""
+    return any(not isinstance(source.binding, ArrowTable) for source in resolved)
 
 
 def preflight(d: Definition, ctx: ExecutionContext) -> None:
     """Everything that can be refused without reading data: the SQL gate, undeclared $parameters and
     file paths outside the allowed roots. Call it before recording a run so hostile input leaves no trace.
     """
-    cursor = sandbox.open_cursor(ctx.limits)
-    try:
-        _gate_all(cursor, d)
-    finally:
-        cursor.close()
+    _gate(d, ctx.limits)
     for name, spec in d.sources.items():
         path = getattr(spec, "path", None)
         if isinstance(path, str):
@@ -239,29 +349,36 @@ def execute(
     params: Mapping[str, Any],
     ctx: ExecutionContext,
     sources: list[ResolvedSource] | None = None,
+    progress_sink: progress.ProgressSink | None = None,
 ) -> ExecutionResult:
     """Resolve sources (unless given), run the steps sandboxed, type, bound and digest the result."""
     bound = parameters.bind_values(d, params)
-    cursor = sandbox.open_cursor(ctx.limits)
-    try:
-        gated = _gate_all(cursor, d)  # refuse hostile SQL before reading any source
-        resolved = sources if sources is not None else resolve_sources(d, ctx)
-        _register_sources(cursor, resolved)
-        raw = _run_steps(cursor, d, gated, bound, ctx.limits)
-    finally:
-        cursor.close()  # drops this execution's registered views and TEMP tables
-    typed = cast_to_schema(raw, d.output.arrow_schema(), d.steps[-1].name).combine_chunks()
-    ipc_bytes = results.encode_ipc(typed)
-    if len(ipc_bytes) > d.output.max_bytes_int:
-        raise LimitExceeded(
-            f"the result is {len(ipc_bytes)} bytes as Arrow IPC, more than output.max_bytes = {d.output.max_bytes}"
-        )
+    gated = _gate(d, ctx.limits)  # refuse hostile SQL before reading any source
+    resolved = sources if sources is not None else resolve_sources(d, ctx)
+    with _engine(ctx.limits, resolved) as (con, confined):
+        result = _run_steps(con, d, gated, bound, resolved, ctx.limits, progress_sink, confined)
+    check_unchanged(resolved)
     recorded = tuple((s.name, s.kind, s.fingerprint) for s in resolved)
     return ExecutionResult(
-        table=typed,
-        row_count=typed.num_rows,
-        output_digest=arrowdigest.output_digest(typed),
-        ipc_bytes=ipc_bytes,
-        source_fingerprint_digest=source_fingerprint_digest(resolved),
+        row_count=result.row_count,
+        output_digest=result.output_digest,
+        ipc_bytes=result.ipc_bytes,
+        source_fingerprint_digest=source_fingerprint_digest(recorded),
         sources=recorded,
     )
+
+
+@contextlib.contextmanager
+def _engine(
+    limits: ExecutionLimits, resolved: list[ResolvedSource]
+) -> Iterator[tuple[duckdb.DuckDBPyConnection, bool]]:
+    """The connection an execution runs on: its own confined database (True), or a shared cursor."""
+    if _needs_own_database(resolved):
+        with sandbox.open_confined(limits, _allowed_paths(resolved)) as con:
+            yield con, True
+        return
+    cursor = sandbox.open_cursor(limits)
+    try:
+        yield cursor, False
+    finally:
+        cursor.close()  # drops this execution's registered views and TEMP tables

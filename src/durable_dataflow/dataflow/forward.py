@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from durable_dataflow.core import checkpoints, fencing, hashing, leases
 from durable_dataflow.core.errors import DataflowError, EvidenceError, StaleAttempt
-from durable_dataflow.dataflow import crashpoints, evidence, results, runs
+from durable_dataflow.dataflow import crashpoints, evidence, progress, results, runs
 from durable_dataflow.dataflow.runs import MODULE, RecoveryStatus, Run, RunStatus
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.contract import (
@@ -61,23 +61,29 @@ def load_capable_provider(run: Run) -> Provider:
     return provider
 
 
-def execute_forward(service: RunService, run: Run, attempt: int) -> None:
+def execute_forward(
+    service: RunService, run: Run, attempt: int, progress_sink: progress.ProgressSink | None = None
+) -> None:
     try:
         provider = load_capable_provider(run)
     except MissingCapability as error:
         service.fail_before_dispatch(run.run_id, attempt, error, missing_capability=True)
         return
     try:
-        result = service.compute(run)
+        result = service.compute(run, progress_sink)
     except DataflowError as error:
         service.fail_before_dispatch(run.run_id, attempt, error)
         return
+    progress.report(progress_sink, progress.Progress(
+        progress.Phase.COMMITTING, None, result.row_count, len(result.ipc_bytes)
+    ))  # fmt: skip
     crashpoints.reach(crashpoints.BEFORE_PREDISPATCH_COMMIT)
     try:
         authorize_dispatch(service, run, attempt, result)
     except StaleAttempt:
         return  # never authorized: the sweeper proves this attempt absent and retries the run
     crashpoints.reach(crashpoints.AFTER_PREDISPATCH_COMMIT)
+    progress.report(progress_sink, progress.Progress(progress.Phase.PUBLISHING, None, result.row_count))
     dispatch(service, run, attempt, provider)
 
 

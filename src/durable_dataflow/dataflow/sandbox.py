@@ -1,21 +1,33 @@
-"""The DuckDB sandbox for user SQL (reference §3).
+"""The DuckDB sandbox for user SQL (reference §3 and §6, docs/engines.md).
 
-One in-memory DuckDB database per process and per (memory_limit, threads) pair, opened lazily:
-opening one costs ~17 ms, a cursor on it ~1.3 ms. It is configured with external access,
-extension loading and Python replacement scans off and then locked, so no user statement can
-change a setting. Settings are global to a database and cannot change once locked; that is why
-limits are per database rather than per execution, and a process that needs other limits gets
-another database (at most SANDBOX_DATABASES_MAX of them; each has its own memory limit).
+Two shapes, both configured with external access, extension loading and Python replacement scans
+off and then locked, so no user statement can change a setting:
 
-Each execution works in its own cursor. A DuckDB cursor is a separate connection: views that
-`register()` creates and TEMP tables are private to it (verified by
-tests/unit/test_sandbox.py), so concurrent executions in worker threads cannot see each other's
-sources or step results even when they use the same names.
+* **Confined** (``open_confined``): one database per execution that reads files. Its
+  ``allowed_paths`` are exactly the resolved source files, set *before* ``enable_external_access =
+  false`` and ``lock_configuration = true`` (the only order DuckDB accepts: the setting cannot be
+  passed to ``connect()``). DuckDB then streams those files itself (projection and filter pushdown,
+  out-of-core execution) and refuses every other file, a glob, a second file in the same folder, a
+  symlink leading out, a URL. It spills to a private temporary folder of its own (DuckDB allow-lists
+  its temp directory, so the folder is per execution, mode 0700, and removed afterwards), bounded
+  by ``max_temp_directory_size``. Settings are global to a database, so each execution's limits are
+  its own.
+* **Shared** (``open_cursor``): executions whose sources are all inline use a cursor on one
+  database per process and per (memory limit, threads) pair, opened lazily, because opening a
+  database costs ~17 ms and a cursor ~1.3 ms. It never spills (no temp directory). A DuckDB cursor
+  is a separate connection: its registered views and TEMP tables are private to it
+  (tests/unit/test_sandbox.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import shutil
+import tempfile
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,9 +36,11 @@ import duckdb
 from durable_dataflow.core.errors import InputError
 
 if TYPE_CHECKING:
-    from durable_dataflow.dataflow.execution import ExecutionLimits
+    from durable_dataflow.dataflow.limits import ExecutionLimits
 
 SANDBOX_DATABASES_MAX = 8
+ALLOWED_PATHS_MAX = 100_000
+SPILL_FOLDER_PREFIX = "dataflow-spill-"
 
 _BASE_CONFIG: dict[str, str | bool] = {
     "autoload_known_extensions": False,
@@ -34,10 +48,10 @@ _BASE_CONFIG: dict[str, str | bool] = {
     "allow_community_extensions": False,
     "allow_unsigned_extensions": False,
     "python_enable_replacements": False,  # no implicit scans of the caller's Python variables
-    # The default '.tmp' would be silently allow-listed once external access is off (reference §3);
-    # with no temp directory nothing spills to disk and memory_limit is a hard bound.
-    "temp_directory": "",
 }
+# The default '.tmp' would be silently allow-listed once external access is off (reference §3);
+# the shared database has no temp directory, so nothing of it spills and memory_limit is a hard bound.
+_NO_SPILL = {"temp_directory": ""}
 
 _databases: dict[tuple[str, int], duckdb.DuckDBPyConnection] = {}
 _databases_lock = threading.Lock()
@@ -52,19 +66,23 @@ class GatedStep:
     parameter_names: frozenset[str]
 
 
-def _open_database(memory_limit: str, threads: int) -> duckdb.DuckDBPyConnection:
-    config: dict[str, str | bool | int | float | list[str]] = {
-        **_BASE_CONFIG, "memory_limit": memory_limit, "threads": threads
-    }
-    database = duckdb.connect(":memory:", config=config)
+def _lock(database: duckdb.DuckDBPyConnection) -> None:
     # Order matters: external access off first, then freeze every setting including that one.
     database.execute("SET enable_external_access = false")
     database.execute("SET lock_configuration = true")
+
+
+def _open_shared(memory_limit: str, threads: int) -> duckdb.DuckDBPyConnection:
+    config: dict[str, str | bool | int | float | list[str]] = {
+        **_BASE_CONFIG, **_NO_SPILL, "memory_limit": memory_limit, "threads": threads
+    }
+    database = duckdb.connect(":memory:", config=config)
+    _lock(database)
     return database
 
 
 def open_cursor(limits: ExecutionLimits) -> duckdb.DuckDBPyConnection:
-    """A private connection on the shared sandbox database for these limits; close it when done."""
+    """A private connection on the shared (file-less) sandbox database for these limits; close it when done."""
     key = (limits.memory_limit, limits.threads)
     with _databases_lock:
         database = _databases.get(key)
@@ -74,10 +92,49 @@ def open_cursor(limits: ExecutionLimits) -> duckdb.DuckDBPyConnection:
                     f"more than {SANDBOX_DATABASES_MAX} different sandbox limits in one process: "
                     "use one memory_limit and thread count per worker"
                 )
-            database = _open_database(limits.memory_limit, limits.threads)
+            database = _open_shared(limits.memory_limit, limits.threads)
             _databases[key] = database
         # cursor() on the parent is not safe to call concurrently, so it stays under the lock.
         return database.cursor()
+
+
+@contextlib.contextmanager
+def open_confined(limits: ExecutionLimits, allowed_paths: Sequence[str]) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A database of its own that may read exactly ``allowed_paths`` (absolute, resolved file paths).
+
+    The connection reports query progress (``query_progress()``) and is closed, and its spill
+    folder removed, when the block ends.
+    """
+    if len(allowed_paths) > ALLOWED_PATHS_MAX:
+        raise InputError(f"the sources name more than {ALLOWED_PATHS_MAX} files")
+    spill = tempfile.mkdtemp(prefix=SPILL_FOLDER_PREFIX, dir=limits.temp_dir)  # mode 0700
+    try:
+        config: dict[str, str | bool | int | float | list[str]] = {
+            **_BASE_CONFIG,
+            "memory_limit": limits.memory_limit,
+            "threads": limits.threads,
+            "temp_directory": spill,
+            "max_temp_directory_size": f"{max(1, limits.temp_bytes_max // 1024**2)}MiB",
+        }
+        database = duckdb.connect(":memory:", config=config)
+        try:
+            if allowed_paths:
+                database.execute("SET allowed_paths = ?", [list(allowed_paths)])
+            # Local (per-connection) settings: progress is computed but never printed by DuckDB.
+            database.execute("SET enable_progress_bar = true")
+            database.execute("SET enable_progress_bar_print = false")
+            _lock(database)
+            yield database
+        finally:
+            database.close()
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
+
+
+def spill_folders_left(temp_dir: str | os.PathLike[str] | None = None) -> list[str]:
+    """Spill folders that still exist (tests: every execution removes its own)."""
+    root = temp_dir or tempfile.gettempdir()
+    return sorted(name for name in os.listdir(root) if name.startswith(SPILL_FOLDER_PREFIX))
 
 
 def gate_step(cursor: duckdb.DuckDBPyConnection, step_name: str, sql: str) -> GatedStep:
@@ -85,7 +142,7 @@ def gate_step(cursor: duckdb.DuckDBPyConnection, step_name: str, sql: str) -> Ga
     try:
         statements = cursor.extract_statements(sql)
     except duckdb.Error as exc:
-        raise InputError(f"step {step_name!r}: the SQL does not parse: {_first_line(exc)}") from None
+        raise InputError(f"step {step_name!r}: the SQL does not parse: {first_line(exc)}") from None
     if len(statements) != 1:
         raise InputError(
             f"step {step_name!r} must be exactly one SELECT statement, found {len(statements)} statements"
@@ -112,5 +169,31 @@ def materialize_statement(cursor: duckdb.DuckDBPyConnection, step: GatedStep) ->
     return wrapped
 
 
-def _first_line(exc: BaseException) -> str:
+def string_literal(text: str) -> str:
+    """text as a DuckDB string literal (single quotes doubled; NUL refused)."""
+    if "\x00" in text:
+        raise InputError("a source path or option contains a NUL character")
+    return "'" + text.replace("'", "''") + "'"
+
+
+# Lines of DuckDB messages that quote input (a CSV line, the SQL, the file and its sniffed
+# options) or only give advice; an error shown to a user keeps the reason and drops these.
+_QUOTING_LINE = re.compile(r"^\s*(Original Line|LINE \d+|Possible Solution|file\s*=|\^)")
+
+
+def engine_message(exc: BaseException, chars_max: int = 300) -> str:
+    """The reason of an engine error in one line, without the lines that quote file contents or SQL."""
+    kept: list[str] = []
+    for line in str(exc).splitlines():
+        if not line.strip():
+            if kept:
+                break  # DuckDB puts the quoted context after the first blank line
+            continue
+        if _QUOTING_LINE.match(line):
+            continue
+        kept.append(line.strip())
+    return (" ".join(kept) or type(exc).__name__)[:chars_max]
+
+
+def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import traceback
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+import structlog
 from sqlalchemy import exc
 from sqlalchemy.engine import Connection
 
@@ -26,6 +28,7 @@ from durable_dataflow.core.errors import (
     Conflict,
     DataflowError,
     EvidenceError,
+    ExecutionError,
     InputError,
     LeaseUnavailable,
     NotFound,
@@ -33,7 +36,17 @@ from durable_dataflow.core.errors import (
 )
 from durable_dataflow.core.heartbeat import KeepAlive
 from durable_dataflow.core.secrets import Secret
-from durable_dataflow.dataflow import crashpoints, evidence, execution, parameters, results, runs, sources
+from durable_dataflow.dataflow import (
+    crashpoints,
+    evidence,
+    execution,
+    limits,
+    parameters,
+    progress,
+    results,
+    runs,
+    sources,
+)
 from durable_dataflow.dataflow.definitions import Definition, canonical_body, definition_hash
 from durable_dataflow.dataflow.requests import RunRequest, check_request, request_hash
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
@@ -43,6 +56,8 @@ RESULT_FORMAT = results.FORMAT_IPC_DIGEST_V3
 ERROR_MESSAGE_CHARS_MAX = 2000
 LEASE_TTL_ENV = "DATAFLOW_LEASE_TTL"
 DEFINITIONS_CACHED_MAX = 256
+
+_log = structlog.get_logger("dataflow.service")
 
 
 def lease_ttl_from_env(explicit: float | None = None) -> float:
@@ -62,7 +77,7 @@ def lease_ttl_from_env(explicit: float | None = None) -> float:
 class ServiceConfig:
     lease_ttl_s: float = leases.LEASE_TTL_S_DEFAULT
     holder: str = field(default_factory=lambda: f"{os.uname().nodename}:{os.getpid()}")
-    limits: execution.ExecutionLimits = field(default_factory=execution.ExecutionLimits)
+    limits: limits.ExecutionLimits = field(default_factory=limits.ExecutionLimits)
     evidence_key: Secret | None = None
 
 
@@ -95,6 +110,10 @@ class RunService:
             self._definitions.move_to_end(d_hash)
             while len(self._definitions) > DEFINITIONS_CACHED_MAX:
                 self._definitions.popitem(last=False)
+
+    def limits_for(self, defn: Definition) -> limits.ExecutionLimits:
+        """The platform's limits narrowed by what the definition asks; asking for more is InputError."""
+        return limits.effective(self.config.limits, defn.limits, defn.output.max_bytes_int)
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -141,7 +160,7 @@ class RunService:
             existing = self._replay(request.access.tenant, key, r_hash)
             if existing is not None:
                 return Submission(existing, created=False)
-        execution.preflight(defn, context_for(request.base_dir, self.config.limits))
+        execution.preflight(defn, context_for(request.base_dir, self.limits_for(defn)))
         self._remember(d_hash, defn)
         run_id = runs.new_run_id()
         values = _run_values(request, run_id, key or f"run:{run_id}", d_hash, r_hash, params, target)
@@ -250,34 +269,55 @@ class RunService:
 
     # ---- execute ---------------------------------------------------------------------------
 
-    def execute(self, claim: Claim) -> Run:
+    def execute(self, claim: Claim, progress_sink: progress.ProgressSink | None = None) -> Run:
         """Carry one claimed attempt to its end, heartbeating the lease meanwhile."""
         run, attempt = claim.run, claim.attempt
         final: Run | None = None
         with KeepAlive(self.db, MODULE, run.run_id, attempt, self.config.lease_ttl_s):
             if run.mode == Mode.ATOMIC:
-                final = self._execute_atomic(run, attempt)
+                final = self._execute_atomic(run, attempt, progress_sink)
             else:
                 from durable_dataflow.dataflow import forward
 
-                forward.execute_forward(self, run, attempt)
+                forward.execute_forward(self, run, attempt, progress_sink)
         return final if final is not None else self.get(run.run_id)
 
-    def compute(self, run: Run) -> execution.ExecutionResult:
-        """Resolve sources and run the steps: recomputable, nothing committed."""
-        defn = self.definition_of(run)
-        ctx = context_for(Path(run.base_dir), self.config.limits)
-        resolved = sources.resolve_sources(defn, ctx)
-        crashpoints.reach(crashpoints.DURING_EXECUTION)
-        return execution.execute(defn, run.parameters, ctx, resolved)
+    def compute(self, run: Run, progress_sink: progress.ProgressSink | None = None) -> execution.ExecutionResult:
+        """Resolve sources and run the steps: recomputable, nothing committed.
 
-    def _execute_atomic(self, run: Run, attempt: int) -> Run | None:
+        Every in-process error becomes a ``DataflowError`` here, so the caller always records a
+        terminal entry: an unexpected one is an ``ExecutionError`` naming its type (its text may
+        quote data or driver details, so it goes to the log, not to the run).
+        """
+        progress.report(progress_sink, progress.Progress(progress.Phase.EXECUTING))
+        try:
+            defn = self.definition_of(run)
+            ctx = context_for(Path(run.base_dir), self.limits_for(defn))
+            resolved = sources.resolve_sources(defn, ctx)
+            crashpoints.reach(crashpoints.DURING_EXECUTION)
+            return execution.execute(defn, run.parameters, ctx, resolved, progress_sink)
+        except DataflowError:
+            raise
+        except Exception as error:  # no in-process error may leave a run running
+            # The frames, not the message: an unexpected error's text may quote data or credentials.
+            _log.error(
+                "execution.unexpected_error", run_id=run.run_id, error_type=type(error).__name__,
+                frames="".join(traceback.format_tb(error.__traceback__)),
+            )  # fmt: skip
+            raise ExecutionError(
+                f"the execution failed with an unexpected {type(error).__name__} (details are in the process log)"
+            ) from None
+
+    def _execute_atomic(self, run: Run, attempt: int, progress_sink: progress.ProgressSink | None) -> Run | None:
         """The attempt's end; returns the committed run when this attempt's terminal commit succeeded."""
         try:
-            result = self.compute(run)
+            result = self.compute(run, progress_sink)
         except DataflowError as error:
             self.fail_before_dispatch(run.run_id, attempt, error)
             return None
+        progress.report(progress_sink, progress.Progress(
+            progress.Phase.COMMITTING, None, result.row_count, len(result.ipc_bytes)
+        ))  # fmt: skip
         crashpoints.reach(crashpoints.BEFORE_TERMINAL_COMMIT)
         final: Run | None = None
         try:
@@ -349,18 +389,19 @@ class RunService:
         except StaleAttempt:
             return
 
-    def run_inline(self, request: RunRequest) -> Submission:
+    def run_inline(self, request: RunRequest, progress_sink: progress.ProgressSink | None = None) -> Submission:
         """Record, claim and execute in this process (``dataflow run``); a replay executes nothing."""
+        progress.report(progress_sink, progress.Progress(progress.Phase.RECORDING))
         submission = self.submit(request, claim=True)
         if not submission.created:
             return submission
-        run = self.execute(Claim(submission.run, submission.run.attempt))
+        run = self.execute(Claim(submission.run, submission.run.attempt), progress_sink)
         return Submission(run, created=True)
 
 
-def context_for(base_dir: Path, limits: execution.ExecutionLimits) -> execution.ExecutionContext:
+def context_for(base_dir: Path, bounds: limits.ExecutionLimits) -> execution.ExecutionContext:
     extra = [Path(p) for p in os.environ.get(execution.DATA_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
-    return execution.ExecutionContext(base_dir=base_dir, allowed_roots=(base_dir, *extra), limits=limits)
+    return execution.ExecutionContext(base_dir=base_dir, allowed_roots=(base_dir, *extra), limits=bounds)
 
 
 def store_result(conn: Connection, run_id: str, attempt: int, result: execution.ExecutionResult) -> None:

@@ -1,28 +1,42 @@
-"""Source resolution: every source becomes an Arrow table with a fingerprint of what was read.
+"""Source resolution: what each source is, where its bytes are, and a fingerprint of what was read.
 
-Files are read once into memory; the fingerprint is the sha256 of exactly those bytes and the
-table is parsed from the same bytes, so the fingerprint cannot describe a different version of
-the file than the one that was executed. Paths are confined to the allowed roots after resolving
-symlinks and ``..``. Query sources are fingerprinted by the output digest of their result.
+Resolution reads no data. Files are confined to the allowed roots (after resolving symlinks and
+``..``), stamped (device, inode, size, modification and change times) and fingerprinted cheaply;
+the engine then reads the files itself, and ``check_unchanged`` stamps them again once it is done,
+so a file replaced, rewritten or swapped for a symlink between fingerprint and read fails the
+attempt (recomputable) instead of recording a fingerprint of other bytes. What each fingerprint
+proves (docs/engines.md):
+
+* ``csv``: the SHA-256 of the file's bytes, streamed in blocks (a CSV has no cheaper summary).
+* ``parquet``: per file, the SHA-256 of its footer (schema, row groups, column chunk offsets, sizes
+  and statistics) with the file size; a folder adds the relative name of every file. It identifies
+  the file version by its structure, not by hashing every data page.
+* ``delta``: the table id and the version of the pinned snapshot (a Delta version is immutable),
+  and every data file of that snapshot is confined and stamped like a file source.
+* ``inline``: the output digest of its typed table.
+* ``postgres``: the output digest of the result rows, computed while they stream (known only
+  once the engine has read them: ``PostgresStream.fingerprint``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
+import hashlib
 import os
 import re
+import stat
 import weakref
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
 from durable_dataflow.core import hashing, secrets
-from durable_dataflow.core.errors import ExecutionError, InputError
+from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
 from durable_dataflow.dataflow import arrowdigest
 from durable_dataflow.dataflow.definitions import (
     CsvSource,
@@ -31,7 +45,6 @@ from durable_dataflow.dataflow.definitions import (
     ParquetSource,
     PostgresSource,
     arrow_schema_of,
-    parse_arrow_type,
 )
 
 if TYPE_CHECKING:
@@ -39,10 +52,16 @@ if TYPE_CHECKING:
     from durable_dataflow.dataflow.execution import ExecutionContext
 
 PARQUET_FOLDER_FILES_MAX = 10_000
+DELTA_FILES_MAX = 100_000
 POSTGRES_CONNECT_TIMEOUT_S = 10
 POSTGRES_FETCH_BATCH_ROWS = 10_000
-POSTGRES_ROWS_MAX = 5_000_000
 ERROR_LINE_CHARS_MAX = 300
+HASH_BLOCK_BYTES = 1024 * 1024
+PARQUET_MAGIC = b"PAR1"
+PARQUET_TAIL_BYTES = 8  # footer length (4 bytes, little endian) + magic
+PARQUET_FOOTER_BYTES_MAX = 256 * 1024 * 1024
+# DuckDB expands these in a file name; a source names files and folders, never patterns.
+_GLOB_CHARACTERS = re.compile(r"[*?\[\]{}]")
 
 # PostgreSQL type OIDs with a fixed Arrow type; numeric is typed from its declared precision.
 _PG_ARROW_TYPES: dict[int, pa.DataType] = {
@@ -54,13 +73,105 @@ _PG_NUMERIC_OID = 1700
 
 
 @dataclass(frozen=True)
+class FileStamp:
+    """What the file system says about one confined file; equal stamps mean the same unchanged file."""
+
+    path: str
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, source: str, path: Path) -> FileStamp:
+        try:
+            info = os.lstat(path)  # lstat: a file swapped for a symlink gets another stamp
+        except OSError as exc:
+            raise ExecutionError(f"source {source!r}: cannot stat {path.name!r}: {exc.strerror or exc}") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"source {source!r}: {path.name!r} is not a regular file")
+        return cls(str(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+@dataclass(frozen=True)
+class FileScan:
+    """Files the engine reads itself: ``reader`` is ``read_parquet`` or ``read_csv``, ``options`` its
+    named options as SQL text (built by the platform from the definition, never user SQL)."""
+
+    reader: str
+    stamps: tuple[FileStamp, ...]
+    options: tuple[tuple[str, str], ...] = ()
+    declared: dict[str, str] | None = None  # csv: declared column types (Arrow type names)
+
+
+@dataclass(frozen=True)
+class ArrowTable:
+    """A table built in memory by the platform (inline rows)."""
+
+    table: pa.Table
+
+
+@dataclass(frozen=True)
+class ArrowDataset:
+    """A pyarrow dataset the engine scans with pushdown (a pinned Delta snapshot)."""
+
+    dataset: Any
+    stamps: tuple[FileStamp, ...]
+
+
+@dataclass
+class PostgresStream:
+    """A query streamed from PostgreSQL in batches; the fingerprint is known once it has been read."""
+
+    spec: PostgresSource
+    source: str
+    bytes_max: int
+    time_limit_s: float
+    fingerprint: str | None = None
+    bytes_read: int = 0
+    # The engine wraps an error raised inside the iterator in its own; the original is kept here.
+    failure: DataflowError | None = None
+    _close: Callable[[], None] | None = None
+
+    def batches(self) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        """The result's schema and its batches; call ``close()`` when done, read or not."""
+        return _stream_postgres(self)
+
+    def close(self) -> None:
+        """Close the cursor and the connection (idempotent; the iterator also closes them at its end)."""
+        close, self._close = self._close, None
+        if close is not None:
+            close()
+
+
+Binding = FileScan | ArrowTable | ArrowDataset | PostgresStream
+
+
+@dataclass(frozen=True)
 class ResolvedSource:
-    """A source as an Arrow table, with the fingerprint of what it was read from."""
+    """A source ready for the engine: how to bind it, and the fingerprint of what it reads."""
 
     name: str
     kind: str
-    table: pa.Table
-    fingerprint: str
+    binding: Binding
+    fingerprint_known: str | None = field(default=None)
+
+    @property
+    def fingerprint(self) -> str:
+        """The fingerprint; for a streamed query, only after the engine has read it."""
+        if isinstance(self.binding, PostgresStream):
+            if self.binding.fingerprint is None:
+                raise ExecutionError(f"source {self.name!r} has not been read yet")
+            return self.binding.fingerprint
+        if self.fingerprint_known is None:  # every other kind is fingerprinted when resolved
+            raise ExecutionError(f"source {self.name!r} has no fingerprint")
+        return self.fingerprint_known
+
+    @property
+    def stamps(self) -> tuple[FileStamp, ...]:
+        binding = self.binding
+        return binding.stamps if isinstance(binding, FileScan | ArrowDataset) else ()
 
 
 def confine_path(source: str, raw_path: str, ctx: ExecutionContext) -> Path:
@@ -80,46 +191,63 @@ def confine_path(source: str, raw_path: str, ctx: ExecutionContext) -> Path:
             f"source {source!r}: path {raw_path!r} resolves outside the allowed data roots "
             "(the definition's directory and DATAFLOW_DATA_ROOTS); symlinks and '..' cannot leave them"
         )
+    if _GLOB_CHARACTERS.search(str(resolved)):
+        raise InputError(
+            f"source {source!r}: path {raw_path!r} contains a glob character (* ? [ ] {{ }}); "
+            "name a file or a folder, and rename files whose names contain these characters"
+        )
     return resolved
 
 
-def _read_bounded(source: str, path: Path, bytes_max: int) -> bytes:
-    """The file's bytes, refusing files above bytes_max (checked before and while reading)."""
+def _check_size(source: str, stamps: tuple[FileStamp, ...], bytes_max: int) -> None:
+    total = sum(s.size for s in stamps)
+    if total > bytes_max:
+        what = repr(Path(stamps[0].path).name) if len(stamps) == 1 else f"its {len(stamps)} files"
+        raise LimitExceeded(f"source {source!r}: {what} is larger than the source limit of {bytes_max} bytes")
+
+
+def _open_nofollow(source: str, path: Path) -> int:
     try:
-        if not path.is_file():
-            raise InputError(f"source {source!r}: {path.name!r} is not a regular file")
-        if path.stat().st_size > bytes_max:
-            raise InputError(f"source {source!r}: {path.name!r} is larger than the source limit of {bytes_max} bytes")
         # O_NOFOLLOW: a file swapped for a symlink after confine_path() is refused, not followed.
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(descriptor, "rb") as handle:
-            data = handle.read(bytes_max + 1)
+        return os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
         raise InputError(f"source {source!r}: cannot read {path.name!r}: {exc.strerror or exc}") from None
-    if len(data) > bytes_max:  # the file grew after stat()
-        raise InputError(f"source {source!r}: {path.name!r} is larger than the source limit of {bytes_max} bytes")
-    return data
+
+
+def _sha256_of_file(source: str, stamp: FileStamp) -> str:
+    h = hashlib.sha256()
+    descriptor = _open_nofollow(source, Path(stamp.path))
+    with os.fdopen(descriptor, "rb", buffering=0) as handle:
+        while chunk := handle.read(HASH_BLOCK_BYTES):  # ends at end of file
+            h.update(chunk)
+    return hashing.PREFIX + h.hexdigest()
+
+
+def _parquet_footer_fingerprint(source: str, stamp: FileStamp) -> str:
+    name = Path(stamp.path).name
+    descriptor = _open_nofollow(source, Path(stamp.path))
+    with os.fdopen(descriptor, "rb", buffering=0) as handle:
+        if stamp.size < 2 * len(PARQUET_MAGIC) + PARQUET_TAIL_BYTES - len(PARQUET_MAGIC):
+            raise ExecutionError(f"source {source!r}: {name!r} is too short to be a Parquet file")
+        handle.seek(stamp.size - PARQUET_TAIL_BYTES)
+        tail = handle.read(PARQUET_TAIL_BYTES)
+        footer_bytes = int.from_bytes(tail[:4], "little")
+        if tail[4:] != PARQUET_MAGIC or not 0 < footer_bytes <= min(PARQUET_FOOTER_BYTES_MAX, stamp.size):
+            raise ExecutionError(f"source {source!r}: {name!r} is not a Parquet file (no valid footer)")
+        handle.seek(stamp.size - PARQUET_TAIL_BYTES - footer_bytes)
+        footer = handle.read(footer_bytes)
+    return hashing.digest({"size": str(stamp.size), "footer": hashing.sha256_bytes(footer)})
 
 
 def _resolve_csv(name: str, spec: CsvSource, ctx: ExecutionContext) -> ResolvedSource:
     path = confine_path(name, spec.path, ctx)
-    data = _read_bounded(name, path, ctx.limits.source_bytes_max)
-    types = {column: parse_arrow_type(t) for column, t in (spec.columns or {}).items()}
-    # Without a header line the declared schema names the columns, in order.
-    names = list(types) if not spec.header and types else None
-    try:
-        table = pacsv.read_csv(
-            pa.BufferReader(data),
-            read_options=pacsv.ReadOptions(column_names=names, autogenerate_column_names=not spec.header and not names),
-            parse_options=pacsv.ParseOptions(delimiter=spec.delimiter),
-            convert_options=pacsv.ConvertOptions(column_types=types),
-        )
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise ExecutionError(f"source {name!r}: cannot parse {spec.path!r} as CSV: {exc}") from None
-    missing = [column for column in types if column not in table.column_names]
-    if missing:
-        raise ExecutionError(f"source {name!r}: {spec.path!r} has no column {missing[0]!r} that its schema declares")
-    return ResolvedSource(name, "csv", table, hashing.sha256_bytes(data))
+    stamp = FileStamp.of(name, path)
+    _check_size(name, (stamp,), ctx.limits.source_bytes_max)
+    from durable_dataflow.dataflow import sandbox  # the literal quoting rule lives with the engine
+
+    options = [("header", "true" if spec.header else "false"), ("delim", sandbox.string_literal(spec.delimiter))]
+    scan = FileScan("read_csv", (stamp,), tuple(options), dict(spec.columns) if spec.columns else None)
+    return ResolvedSource(name, "csv", scan, _sha256_of_file(name, stamp))
 
 
 def _parquet_files(name: str, root: Path, ctx: ExecutionContext) -> list[tuple[str, Path]]:
@@ -137,23 +265,12 @@ def _parquet_files(name: str, root: Path, ctx: ExecutionContext) -> list[tuple[s
 
 def _resolve_parquet(name: str, spec: ParquetSource, ctx: ExecutionContext) -> ResolvedSource:
     root = confine_path(name, spec.path, ctx)
-    bytes_left = ctx.limits.source_bytes_max
-    tables: list[pa.Table] = []
-    parts: list[list[str]] = []
-    for relative, path in _parquet_files(name, root, ctx):
-        data = _read_bounded(name, path, bytes_left)
-        bytes_left -= len(data)
-        parts.append([relative, hashing.sha256_bytes(data)])
-        try:
-            tables.append(pq.read_table(pa.BufferReader(data)))
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise ExecutionError(f"source {name!r}: cannot read {relative!r} as Parquet: {exc}") from None
-    try:
-        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    except pa.ArrowInvalid as exc:
-        raise ExecutionError(f"source {name!r}: the parquet files do not share one schema: {exc}") from None
+    files = _parquet_files(name, root, ctx)
+    stamps = tuple(FileStamp.of(name, path) for _, path in files)
+    _check_size(name, stamps, ctx.limits.source_bytes_max)
+    parts = [[relative, _parquet_footer_fingerprint(name, s)] for (relative, _), s in zip(files, stamps, strict=True)]
     fingerprint = parts[0][1] if root.is_file() else hashing.digest({"files": parts})
-    return ResolvedSource(name, "parquet", table, fingerprint)
+    return ResolvedSource(name, "parquet", FileScan("read_parquet", stamps), fingerprint)
 
 
 def _inline_value(value: Any, t: pa.DataType) -> Any:
@@ -170,15 +287,124 @@ def _inline_value(value: Any, t: pa.DataType) -> Any:
 
 def _rows_to_table(name: str, rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     arrays = []
-    for field in schema:
+    for field_ in schema:
         try:
-            values = [_inline_value(row.get(field.name), field.type) for row in rows]
-            arrays.append(pa.array(values, type=field.type))
+            values = [_inline_value(row.get(field_.name), field_.type) for row in rows]
+            arrays.append(pa.array(values, type=field_.type))
         except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, decimal.InvalidOperation) as exc:
             raise InputError(
-                f"source {name!r}: column {field.name!r} does not hold {field.type} values: {exc}"
+                f"source {name!r}: column {field_.name!r} does not hold {field_.type} values: {exc}"
             ) from None
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# An inline source is part of an immutable definition: its typed table and fingerprint are computed
+# once per spec object (keyed by id(), dropped by a finalizer when the spec dies).
+_inline_by_id: dict[int, ResolvedSource] = {}
+
+
+def _resolve_inline(name: str, spec: InlineSource) -> ResolvedSource:
+    cached = _inline_by_id.get(id(spec))
+    if cached is not None and cached.name == name:
+        return cached
+    table = _rows_to_table(name, spec.rows, arrow_schema_of(spec.columns))
+    # The typed table's digest covers the schema (names, order, types) and every value.
+    resolved = ResolvedSource(name, "inline", ArrowTable(table), arrowdigest.output_digest(table))
+    _inline_by_id[id(spec)] = resolved
+    weakref.finalize(spec, _inline_by_id.pop, id(spec), None)
+    return resolved
+
+
+def _delta_file(name: str, uri: str, root: Path, ctx: ExecutionContext) -> Path:
+    """A data file of the snapshot, confined to the table's own folder (a log may name any path)."""
+    path = confine_path(name, uri.removeprefix("file://"), ctx)
+    if not path.is_relative_to(root):
+        raise InputError(f"source {name!r}: the delta log names a data file outside the table's folder")
+    return path
+
+
+def _resolve_delta(name: str, spec: DeltaSource, ctx: ExecutionContext) -> ResolvedSource:
+    try:
+        import deltalake  # optional extra: imported only when a delta source is used
+    except ImportError:
+        raise InputError(
+            f"source {name!r} is a delta table but the deltalake package is not installed: "
+            "install durable-dataflow[delta]"
+        ) from None
+    root = confine_path(name, spec.path, ctx)
+    try:
+        table = deltalake.DeltaTable(str(root), version=spec.version)
+        uris = table.file_uris()
+        version, table_id = int(table.version()), str(table.metadata().id)
+    except Exception as exc:  # deltalake raises many unrelated types; all mean "cannot read it"
+        raise ExecutionError(f"source {name!r}: cannot read the delta table {spec.path!r}: {_short(exc)}") from None
+    if len(uris) > DELTA_FILES_MAX:
+        raise InputError(f"source {name!r}: the delta snapshot has more than {DELTA_FILES_MAX} files")
+    stamps = tuple(FileStamp.of(name, _delta_file(name, uri, root, ctx)) for uri in uris)
+    _check_size(name, stamps, ctx.limits.source_bytes_max)
+    try:
+        dataset = table.to_pyarrow_dataset()
+    except Exception as exc:  # e.g. a reader feature (deletion vectors, column mapping) it cannot apply
+        raise ExecutionError(f"source {name!r}: cannot scan the delta table {spec.path!r}: {_short(exc)}") from None
+    fingerprint = hashing.digest({"uri": root.as_uri(), "table_id": table_id, "version": version})
+    return ResolvedSource(name, "delta", ArrowDataset(dataset, stamps), fingerprint)
+
+
+def _short(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:ERROR_LINE_CHARS_MAX]
+
+
+def _resolve_one(name: str, spec: SourceSpec, ctx: ExecutionContext) -> ResolvedSource:
+    if isinstance(spec, CsvSource):
+        return _resolve_csv(name, spec, ctx)
+    if isinstance(spec, ParquetSource):
+        return _resolve_parquet(name, spec, ctx)
+    if isinstance(spec, InlineSource):
+        return _resolve_inline(name, spec)
+    if isinstance(spec, PostgresSource):
+        stream = PostgresStream(spec, name, ctx.limits.source_bytes_max, ctx.limits.time_limit_s)
+        return ResolvedSource(name, "postgres", stream)
+    return _resolve_delta(name, spec, ctx)
+
+
+def resolve_sources(d: Definition, ctx: ExecutionContext) -> list[ResolvedSource]:
+    """Every source of d, confined, stamped and (but for streamed queries) fingerprinted, in order."""
+    return [_resolve_one(name, spec, ctx) for name, spec in d.sources.items()]
+
+
+def check_unchanged(resolved: list[ResolvedSource]) -> None:
+    """Refuse the attempt when a file changed since it was stamped (the fingerprint would describe
+    other bytes than the engine read). Recomputable: a new attempt fingerprints the new file."""
+    for source in resolved:
+        for before in source.stamps:
+            try:
+                after = FileStamp.of(source.name, Path(before.path))
+            except (InputError, ExecutionError):
+                after = None
+            if after != before:
+                raise ExecutionError(
+                    f"source {source.name!r}: {Path(before.path).name!r} changed while the run read it; "
+                    "the attempt recorded nothing and can be run again"
+                )
+
+
+def source_fingerprint_digest(sources: list[ResolvedSource] | tuple[Any, ...]) -> str:
+    """Digest over the sorted list of {source, kind, fingerprint}.
+
+    Accepts ResolvedSource objects or (name, kind, fingerprint) tuples, so the digest can be
+    recomputed from what a run recorded.
+    """
+    entries = []
+    for item in sources:
+        name, kind, fingerprint = (
+            (item.name, item.kind, item.fingerprint) if isinstance(item, ResolvedSource) else item
+        )
+        entries.append({"source": name, "kind": kind, "fingerprint": fingerprint})
+    entries.sort(key=lambda e: (e["source"], e["kind"], e["fingerprint"]))
+    return hashing.digest(entries)
+
+
+# ---- PostgreSQL: a server-side cursor, fetched in batches, typed and digested as it streams ----
 
 
 def _masked_driver_text(exc: Exception, dsn: str) -> str:
@@ -203,145 +429,100 @@ def _pg_arrow_type(column: Any) -> pa.DataType | None:
     if column.type_code == _PG_NUMERIC_OID:
         if column.precision and column.precision <= 38:
             return pa.decimal128(column.precision, column.scale or 0)
-        return None  # unconstrained numeric: inferred from the values
+        return None  # unconstrained numeric: inferred from the first batch's values
     return _PG_ARROW_TYPES.get(column.type_code, pa.string())
 
 
-def _pg_rows_to_table(name: str, columns: list[Any], rows: list[tuple[Any, ...]]) -> pa.Table:
+def _pg_batch(name: str, columns: list[Any], rows: list[tuple[Any, ...]], schema: pa.Schema | None) -> pa.RecordBatch:
+    """rows as a record batch; with a schema (from the first batch) every batch has that schema."""
     arrays = []
     for index, column in enumerate(columns):
-        t = _pg_arrow_type(column)
+        t = schema.field(index).type if schema is not None else _pg_arrow_type(column)
         values = [row[index] for row in rows]
         if t is not None and pa.types.is_string(t):
             values = [None if v is None else str(v) for v in values]
         try:
             arrays.append(pa.array(values, type=t))
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise ExecutionError(f"source {name!r}: column {column.name!r} cannot become Arrow: {exc}") from None
-    return pa.Table.from_arrays(arrays, names=[c.name for c in columns])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            raise ExecutionError(
+                f"source {name!r}: column {column.name!r} cannot become Arrow {t or ''}: {_short(exc)} "
+                "(cast it in the query, e.g. x::numeric(18,2))"
+            ) from None
+    return pa.RecordBatch.from_arrays(arrays, names=[c.name for c in columns])
 
 
-def _fetch_postgres(name: str, spec: PostgresSource, time_limit_s: float) -> pa.Table:
-    """Run the query in a READ ONLY transaction; the DSN lives only in a local variable.
+def _stream_postgres(stream: PostgresStream) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """Open a READ ONLY transaction and a server-side cursor; the DSN lives only in this frame.
 
-    The decoded table is checked against the source byte limit by resolve_sources.
+    The first batch is fetched here so the schema is known before the engine starts reading; the
+    iterator fetches the rest, digests every batch and closes the connection when done or dropped.
     """
     import psycopg  # imported here: only definitions with a postgres source need the driver
 
+    name, spec = stream.source, stream.spec
     dsn = secrets.resolve(spec.dsn.secret).reveal()
-    connected = False
     try:
-        with psycopg.connect(dsn, connect_timeout=POSTGRES_CONNECT_TIMEOUT_S) as conn:
-            connected = True
-            conn.read_only = True
-            with conn.cursor() as cur:
-                cur.execute("SELECT set_config('statement_timeout', %s, true)", [str(int(time_limit_s * 1000))])
-                cur.execute(spec.query)
-                columns = list(cur.description or [])
-                rows = _fetch_bounded(name, cur)
-            conn.rollback()
+        conn = psycopg.connect(dsn, connect_timeout=POSTGRES_CONNECT_TIMEOUT_S)
     except psycopg.Error as exc:
-        if not connected:
-            raise ExecutionError(
-                f"source {name!r}: cannot connect to PostgreSQL with the DSN in secret {spec.dsn.secret!r}: "
-                f"{_masked_driver_text(exc, dsn)}"
-            ) from None
-        primary = getattr(getattr(exc, "diag", None), "message_primary", None) or _masked_driver_text(exc, dsn)
-        raise ExecutionError(f"source {name!r}: the postgres query failed: {primary}") from None
-    return _pg_rows_to_table(name, columns, rows)
-
-
-def _fetch_bounded(name: str, cur: Any) -> list[tuple[Any, ...]]:
-    rows: list[tuple[Any, ...]] = []
-    while True:  # ends when the cursor is exhausted or the row bound is hit
-        batch = cur.fetchmany(POSTGRES_FETCH_BATCH_ROWS)
-        if not batch:
-            return rows
-        rows.extend(batch)
-        if len(rows) > POSTGRES_ROWS_MAX:
-            raise InputError(f"source {name!r}: the query returned more than {POSTGRES_ROWS_MAX} rows")
-
-
-# An inline source is part of an immutable definition: its typed table and fingerprint are computed
-# once per spec object (keyed by id(), dropped by a finalizer when the spec dies).
-_inline_by_id: dict[int, ResolvedSource] = {}
-
-
-def _resolve_inline(name: str, spec: InlineSource) -> ResolvedSource:
-    cached = _inline_by_id.get(id(spec))
-    if cached is not None and cached.name == name:
-        return cached
-    resolved = _build_inline(name, spec)
-    _inline_by_id[id(spec)] = resolved
-    weakref.finalize(spec, _inline_by_id.pop, id(spec), None)
-    return resolved
-
-
-def _build_inline(name: str, spec: InlineSource) -> ResolvedSource:
-    table = _rows_to_table(name, spec.rows, arrow_schema_of(spec.columns))
-    # The typed table's digest covers the schema (names, order, types) and every value; it is an
-    # Arrow digest, far cheaper than canonical JSON of the rows for large inline sources.
-    return ResolvedSource(name, "inline", table, arrowdigest.output_digest(table))
-
-
-def _resolve_delta(name: str, spec: DeltaSource, ctx: ExecutionContext) -> ResolvedSource:
-    try:
-        import deltalake  # optional extra: imported only when a delta source is used
-    except ImportError:
-        raise InputError(
-            f"source {name!r} is a delta table but the deltalake package is not installed: "
-            "install durable-dataflow[delta]"
+        raise ExecutionError(
+            f"source {name!r}: cannot connect to PostgreSQL with the DSN in secret {spec.dsn.secret!r}: "
+            f"{_masked_driver_text(exc, dsn)}"
         ) from None
-    path = confine_path(name, spec.path, ctx)
+    # A server-side cursor (DECLARE … CURSOR FOR <query>) runs exactly one statement.
+    cur = conn.cursor(name="dataflow_source")
+
+    def close() -> None:
+        with contextlib.suppress(psycopg.Error):  # the connection is closed next anyway
+            cur.close()
+        conn.close()
+
+    stream._close = close
     try:
-        table_handle = deltalake.DeltaTable(str(path), version=spec.version)
-        table = table_handle.to_pyarrow_table()
-        version = int(table_handle.version())
-    except Exception as exc:  # deltalake raises many unrelated types; all mean "cannot read it"
-        raise ExecutionError(f"source {name!r}: cannot read the delta table {spec.path!r}: {exc}") from None
-    return ResolvedSource(name, "delta", table, hashing.digest({"uri": path.as_uri(), "version": version}))
+        conn.read_only = True
+        conn.execute("SELECT set_config('statement_timeout', %s, true)", [str(int(stream.time_limit_s * 1000))])
+        cur.execute(spec.query)
+        columns = list(cur.description or [])
+        first = _pg_batch(name, columns, cur.fetchmany(POSTGRES_FETCH_BATCH_ROWS), None)
+    except psycopg.Error as exc:
+        stream.close()
+        raise _pg_query_error(name, exc, dsn) from None
+    except BaseException:
+        stream.close()
+        raise
+    return first.schema, _pg_batches(stream, cur, columns, first, dsn)
 
 
-def _resolve_one(name: str, spec: SourceSpec, ctx: ExecutionContext) -> ResolvedSource:
-    if isinstance(spec, CsvSource):
-        return _resolve_csv(name, spec, ctx)
-    if isinstance(spec, ParquetSource):
-        return _resolve_parquet(name, spec, ctx)
-    if isinstance(spec, InlineSource):
-        return _resolve_inline(name, spec)
-    if isinstance(spec, PostgresSource):
-        table = _fetch_postgres(name, spec, ctx.limits.time_limit_s)
-        return ResolvedSource(name, "postgres", table, arrowdigest.output_digest(table))
-    return _resolve_delta(name, spec, ctx)
+def _pg_query_error(name: str, exc: Exception, dsn: str) -> ExecutionError:
+    primary = getattr(getattr(exc, "diag", None), "message_primary", None) or _masked_driver_text(exc, dsn)
+    return ExecutionError(f"source {name!r}: the postgres query failed: {primary}")
 
 
-def resolve_sources(d: Definition, ctx: ExecutionContext) -> list[ResolvedSource]:
-    """Every source of d as an Arrow table with its fingerprint, in definition order."""
-    resolved: list[ResolvedSource] = []
-    for name, spec in d.sources.items():
-        source = _resolve_one(name, spec, ctx)
-        if source.table.nbytes > ctx.limits.source_bytes_max:
-            raise InputError(
-                f"source {name!r} decodes to {source.table.nbytes} bytes, more than the source limit "
-                f"of {ctx.limits.source_bytes_max} bytes"
-            )
-        resolved.append(source)
-    return resolved
+def _pg_batches(
+    stream: PostgresStream, cur: Any, columns: list[Any], first: pa.RecordBatch, dsn: str
+) -> Iterator[pa.RecordBatch]:
+    import psycopg
 
-
-def source_fingerprint_digest(sources: list[ResolvedSource] | tuple[Any, ...]) -> str:
-    """Digest over the sorted list of {source, kind, fingerprint}.
-
-    Accepts ResolvedSource objects or (name, kind, fingerprint) tuples, so the digest can be
-    recomputed from what a run recorded.
-    """
-    entries = []
-    for item in sources:
-        name, kind, fingerprint = (
-            (item.name, item.kind, item.fingerprint) if isinstance(item, ResolvedSource) else item
-        )
-        entries.append({"source": name, "kind": kind, "fingerprint": fingerprint})
-    entries.sort(key=lambda e: (e["source"], e["kind"], e["fingerprint"]))
-    return hashing.digest(entries)
-
+    digester = arrowdigest.OutputDigester(first.schema)
+    batch: pa.RecordBatch | None = first
+    try:
+        while batch is not None:  # ends when the cursor is exhausted
+            stream.bytes_read += batch.nbytes
+            if stream.bytes_read > stream.bytes_max:
+                raise LimitExceeded(
+                    f"source {stream.source!r} streamed more than the source limit of {stream.bytes_max} bytes"
+                )
+            digester.update(batch)
+            if batch.num_rows:
+                yield batch
+            rows = cur.fetchmany(POSTGRES_FETCH_BATCH_ROWS) if batch.num_rows else []
+            batch = _pg_batch(stream.source, columns, rows, first.schema) if rows else None
+        stream.fingerprint = digester.digest()
+    except psycopg.Error as exc:
+        stream.failure = _pg_query_error(stream.source, exc, dsn)
+        raise stream.failure from None
+    except DataflowError as exc:
+        stream.failure = exc
+        raise
+    finally:
+        stream.close()
 

@@ -1,0 +1,109 @@
+"""The bounded result, built while the engine's record batches arrive (DESIGN §11).
+
+Whatever engine produced them, batches are cast to the declared schema, counted against
+``output.max_rows``, appended to the Arrow IPC stream that will be stored (and counted against
+``output.max_bytes`` as it grows) and fed to the output digest, one batch at a time: memory is
+bounded by the limit plus one batch, never by what the query would produce, and no second pass
+over the result is made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from durable_dataflow.core.errors import ExecutionError, LimitExceeded
+from durable_dataflow.dataflow import arrowdigest
+
+ERROR_LINE_CHARS_MAX = 300
+
+
+@dataclass(frozen=True)
+class BoundedResult:
+    """The stored bytes of a result and what describes them."""
+
+    ipc_bytes: bytes
+    row_count: int
+    output_digest: str
+
+
+def check_columns(schema: pa.Schema, declared: pa.Schema, step: str) -> None:
+    """Names and order must match before any batch is read."""
+    if schema.names != declared.names:
+        raise ExecutionError(
+            f"the result of step {step!r} has columns {schema.names} but output.schema declares {declared.names}"
+        )
+
+
+def _cast_column(name: str, column: pa.Array, declared: pa.DataType) -> pa.Array:
+    actual = column.type
+    if actual == declared:
+        return column
+    if pa.types.is_floating(actual) and pa.types.is_decimal(declared):
+        raise ExecutionError(
+            f"column {name!r} is {actual} but the schema declares {declared}: a float-to-decimal cast "
+            f"rounds silently, so cast in SQL instead (e.g. {name}::DECIMAL({declared.precision},{declared.scale}))"
+        )
+    try:
+        return column.cast(declared, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        reason = (str(exc).strip().splitlines() or ["cast failed"])[0][:ERROR_LINE_CHARS_MAX]
+        raise ExecutionError(
+            f"column {name!r} is {actual} and cannot be cast to the declared {declared}: {reason}"
+        ) from None
+
+
+def cast_batch(batch: pa.RecordBatch, declared: pa.Schema) -> pa.RecordBatch:
+    """batch cast column by column to the declared schema (names and order already checked)."""
+    if batch.schema.equals(declared):
+        return batch
+    columns = [_cast_column(f.name, batch.column(i), f.type) for i, f in enumerate(declared)]
+    return pa.RecordBatch.from_arrays(columns, schema=declared)
+
+
+class ResultCollector:
+    """Consumes batches under the bounds; ``rows`` and ``bytes`` may be read from another thread."""
+
+    def __init__(self, declared: pa.Schema, rows_max: int, bytes_max: int, bytes_limit_text: str) -> None:
+        self.declared = declared
+        self.rows_max = rows_max
+        self.bytes_max = bytes_max
+        self.bytes_limit_text = bytes_limit_text  # how the user wrote the bound, e.g. 'output.max_bytes = 64MiB'
+        self.rows = 0
+        self.bytes = 0
+        self._digester = arrowdigest.OutputDigester(declared)
+        self._sink = pa.BufferOutputStream()
+        self._writer = ipc.new_stream(self._sink, declared)
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.rows += batch.num_rows
+        if self.rows > self.rows_max:
+            raise LimitExceeded(
+                f"the result has more than output.max_rows = {self.rows_max} rows (stopped reading at {self.rows})"
+            )
+        typed = cast_batch(batch, self.declared)
+        self._writer.write_batch(typed)
+        self.bytes = self._sink.tell()
+        self._check_bytes()
+        self._digester.update(typed)
+
+    def _check_bytes(self) -> None:
+        if self.bytes > self.bytes_max:
+            raise LimitExceeded(
+                f"the result is more than {self.bytes_limit_text} ({self.bytes_max} bytes) as Arrow IPC "
+                f"(stopped reading at {self.rows} rows)"
+            )
+
+    def add_all(self, batches: Iterable[pa.RecordBatch]) -> None:
+        for batch in batches:
+            self.add(batch)
+
+    def finish(self) -> BoundedResult:
+        self._writer.close()
+        self.bytes = self._sink.tell()
+        self._check_bytes()
+        data = self._sink.getvalue().to_pybytes()
+        return BoundedResult(ipc_bytes=data, row_count=self.rows, output_digest=self._digester.digest())
