@@ -43,3 +43,9 @@ def test_upgrade_is_idempotent(db_url: str) -> None:
         assert {"ledger_entries", "leases", "checkpoints", "dataflow_runs", "run_results"} <= tables
     finally:
         db.dispose()
+
+
+def test_the_head_revision_constant_is_alembics_head() -> None:
+    """Proves HEAD_REVISION (the fast up-to-date check that avoids importing Alembic) names the newest
+    migration; it fails when a migration is added without moving the constant."""
+    assert migrations.head_revision() == migrations.HEAD_REVISION
