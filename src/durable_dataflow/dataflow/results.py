@@ -9,9 +9,7 @@ import math
 from typing import Any, Literal
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.ipc as ipc
-import pyarrow.parquet as pq
 
 from durable_dataflow.core.errors import InputError
 
@@ -63,6 +61,10 @@ def export(table: pa.Table, fmt: ExportFormat) -> bytes:
     """The table as CSV (with header), Parquet, or JSON (a list of row objects, decimals as strings)."""
     if fmt == "json":
         return _export_json(table)
+    # Imported here: only exports need the writers (~7 MiB that a worker never uses).
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
     sink = pa.BufferOutputStream()
     if fmt == "csv":
         pacsv.write_csv(table, sink)
