@@ -85,6 +85,11 @@ class ResultCollector:
                 f"the result has more than output.max_rows = {self.rows_max} rows (stopped reading at {self.rows})"
             )
         typed = cast_batch(batch, self.declared)
+        # The IPC form of a flat batch holds at least its value buffers: when those alone pass the
+        # bound, refuse before encoding it (one copy fewer of the largest batch).
+        if self.bytes + typed.nbytes > self.bytes_max:
+            self.bytes += typed.nbytes
+            self._check_bytes()
         self._writer.write_batch(typed)
         self.bytes = self._sink.tell()
         self._check_bytes()
