@@ -246,20 +246,24 @@ def test_an_unexpected_error_during_execution_ends_the_run_failed(
     assert "unexpected OSError" in (run.error_message or "") and SECRET_TEXT not in (run.error_message or "")
 
 
-@pytest.mark.parametrize("sql, code", [
+@pytest.mark.parametrize("sql, max_bytes, code, cause", [
     ("select case when a < 70000 then 'x' else ('y' || a::varchar)::int::varchar end as v from range(80000) r(a)",
-     "execution_failed"),
-    ("select repeat('x', 1000) as v from range(10000000)", "limit_exceeded"),
+     "1MiB", "execution_failed", "Conversion Error"),
+    ("select repeat('x', 1000) as v from range(10000000)", "1MiB", "limit_exceeded", "output.max_bytes = 1MiB"),
+    ("select md5(a::varchar) as v from range(10000000000) r(a)", "1GiB", "limit_exceeded", "time limit of 1 s"),
 ])
-def test_a_mid_stream_failure_is_a_terminal_failed_run(db_url: str, tmp_path: Path, sql: str, code: str) -> None:
-    """Proves a mid-stream error or a bound hit on a later batch ends the run failed with its real cause
-    and a run.failed ledger entry, on both ledger engines."""
+def test_a_mid_stream_failure_is_a_terminal_failed_run(
+    db_url: str, tmp_path: Path, sql: str, max_bytes: str, code: str, cause: str
+) -> None:
+    """Proves a mid-stream error, max_bytes reached on a later batch and the time limit on a later batch
+    each end the run failed with its real cause and a run.failed ledger entry, on both ledger engines."""
     defn = flows.definition(sql=sql)
     document = defn.model_dump(mode="json", by_alias=True)
-    document["output"] = {"schema": {"v": "string"}, "max_rows": 10**9, "max_bytes": "1MiB"}
-    with Platform(db_url) as platform:
+    document["output"] = {"schema": {"v": "string"}, "max_rows": 10**12, "max_bytes": max_bytes}
+    with Platform(db_url, limits=ExecutionLimits(time_limit_s=1)) as platform:
         run = platform.runs.run_inline(flows.request(Definition.model_validate(document), tmp_path)).run
         assert (run.status, run.error_code) == (RunStatus.FAILED, code)
+        assert cause in (run.error_message or "")
         assert flows.kinds(platform, run.run_id)[-1] == "run.failed"
 
 
