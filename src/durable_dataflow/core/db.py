@@ -84,6 +84,16 @@ class Database:
             self.engine = _postgres_engine(self.url)
             self.read_engine = self.engine
 
+    def files(self) -> tuple[Path, ...]:
+        """The files that hold this database on this host (SQLite: the file and its journals)."""
+        if self.dialect != "sqlite":
+            return ()
+        database = sa.engine.make_url(self.url).database
+        if not database or database == ":memory:":
+            return ()
+        main = Path(database).resolve()
+        return (main, *(main.with_name(main.name + suffix) for suffix in ("-wal", "-shm", "-journal")))
+
     @property
     def info(self) -> StorageInfo:
         return StorageInfo(dialect=self.dialect, url_redacted=redact_url(self.url))

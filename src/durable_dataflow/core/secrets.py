@@ -37,6 +37,12 @@ class Secret:
     __str__ = __repr__
 
 
+def secrets_dir() -> Path | None:
+    """The configured secrets directory (``DATAFLOW_SECRETS_DIR``), resolved, or None."""
+    configured = os.environ.get("DATAFLOW_SECRETS_DIR")
+    return Path(configured).resolve() if configured else None
+
+
 def resolve(name: str) -> Secret:
     """Resolve a secret by name from the environment or the secrets directory."""
     if not SECRET_NAME_PATTERN.match(name):

@@ -25,6 +25,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from durable_dataflow.core import secrets
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
 from durable_dataflow.dataflow import parameters, progress, results, resultstream, sandbox
 from durable_dataflow.dataflow.definitions import Definition, LoadedDefinition, parse_arrow_type
@@ -57,6 +58,11 @@ __all__ = [
 ]
 
 
+def _secrets_folder() -> tuple[Path, ...]:
+    folder = secrets.secrets_dir()
+    return (folder,) if folder is not None else ()
+
+
 @dataclass(frozen=True)
 class ExecutionContext:
     """Where relative source paths start, which directories sources may read, and the limits."""
@@ -64,6 +70,8 @@ class ExecutionContext:
     base_dir: Path
     allowed_roots: tuple[Path, ...]
     limits: ExecutionLimits = field(default_factory=ExecutionLimits)
+    # Paths no source may read even inside a root: the secrets directory and the platform database.
+    forbidden: tuple[Path, ...] = field(default_factory=lambda: _secrets_folder())
 
     @classmethod
     def for_definition(cls, loaded: LoadedDefinition, limits: ExecutionLimits | None = None) -> ExecutionContext:
@@ -99,8 +107,10 @@ class _Watch:
         limits: ExecutionLimits,
         sink: progress.ProgressSink | None,
         reports_percent: bool,
+        streams: tuple[PostgresStream, ...] = (),
     ) -> None:
         self.con = con
+        self.streams = streams  # queries the engine may be waiting on: cancelled with it
         self.time_limit_s = limits.time_limit_s
         self.memory_limit = limits.memory_limit
         self.temp_limit = format_size(limits.temp_bytes_max)
@@ -127,6 +137,8 @@ class _Watch:
             if remaining <= 0:
                 self.fired.set()
                 self.con.interrupt()
+                for stream in self.streams:
+                    stream.cancel()
                 return
             if self._done.wait(min(interval, remaining)):
                 return
@@ -269,7 +281,7 @@ def _bind_one(con: duckdb.DuckDBPyConnection, source: ResolvedSource) -> None:
     elif isinstance(binding, PostgresStream):
         schema, batches = binding.batches()
         reader = pa.RecordBatchReader.from_batches(schema, batches)
-        staging = f"__dataflow_stream_{name}"
+        staging = f"dataflow stream {name}"  # a space: no source or step name can collide with it
         try:
             con.register(staging, reader)
             con.execute(f'CREATE TEMP TABLE "{name}" AS SELECT * FROM "{staging}"')
@@ -311,7 +323,8 @@ def _run_steps(
     collector = resultstream.ResultCollector(
         declared, d.output.max_rows, bytes_max, f"output.max_bytes = {d.output.max_bytes}"
     )
-    with _Watch(con, limits, sink, reports_percent=confined) as watch:
+    streams = tuple(s.binding for s in resolved if isinstance(s.binding, PostgresStream))
+    with _Watch(con, limits, sink, reports_percent=confined, streams=streams) as watch:
         _bind_sources(con, resolved, watch)
         # Earlier steps become private TEMP tables that later steps read by name; the last step's
         # result is streamed straight out, in its own order.
@@ -355,8 +368,14 @@ def execute(
     bound = parameters.bind_values(d, params)
     gated = _gate(d, ctx.limits)  # refuse hostile SQL before reading any source
     resolved = sources if sources is not None else resolve_sources(d, ctx)
-    with _engine(ctx.limits, resolved) as (con, confined):
-        result = _run_steps(con, d, gated, bound, resolved, ctx.limits, progress_sink, confined)
+    try:
+        with _engine(ctx.limits, resolved) as (con, confined):
+            result = _run_steps(con, d, gated, bound, resolved, ctx.limits, progress_sink, confined)
+    except Exception:
+        # A file swapped while the engine read it may have made the engine fail on (and quote) other
+        # bytes than were fingerprinted: that is reported as the change, never with the engine's text.
+        check_unchanged(resolved)
+        raise
     check_unchanged(resolved)
     recorded = tuple((s.name, s.kind, s.fingerprint) for s in resolved)
     return ExecutionResult(

@@ -22,7 +22,7 @@ import structlog
 from sqlalchemy import exc
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import checkpoints, fencing, hashing, leases, ledger
+from durable_dataflow.core import checkpoints, fencing, hashing, leases, ledger, secrets
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import (
     Conflict,
@@ -99,6 +99,7 @@ class RunService:
     def __init__(self, db: Database, config: ServiceConfig | None = None) -> None:
         self.db = db
         self.config = config or ServiceConfig()
+        self._platform_files = db.files()  # no source may read them (nor the secrets folder)
         # Definitions are content-addressed and immutable: a parsed body can be reused by hash.
         self._definitions: OrderedDict[str, Definition] = OrderedDict()
         self._definitions_lock = threading.Lock()
@@ -160,7 +161,7 @@ class RunService:
             existing = self._replay(request.access.tenant, key, r_hash)
             if existing is not None:
                 return Submission(existing, created=False)
-        execution.preflight(defn, context_for(request.base_dir, self.limits_for(defn)))
+        execution.preflight(defn, context_for(request.base_dir, self.limits_for(defn), self._platform_files))
         self._remember(d_hash, defn)
         run_id = runs.new_run_id()
         values = _run_values(request, run_id, key or f"run:{run_id}", d_hash, r_hash, params, target)
@@ -292,7 +293,7 @@ class RunService:
         progress.report(progress_sink, progress.Progress(progress.Phase.EXECUTING))
         try:
             defn = self.definition_of(run)
-            ctx = context_for(Path(run.base_dir), self.limits_for(defn))
+            ctx = context_for(Path(run.base_dir), self.limits_for(defn), self._platform_files)
             resolved = sources.resolve_sources(defn, ctx)
             crashpoints.reach(crashpoints.DURING_EXECUTION)
             return execution.execute(defn, run.parameters, ctx, resolved, progress_sink)
@@ -399,9 +400,16 @@ class RunService:
         return Submission(run, created=True)
 
 
-def context_for(base_dir: Path, bounds: limits.ExecutionLimits) -> execution.ExecutionContext:
+def context_for(
+    base_dir: Path, bounds: limits.ExecutionLimits, platform_files: tuple[Path, ...] = ()
+) -> execution.ExecutionContext:
+    """Roots: base_dir and $DATAFLOW_DATA_ROOTS; never readable: the secrets folder and platform_files."""
     extra = [Path(p) for p in os.environ.get(execution.DATA_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
-    return execution.ExecutionContext(base_dir=base_dir, allowed_roots=(base_dir, *extra), limits=bounds)
+    folder = secrets.secrets_dir()
+    forbidden = (*platform_files, *((folder,) if folder is not None else ()))
+    return execution.ExecutionContext(
+        base_dir=base_dir, allowed_roots=(base_dir, *extra), limits=bounds, forbidden=forbidden
+    )
 
 
 def store_result(conn: Connection, run_id: str, attempt: int, result: execution.ExecutionResult) -> None:

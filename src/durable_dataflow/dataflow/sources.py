@@ -24,9 +24,11 @@ import contextlib
 import datetime as dt
 import decimal
 import hashlib
+import json
 import os
 import re
 import stat
+import urllib.parse
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -54,7 +56,10 @@ if TYPE_CHECKING:
 PARQUET_FOLDER_FILES_MAX = 10_000
 DELTA_FILES_MAX = 100_000
 POSTGRES_CONNECT_TIMEOUT_S = 10
-POSTGRES_FETCH_BATCH_ROWS = 10_000
+POSTGRES_FETCH_BATCH_ROWS = 10_000  # at most, per FETCH
+POSTGRES_FIRST_FETCH_ROWS = 100  # the first FETCH learns the row width; later ones follow it
+POSTGRES_FETCH_BATCH_BYTES = 8 * 1024 * 1024  # a FETCH is sized to about this many Arrow bytes
+POSTGRES_QUERY_CANCELED = "57014"  # SQLSTATE of statement_timeout and of a cancel request
 ERROR_LINE_CHARS_MAX = 300
 HASH_BLOCK_BYTES = 1024 * 1024
 PARQUET_MAGIC = b"PAR1"
@@ -92,6 +97,39 @@ class FileStamp:
         if not stat.S_ISREG(info.st_mode):
             raise InputError(f"source {source!r}: {path.name!r} is not a regular file")
         return cls(str(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+@dataclass(frozen=True)
+class DirStamp:
+    """The identity of a folder on a source file's path: a folder swapped for another (or for a
+    symlink) between resolution and reading gets another stamp. Times are not compared, since a
+    folder's change time moves whenever any file in it is added or removed."""
+
+    path: str
+    device: int
+    inode: int
+    is_link: bool
+
+    @classmethod
+    def of(cls, path: Path) -> DirStamp | None:
+        try:
+            info = os.lstat(path)
+        except OSError:
+            return None
+        return cls(str(path), info.st_dev, info.st_ino, stat.S_ISLNK(info.st_mode))
+
+
+def _dir_stamps(files: tuple[FileStamp, ...], roots: tuple[Path, ...]) -> tuple[DirStamp, ...]:
+    """The folders from each file's parent up to the allowed root that holds it."""
+    resolved_roots = [root.resolve() for root in roots]
+    folders: set[Path] = set()
+    for stamp in files:
+        folder = Path(stamp.path).parent
+        root = next((r for r in resolved_roots if folder.is_relative_to(r)), None)
+        while root is not None and folder.is_relative_to(root) and folder not in folders:
+            folders.add(folder)  # ends at the root, or at a folder already stamped for another file
+            folder = folder.parent
+    return tuple(d for d in (DirStamp.of(f) for f in sorted(folders)) if d is not None)
 
 
 @dataclass(frozen=True)
@@ -133,10 +171,17 @@ class PostgresStream:
     # The engine wraps an error raised inside the iterator in its own; the original is kept here.
     failure: DataflowError | None = None
     _close: Callable[[], None] | None = None
+    _cancel: Callable[[], None] | None = None
 
     def batches(self) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         """The result's schema and its batches; call ``close()`` when done, read or not."""
         return _stream_postgres(self)
+
+    def cancel(self) -> None:
+        """Ask the server to cancel the running query (the time limit ran out); safe from any thread."""
+        cancel = self._cancel
+        if cancel is not None:
+            cancel()
 
     def close(self) -> None:
         """Close the cursor and the connection (idempotent; the iterator also closes them at its end)."""
@@ -156,6 +201,7 @@ class ResolvedSource:
     kind: str
     binding: Binding
     fingerprint_known: str | None = field(default=None)
+    dir_stamps: tuple[DirStamp, ...] = ()
 
     @property
     def fingerprint(self) -> str:
@@ -185,6 +231,11 @@ def confine_path(source: str, raw_path: str, ctx: ExecutionContext) -> Path:
         raise InputError(f"source {source!r}: path {raw_path!r} does not exist") from None
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
         raise InputError(f"source {source!r}: path {raw_path!r} cannot be resolved: {exc}") from None
+    if any(resolved == f or resolved.is_relative_to(f) for f in ctx.forbidden):
+        raise InputError(
+            f"source {source!r}: path {raw_path!r} is one of the platform's own files (its database or "
+            "its secrets directory), which no source may read"
+        )
     roots = [root.resolve() for root in ctx.allowed_roots]
     if not any(resolved.is_relative_to(root) for root in roots):
         raise InputError(
@@ -247,20 +298,35 @@ def _resolve_csv(name: str, spec: CsvSource, ctx: ExecutionContext) -> ResolvedS
 
     options = [("header", "true" if spec.header else "false"), ("delim", sandbox.string_literal(spec.delimiter))]
     scan = FileScan("read_csv", (stamp,), tuple(options), dict(spec.columns) if spec.columns else None)
-    return ResolvedSource(name, "csv", scan, _sha256_of_file(name, stamp))
+    folders = _dir_stamps(scan.stamps, ctx.allowed_roots)
+    return ResolvedSource(name, "csv", scan, _sha256_of_file(name, stamp), folders)
 
 
 def _parquet_files(name: str, root: Path, ctx: ExecutionContext) -> list[tuple[str, Path]]:
-    """(relative name, confined path) of the *.parquet files of a file or folder, sorted by name."""
+    """(relative name, confined path) of the *.parquet files of a file or folder, sorted by name.
+
+    Files and folders whose names start with '.' or '_' are skipped at any depth (writers' temporary
+    and metadata files, as pyarrow and Spark skip them); a symlinked folder is refused rather than
+    silently skipped, and every file is confined again (a symlinked file inside may point anywhere).
+    """
     if root.is_file():
         return [(root.name, root)]
-    found = sorted(p for p in root.rglob("*.parquet") if not p.name.startswith((".", "_")))
-    if len(found) > PARQUET_FOLDER_FILES_MAX:
-        raise InputError(f"source {name!r}: more than {PARQUET_FOLDER_FILES_MAX} parquet files")
+    found: list[Path] = []
+    for folder, subfolders, files in os.walk(root):  # ends when the tree is walked, or at the cap
+        here = Path(folder)
+        for sub in subfolders:
+            if (here / sub).is_symlink() and not sub.startswith((".", "_")):
+                linked = (here / sub).relative_to(root).as_posix()
+                raise InputError(
+                    f"source {name!r}: the folder holds a symlinked folder {linked!r}; name it as a source of its own"
+                )
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith((".", "_")))
+        found.extend(here / f for f in files if f.endswith(".parquet") and not f.startswith((".", "_")))
+        if len(found) > PARQUET_FOLDER_FILES_MAX:
+            raise InputError(f"source {name!r}: more than {PARQUET_FOLDER_FILES_MAX} parquet files")
     if not found:
         raise InputError(f"source {name!r}: the folder holds no .parquet files")
-    # Every file is confined again: a symlink inside an allowed folder may point anywhere.
-    return [(p.relative_to(root).as_posix(), confine_path(name, str(p), ctx)) for p in found]
+    return [(p.relative_to(root).as_posix(), confine_path(name, str(p), ctx)) for p in sorted(found)]
 
 
 def _resolve_parquet(name: str, spec: ParquetSource, ctx: ExecutionContext) -> ResolvedSource:
@@ -270,7 +336,8 @@ def _resolve_parquet(name: str, spec: ParquetSource, ctx: ExecutionContext) -> R
     _check_size(name, stamps, ctx.limits.source_bytes_max)
     parts = [[relative, _parquet_footer_fingerprint(name, s)] for (relative, _), s in zip(files, stamps, strict=True)]
     fingerprint = parts[0][1] if root.is_file() else hashing.digest({"files": parts})
-    return ResolvedSource(name, "parquet", FileScan("read_parquet", stamps), fingerprint)
+    folders = _dir_stamps(stamps, ctx.allowed_roots)
+    return ResolvedSource(name, "parquet", FileScan("read_parquet", stamps), fingerprint, folders)
 
 
 def _inline_value(value: Any, t: pa.DataType) -> Any:
@@ -315,12 +382,27 @@ def _resolve_inline(name: str, spec: InlineSource) -> ResolvedSource:
     return resolved
 
 
-def _delta_file(name: str, uri: str, root: Path, ctx: ExecutionContext) -> Path:
-    """A data file of the snapshot, confined to the table's own folder (a log may name any path)."""
-    path = confine_path(name, uri.removeprefix("file://"), ctx)
-    if not path.is_relative_to(root):
+def _confine_delta_log(name: str, root: Path) -> None:
+    """The table's log must be a real folder of the table holding no symlinks: a log borrowed from
+    elsewhere would make the platform read (and quote) another table."""
+    log = root / "_delta_log"
+    if log.is_symlink() or not log.resolve().is_relative_to(root):
+        raise InputError(f"source {name!r}: the delta table's _delta_log leaves the table's folder")
+    with os.scandir(log) as entries:
+        if any(entry.is_symlink() for entry in entries):
+            raise InputError(f"source {name!r}: the delta table's _delta_log holds a symlink")
+
+
+def _delta_file(name: str, relative: str, root: Path, ctx: ExecutionContext) -> Path:
+    """A data file of the snapshot, from the log's (URI-encoded, relative) add path, confined to the
+    table's own folder: a log may name any path or URL."""
+    path = urllib.parse.unquote(relative)
+    if "://" in relative or path.startswith("/") or Path(path).is_absolute():
         raise InputError(f"source {name!r}: the delta log names a data file outside the table's folder")
-    return path
+    confined = confine_path(name, str(root / path), ctx)
+    if not confined.is_relative_to(root):
+        raise InputError(f"source {name!r}: the delta log names a data file outside the table's folder")
+    return confined
 
 
 def _resolve_delta(name: str, spec: DeltaSource, ctx: ExecutionContext) -> ResolvedSource:
@@ -332,22 +414,26 @@ def _resolve_delta(name: str, spec: DeltaSource, ctx: ExecutionContext) -> Resol
             "install durable-dataflow[delta]"
         ) from None
     root = confine_path(name, spec.path, ctx)
+    if not (root / "_delta_log").is_dir():
+        raise ExecutionError(f"source {name!r}: {spec.path!r} is not a delta table (no _delta_log folder)")
+    _confine_delta_log(name, root)
     try:
         table = deltalake.DeltaTable(str(root), version=spec.version)
-        uris = table.file_uris()
+        relative_paths = [str(p) for p in table.get_add_actions(flatten=True).column("path").to_pylist()]
         version, table_id = int(table.version()), str(table.metadata().id)
     except Exception as exc:  # deltalake raises many unrelated types; all mean "cannot read it"
         raise ExecutionError(f"source {name!r}: cannot read the delta table {spec.path!r}: {_short(exc)}") from None
-    if len(uris) > DELTA_FILES_MAX:
+    if len(relative_paths) > DELTA_FILES_MAX:
         raise InputError(f"source {name!r}: the delta snapshot has more than {DELTA_FILES_MAX} files")
-    stamps = tuple(FileStamp.of(name, _delta_file(name, uri, root, ctx)) for uri in uris)
+    stamps = tuple(FileStamp.of(name, _delta_file(name, p, root, ctx)) for p in relative_paths)
     _check_size(name, stamps, ctx.limits.source_bytes_max)
     try:
         dataset = table.to_pyarrow_dataset()
     except Exception as exc:  # e.g. a reader feature (deletion vectors, column mapping) it cannot apply
         raise ExecutionError(f"source {name!r}: cannot scan the delta table {spec.path!r}: {_short(exc)}") from None
     fingerprint = hashing.digest({"uri": root.as_uri(), "table_id": table_id, "version": version})
-    return ResolvedSource(name, "delta", ArrowDataset(dataset, stamps), fingerprint)
+    folders = _dir_stamps(stamps, ctx.allowed_roots)
+    return ResolvedSource(name, "delta", ArrowDataset(dataset, stamps), fingerprint, folders)
 
 
 def _short(exc: BaseException) -> str:
@@ -382,10 +468,17 @@ def check_unchanged(resolved: list[ResolvedSource]) -> None:
             except (InputError, ExecutionError):
                 after = None
             if after != before:
-                raise ExecutionError(
-                    f"source {source.name!r}: {Path(before.path).name!r} changed while the run read it; "
-                    "the attempt recorded nothing and can be run again"
-                )
+                raise _changed(source.name, Path(before.path).name)
+        for folder in source.dir_stamps:
+            if DirStamp.of(Path(folder.path)) != folder:
+                raise _changed(source.name, Path(folder.path).name)
+
+
+def _changed(source: str, name: str) -> ExecutionError:
+    return ExecutionError(
+        f"source {source!r}: {name!r} changed while the run read it; "
+        "the attempt recorded nothing and can be run again"
+    )
 
 
 def source_fingerprint_digest(sources: list[ResolvedSource] | tuple[Any, ...]) -> str:
@@ -414,15 +507,15 @@ def _masked_driver_text(exc: Exception, dsn: str) -> str:
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     fragments = [dsn]
     try:
-        password = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
+        parts = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.Error:
-        password = None
-    if password:
-        fragments.append(str(password))
-    for fragment in fragments:
+        parts = {}
+    fragments.extend(str(parts[key]) for key in ("password", "user", "host", "dbname") if parts.get(key))
+    for fragment in sorted(fragments, key=len, reverse=True):
         text = text.replace(fragment, "***")
-    # libpq echoes parts of a malformed connection string in double quotes.
-    return re.sub(r'"[^"]*"', '"***"', text)[:ERROR_LINE_CHARS_MAX]
+    # libpq and psycopg echo parts of the connection string (host, user, database, a malformed
+    # fragment) in double or single quotes: a careless DSN may carry a password in any of them.
+    return re.sub(r"'[^']*'", "'***'", re.sub(r'"[^"]*"', '"***"', text))[:ERROR_LINE_CHARS_MAX]
 
 
 def _pg_arrow_type(column: Any) -> pa.DataType | None:
@@ -439,10 +532,15 @@ def _pg_batch(name: str, columns: list[Any], rows: list[tuple[Any, ...]], schema
     for index, column in enumerate(columns):
         t = schema.field(index).type if schema is not None else _pg_arrow_type(column)
         values = [row[index] for row in rows]
-        if t is not None and pa.types.is_string(t):
-            values = [None if v is None else str(v) for v in values]
+        if t is not None and pa.types.is_string(t):  # json/jsonb arrive decoded: give them back as JSON text
+            values = [None if v is None else json.dumps(v) if isinstance(v, dict | list) else str(v) for v in values]
         try:
-            arrays.append(pa.array(values, type=t))
+            array = pa.array(values, type=t)
+            if t is None and pa.types.is_decimal128(array.type):
+                # An unconstrained numeric is typed by the first batch: keep its scale, widen the
+                # precision to the most decimal128 holds, so larger values in later batches still fit.
+                array = array.cast(pa.decimal128(38, array.type.scale))
+            arrays.append(array)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
             raise ExecutionError(
                 f"source {name!r}: column {column.name!r} cannot become Arrow {t or ''}: {_short(exc)} "
@@ -477,24 +575,40 @@ def _stream_postgres(stream: PostgresStream) -> tuple[pa.Schema, Iterator[pa.Rec
         conn.close()
 
     stream._close = close
+
+    def cancel() -> None:
+        with contextlib.suppress(psycopg.Error):  # the query may have ended meanwhile
+            conn.cancel_safe(timeout=POSTGRES_CONNECT_TIMEOUT_S)
+
+    stream._cancel = cancel
     try:
         conn.read_only = True
         conn.execute("SELECT set_config('statement_timeout', %s, true)", [str(int(stream.time_limit_s * 1000))])
         cur.execute(spec.query)
         columns = list(cur.description or [])
-        first = _pg_batch(name, columns, cur.fetchmany(POSTGRES_FETCH_BATCH_ROWS), None)
+        first = _pg_batch(name, columns, cur.fetchmany(POSTGRES_FIRST_FETCH_ROWS), None)
     except psycopg.Error as exc:
         stream.close()
-        raise _pg_query_error(name, exc, dsn) from None
+        raise _pg_query_error(stream, exc, dsn) from None
     except BaseException:
         stream.close()
         raise
     return first.schema, _pg_batches(stream, cur, columns, first, dsn)
 
 
-def _pg_query_error(name: str, exc: Exception, dsn: str) -> ExecutionError:
+def _pg_query_error(stream: PostgresStream, exc: Exception, dsn: str) -> ExecutionError:
+    if getattr(exc, "sqlstate", None) == POSTGRES_QUERY_CANCELED:  # statement_timeout, or our cancel
+        return LimitExceeded(f"source {stream.source!r} exceeded the time limit of {stream.time_limit_s:g} s")
     primary = getattr(getattr(exc, "diag", None), "message_primary", None) or _masked_driver_text(exc, dsn)
-    return ExecutionError(f"source {name!r}: the postgres query failed: {primary}")
+    return ExecutionError(f"source {stream.source!r}: the postgres query failed: {primary}")
+
+
+def _next_fetch_rows(batch: pa.RecordBatch, bytes_left: int) -> int:
+    """Rows for the next FETCH: about POSTGRES_FETCH_BATCH_BYTES (and never much past the bytes the
+    source limit still allows) at the width the last batch had, so wide rows never fill memory."""
+    width = max(1, int(batch.nbytes) // max(1, int(batch.num_rows)))
+    budget = min(POSTGRES_FETCH_BATCH_BYTES, max(bytes_left, width))
+    return max(1, min(POSTGRES_FETCH_BATCH_ROWS, budget // width + 1))
 
 
 def _pg_batches(
@@ -514,11 +628,12 @@ def _pg_batches(
             digester.update(batch)
             if batch.num_rows:
                 yield batch
-            rows = cur.fetchmany(POSTGRES_FETCH_BATCH_ROWS) if batch.num_rows else []
+            wanted = _next_fetch_rows(batch, stream.bytes_max - stream.bytes_read)
+            rows = cur.fetchmany(wanted) if batch.num_rows else []
             batch = _pg_batch(stream.source, columns, rows, first.schema) if rows else None
         stream.fingerprint = digester.digest()
     except psycopg.Error as exc:
-        stream.failure = _pg_query_error(stream.source, exc, dsn)
+        stream.failure = _pg_query_error(stream, exc, dsn)
         raise stream.failure from None
     except DataflowError as exc:
         stream.failure = exc
