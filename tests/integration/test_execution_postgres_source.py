@@ -14,7 +14,7 @@ from durable_dataflow.core.errors import ExecutionError, LimitExceeded
 from durable_dataflow.dataflow.arrowdigest import output_digest
 from durable_dataflow.dataflow.definitions import Definition
 from durable_dataflow.dataflow.execution import ExecutionContext, ExecutionLimits, execute, resolve_sources
-from durable_dataflow.dataflow.sources import POSTGRES_FETCH_BATCH_ROWS, PostgresStream
+from durable_dataflow.dataflow.postgres_source import POSTGRES_FETCH_BATCH_ROWS, PostgresStream
 
 SECRET = "CRM_DSN_PG_SOURCE_TEST"
 

@@ -30,11 +30,11 @@ from durable_dataflow.core.errors import DataflowError, ExecutionError, InputErr
 from durable_dataflow.dataflow import parameters, progress, results, resultstream, sandbox
 from durable_dataflow.dataflow.definitions import Definition, LoadedDefinition, parse_arrow_type
 from durable_dataflow.dataflow.limits import ExecutionLimits, format_size
+from durable_dataflow.dataflow.postgres_source import PostgresStream
 from durable_dataflow.dataflow.sources import (
     ArrowDataset,
     ArrowTable,
     FileScan,
-    PostgresStream,
     ResolvedSource,
     check_unchanged,
     confine_path,
