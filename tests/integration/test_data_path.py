@@ -290,3 +290,28 @@ def test_a_file_that_is_not_parquet_is_a_clear_error(folder: Path) -> None:
     with pytest.raises(ExecutionError, match=r"'fake\.parquet' is not a Parquet file") as caught:
         execute(d, {}, _ctx(folder))
     assert SECRET_TEXT not in caught.value.message
+
+
+@pytest.mark.parametrize("sql, code", [
+    ("select secret from read_csv('{data}/other.csv')", "invalid_input"),
+    ("select case when a < 70000 then 'x' else ('y' || a::varchar)::int::varchar end as secret "
+     "from range(80000) r(a)", "execution_failed"),
+])
+def test_a_worker_ends_a_hostile_or_failing_queued_run_once_without_retrying_it(
+    db_url: str, folder: Path, sql: str, code: str
+) -> None:
+    """Proves the same data-path refusals through a worker: a queued run whose step reaches an undeclared
+    file, or fails on a later batch, is claimed once and ends failed with its cause (no canary shown),
+    never left running for the sweeper to retry."""
+    from durable_dataflow.dataflow.worker import Worker, WorkerOptions
+
+    document = _definition(FACTS, sql.format(data=folder), {"secret": "string"}, max_rows=10**6)
+    with Platform(db_url, lease_ttl_s=10) as platform:
+        run_id = platform.runs.submit(flows.request(document, folder)).run.run_id
+        options = WorkerOptions(until_idle=True, sweep_interval_s=0.05, poll_interval_s=0.02)
+        summary = Worker(platform.runs, options).run()
+        run = platform.runs.get(run_id)
+        assert summary.claimed == 1
+        assert (run.status, run.error_code, run.attempt) == (RunStatus.FAILED, code, 1)
+        assert SECRET_TEXT not in (run.error_message or "")
+        assert flows.kinds(platform, run_id)[-1] == "run.failed"
