@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from durable_dataflow.core import checkpoints, ledger
+from durable_dataflow.core import checkpoints, hashing, ledger
 from durable_dataflow.core.errors import Conflict, InputError
 from durable_dataflow.core.schema import ledger_entries
 from durable_dataflow.dataflow import crashpoints, service, sweeper
-from durable_dataflow.dataflow.schema import run_results
+from durable_dataflow.dataflow.definitions import canonical_body, definition_hash
+from durable_dataflow.dataflow.runs import RunStatus
+from durable_dataflow.dataflow.schema import definitions, run_results
 from durable_dataflow.platform import Platform
 from support import flows
 
@@ -201,3 +206,35 @@ def test_a_run_executes_its_pinned_definition(platform: Platform, tmp_path: Path
     assert claim is not None and claim.run.run_id == queued.run_id
     run = platform.runs.execute(claim)
     assert (run.status, run.row_count, run.definition_hash) == ("succeeded", 2, queued.definition_hash)
+
+
+def test_two_first_submits_of_one_definition_race_without_a_conflict(pg_url: str, tmp_path: Path) -> None:
+    """Proves the content-addressed definition row tolerates a concurrent first insert: platform A has
+    inserted the definition in an open transaction, platform B's submit of the same definition (another
+    key) waits on that row, and once A commits, B records its run instead of answering Conflict."""
+    defn = flows.definition()
+    row = {"definition_hash": definition_hash(defn), "name": defn.name, "version": defn.version,
+           "body_json": hashing.canonical_json(canonical_body(defn)).decode("utf-8"), "registered_at_us": 0}
+    with Platform(pg_url) as first, Platform(pg_url) as second:
+        outcome: dict[str, Any] = {}
+
+        def submit_second() -> None:
+            try:
+                outcome["run"] = second.runs.submit(flows.request(defn, tmp_path, "key-b")).run
+            except Exception as error:  # reported by the main thread
+                outcome["error"] = error
+
+        with first.db.begin() as conn:
+            conn.execute(definitions.insert().values(**row))  # A's first insert, not yet committed
+            waiter = threading.Thread(target=submit_second)
+            waiter.start()
+            with first.db.read() as probe:  # B is blocked on A's row: wait for that, never sleep
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and not probe.execute(sa.text(
+                    "select count(*) from pg_stat_activity where datname = current_database() "
+                    "and wait_event_type = 'Lock'"
+                )).scalar_one():
+                    probe.rollback()
+        waiter.join(30)
+        assert "error" not in outcome, outcome.get("error")
+        assert outcome["run"].status == RunStatus.QUEUED

@@ -20,6 +20,8 @@ from typing import Any
 import sqlalchemy as sa
 import structlog
 from sqlalchemy import exc
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import checkpoints, fencing, hashing, leases, ledger, secrets
@@ -438,19 +440,19 @@ def result_facts(result: execution.ExecutionResult) -> dict[str, Any]:
 
 
 def _store_definition(conn: Connection, db: Database, defn: Definition, d_hash: str) -> None:
-    exists = conn.execute(
-        sa.select(definitions.c.definition_hash).where(definitions.c.definition_hash == d_hash)
-    ).one_or_none()
-    if exists is not None:
-        return
+    """Store the definition once: rows are content-addressed, so a concurrent submit of the same
+    definition inserting first is success, not a conflict (``INSERT … ON CONFLICT DO NOTHING``)."""
+    insert = sqlite_insert if db.dialect == "sqlite" else postgresql_insert
     conn.execute(
-        definitions.insert().values(
+        insert(definitions)
+        .values(
             definition_hash=d_hash,
             name=defn.name,
             version=defn.version,
             body_json=hashing.canonical_json(canonical_body(defn)).decode("utf-8"),
             registered_at_us=db.now_us_expr(),
         )
+        .on_conflict_do_nothing(index_elements=["definition_hash"])
     )
 
 
