@@ -315,3 +315,12 @@ def test_a_worker_ends_a_hostile_or_failing_queued_run_once_without_retrying_it(
         assert (run.status, run.error_code, run.attempt) == (RunStatus.FAILED, code, 1)
         assert SECRET_TEXT not in (run.error_message or "")
         assert flows.kinds(platform, run_id)[-1] == "run.failed"
+
+
+def test_fingerprinting_a_large_csv_counts_against_the_time_limit(folder: Path) -> None:
+    """Proves resolution is inside the time limit: hashing a 64 MiB CSV under a 1 ms budget stops with
+    limit_exceeded naming the fingerprinting, instead of hashing first and timing only the engine."""
+    (folder / "big.csv").write_bytes(b"n\n" + b"1\n" * (32 * 1024 * 1024))
+    d = _definition({"t": {"kind": "csv", "path": "big.csv"}}, "select count(*) as n from t", {"n": "int64"})
+    with pytest.raises(LimitExceeded, match=r"time limit of 0\.001 s while its file was being fingerprinted"):
+        execute(d, {}, _ctx(folder, time_limit_s=0.001))

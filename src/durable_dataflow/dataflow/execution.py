@@ -14,6 +14,7 @@ private table; inline rows are registered as an Arrow table.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -72,6 +73,12 @@ class ExecutionContext:
     limits: ExecutionLimits = field(default_factory=ExecutionLimits)
     # Paths no source may read even inside a root: the secrets directory and the platform database.
     forbidden: tuple[Path, ...] = field(default_factory=lambda: _secrets_folder())
+    # When the execution's time runs out (time.monotonic()); None until ``started()``.
+    deadline_at: float | None = None
+
+    def started(self) -> ExecutionContext:
+        """This context with the time limit counting from now (resolution and engine together)."""
+        return dataclasses.replace(self, deadline_at=time.monotonic() + self.limits.time_limit_s)
 
     @classmethod
     def for_definition(cls, loaded: LoadedDefinition, limits: ExecutionLimits | None = None) -> ExecutionContext:
@@ -105,11 +112,13 @@ class _Watch:
         self,
         con: duckdb.DuckDBPyConnection,
         limits: ExecutionLimits,
+        deadline_at: float,
         sink: progress.ProgressSink | None,
         reports_percent: bool,
         streams: tuple[PostgresStream, ...] = (),
     ) -> None:
         self.con = con
+        self.deadline_at = deadline_at
         self.streams = streams  # queries the engine may be waiting on: cancelled with it
         self.time_limit_s = limits.time_limit_s
         self.memory_limit = limits.memory_limit
@@ -130,10 +139,9 @@ class _Watch:
         self._thread.join()
 
     def _watch(self) -> None:
-        deadline_at = time.monotonic() + self.time_limit_s
         interval = PROGRESS_INTERVAL_S if self.sink is not None else self.time_limit_s
         while True:  # ends when the execution ends or its time is up
-            remaining = deadline_at - time.monotonic()
+            remaining = self.deadline_at - time.monotonic()
             if remaining <= 0:
                 self.fired.set()
                 self.con.interrupt()
@@ -315,6 +323,7 @@ def _run_steps(
     bound: dict[str, Any],
     resolved: list[ResolvedSource],
     limits: ExecutionLimits,
+    deadline_at: float,
     sink: progress.ProgressSink | None,
     confined: bool,
 ) -> resultstream.BoundedResult:
@@ -324,7 +333,7 @@ def _run_steps(
         declared, d.output.max_rows, bytes_max, f"output.max_bytes = {d.output.max_bytes}"
     )
     streams = tuple(s.binding for s in resolved if isinstance(s.binding, PostgresStream))
-    with _Watch(con, limits, sink, reports_percent=confined, streams=streams) as watch:
+    with _Watch(con, limits, deadline_at, sink, reports_percent=confined, streams=streams) as watch:
         _bind_sources(con, resolved, watch)
         # Earlier steps become private TEMP tables that later steps read by name; the last step's
         # result is streamed straight out, in its own order.
@@ -367,10 +376,13 @@ def execute(
     """Resolve sources (unless given), run the steps sandboxed, type, bound and digest the result."""
     bound = parameters.bind_values(d, params)
     gated = _gate(d, ctx.limits)  # refuse hostile SQL before reading any source
+    # The time limit counts from the caller's start (resolution included) or from here.
+    deadline_at = ctx.deadline_at if ctx.deadline_at is not None else time.monotonic() + ctx.limits.time_limit_s
+    ctx = dataclasses.replace(ctx, deadline_at=deadline_at)
     resolved = sources if sources is not None else resolve_sources(d, ctx)
     try:
         with _engine(ctx.limits, resolved) as (con, confined):
-            result = _run_steps(con, d, gated, bound, resolved, ctx.limits, progress_sink, confined)
+            result = _run_steps(con, d, gated, bound, resolved, ctx.limits, deadline_at, progress_sink, confined)
     except Exception:
         # A file swapped while the engine read it may have made the engine fail on (and quote) other
         # bytes than were fingerprinted: that is reported as the change, never with the engine's text.

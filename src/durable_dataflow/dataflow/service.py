@@ -295,7 +295,8 @@ class RunService:
         progress.report(progress_sink, progress.Progress(progress.Phase.EXECUTING))
         try:
             defn = self.definition_of(run)
-            ctx = context_for(Path(run.base_dir), self.limits_for(defn), self._platform_files)
+            # The time limit counts from here: resolution (hashing, listing) and the engine together.
+            ctx = context_for(Path(run.base_dir), self.limits_for(defn), self._platform_files).started()
             resolved = sources.resolve_sources(defn, ctx)
             crashpoints.reach(crashpoints.DURING_EXECUTION)
             return execution.execute(defn, run.parameters, ctx, resolved, progress_sink)

@@ -26,6 +26,7 @@ import hashlib
 import os
 import re
 import stat
+import time
 import urllib.parse
 import weakref
 from dataclasses import dataclass, field
@@ -219,12 +220,18 @@ def _open_nofollow(source: str, path: Path) -> int:
         raise InputError(f"source {source!r}: cannot read {path.name!r}: {exc.strerror or exc}") from None
 
 
-def _sha256_of_file(source: str, stamp: FileStamp) -> str:
+def _sha256_of_file(source: str, stamp: FileStamp, ctx: ExecutionContext) -> str:
+    """The file's SHA-256, read in blocks; hashing counts against the execution's time limit."""
     h = hashlib.sha256()
     descriptor = _open_nofollow(source, Path(stamp.path))
     with os.fdopen(descriptor, "rb", buffering=0) as handle:
-        while chunk := handle.read(HASH_BLOCK_BYTES):  # ends at end of file
+        while chunk := handle.read(HASH_BLOCK_BYTES):  # ends at end of file, or when time runs out
             h.update(chunk)
+            if ctx.deadline_at is not None and time.monotonic() > ctx.deadline_at:
+                raise LimitExceeded(
+                    f"source {source!r} exceeded the time limit of {ctx.limits.time_limit_s:g} s "
+                    "while its file was being fingerprinted"
+                )
     return hashing.PREFIX + h.hexdigest()
 
 
@@ -253,7 +260,7 @@ def _resolve_csv(name: str, spec: CsvSource, ctx: ExecutionContext) -> ResolvedS
     options = [("header", "true" if spec.header else "false"), ("delim", sandbox.string_literal(spec.delimiter))]
     scan = FileScan("read_csv", (stamp,), tuple(options), dict(spec.columns) if spec.columns else None)
     folders = _dir_stamps(scan.stamps, ctx.allowed_roots)
-    return ResolvedSource(name, "csv", scan, _sha256_of_file(name, stamp), folders)
+    return ResolvedSource(name, "csv", scan, _sha256_of_file(name, stamp, ctx), folders)
 
 
 def _parquet_files(name: str, root: Path, ctx: ExecutionContext) -> list[tuple[str, Path]]:
