@@ -26,13 +26,7 @@ from support import flows
 SECRET_TEXT = "top-secret-canary-4411"
 
 
-def _definition(sources: dict[str, Any], sql: str, columns: dict[str, str], **output: Any) -> Definition:
-    return Definition.model_validate({
-        "name": "flow", "version": 1, "sources": sources,
-        "steps": [{"name": "result", "sql": sql}],
-        "output": {"schema": columns, "max_rows": output.get("max_rows", 1000),
-                   "max_bytes": output.get("max_bytes", "1MiB")},
-    })
+_definition = flows.one_step
 
 
 def _ctx(base: Path, **limits: Any) -> ExecutionContext:

@@ -6,6 +6,7 @@ which must never appear in a result or an error message that the attacker was no
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -42,13 +43,7 @@ PG_SECRET = "ATTACK_PG_DSN"
 PG_PASSWORD = "HUNTER2-canary-pw"
 
 
-def _definition(sources: dict[str, Any], sql: str, columns: dict[str, str], *, max_rows: int = 100_000,
-                max_bytes: str = "1MiB") -> Definition:
-    return Definition.model_validate({
-        "name": "attack", "version": 1, "sources": sources,
-        "steps": [{"name": "result", "sql": sql}],
-        "output": {"schema": columns, "max_rows": max_rows, "max_bytes": max_bytes},
-    })
+_definition = functools.partial(flows.one_step, name="attack", max_rows=100_000)
 
 
 def _ctx(base: Path, **limits: Any) -> ExecutionContext:

@@ -20,6 +20,38 @@ ROWS = [
 ]
 
 
+# The smallest valid definition document, as YAML (tests/unit pins its hash).
+MINIMAL_YAML = """\
+name: tiny
+version: 1
+sources:
+  nums: {kind: inline, rows: [{n: 1}, {n: 2}], schema: {n: int64}}
+steps:
+  - {name: total, sql: "select sum(n) as total from nums"}
+output:
+  schema: {total: int64}
+  max_rows: 10
+  max_bytes: 64KiB
+"""
+
+
+def one_step(
+    sources: dict[str, Any],
+    sql: str,
+    columns: dict[str, str],
+    *,
+    name: str = "flow",
+    max_rows: int = 1000,
+    max_bytes: str = "1MiB",
+) -> Definition:
+    """A definition of the given sources and one step named ``result`` with the declared output columns."""
+    return Definition.model_validate({
+        "name": name, "version": 1, "sources": sources,
+        "steps": [{"name": "result", "sql": sql}],
+        "output": {"schema": columns, "max_rows": max_rows, "max_bytes": max_bytes},
+    })  # fmt: skip
+
+
 def definition(
     target: dict[str, Any] | None = None,
     *,

@@ -15,21 +15,11 @@ from durable_dataflow.core import hashing
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.dataflow import definitions, parameters
 from durable_dataflow.dataflow.definitions import Definition, SecretRef
+from support import flows
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
-MINIMAL = """\
-name: tiny
-version: 1
-sources:
-  nums: {kind: inline, rows: [{n: 1}, {n: 2}], schema: {n: int64}}
-steps:
-  - {name: total, sql: "select sum(n) as total from nums"}
-output:
-  schema: {total: int64}
-  max_rows: 10
-  max_bytes: 64KiB
-"""
+MINIMAL = flows.MINIMAL_YAML
 
 
 def _doc(**changes: Any) -> dict[str, Any]:

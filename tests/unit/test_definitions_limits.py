@@ -11,19 +11,9 @@ import yaml
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.dataflow import definitions
 from durable_dataflow.dataflow.definitions import Definition, DefinitionLimits
+from support import flows
 
-MINIMAL = """\
-name: tiny
-version: 1
-sources:
-  nums: {kind: inline, rows: [{n: 1}, {n: 2}], schema: {n: int64}}
-steps:
-  - {name: total, sql: "select sum(n) as total from nums"}
-output:
-  schema: {total: int64}
-  max_rows: 10
-  max_bytes: 64KiB
-"""
+MINIMAL = flows.MINIMAL_YAML
 # The hash MINIMAL had before the limits block existed: a definition without the block keeps it.
 MINIMAL_HASH = "sha256:701ec53321bb5fff52d4018998f9ae710448e6d84abc365d03ff13e93b65002e"
 

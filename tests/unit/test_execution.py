@@ -29,6 +29,7 @@ from durable_dataflow.dataflow.execution import (
     source_fingerprint_digest,
 )
 from durable_dataflow.dataflow.sources import ArrowTable, ResolvedSource
+from support import flows
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 REVENUE_2026_11_02 = [
@@ -39,13 +40,7 @@ REVENUE_2026_11_02 = [
 ]
 
 
-def _definition(sources: dict[str, Any], sql: str, columns: dict[str, str], **output: Any) -> Definition:
-    return Definition.model_validate({
-        "name": "flow", "version": 1, "sources": sources,
-        "steps": [{"name": "result", "sql": sql}],
-        "output": {"schema": columns, "max_rows": output.get("max_rows", 1000),
-                   "max_bytes": output.get("max_bytes", "1MiB")},
-    })
+_definition = flows.one_step
 
 
 def _inline(rows: list[dict[str, Any]], columns: dict[str, str]) -> dict[str, Any]:

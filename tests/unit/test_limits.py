@@ -207,7 +207,7 @@ def test_settings_cover_every_field_and_their_default_texts_are_true() -> None:
             assert definitions.parse_duration(setting.default_text) == getattr(defaults, setting.field)
         elif setting.kind is limits.SettingKind.SIZE:
             assert definitions.parse_size(setting.default_text) == getattr(defaults, setting.field)
-    assert 1 <= defaults.threads <= limits.THREADS_MAX_DEFAULT
+    assert defaults.threads in range(1, limits.THREADS_MAX_DEFAULT + 1)
 
 
 def test_every_setting_is_documented() -> None:
