@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -20,9 +19,8 @@ from typing import Any
 from durable_dataflow.api.tokens import TokenInfo
 from durable_dataflow.core import checkpoints, ledger
 from durable_dataflow.core.errors import InputError, NotFound
-from durable_dataflow.dataflow import evidence, reconcile, runs
+from durable_dataflow.dataflow import evidence, execution, reconcile, runs
 from durable_dataflow.dataflow.definitions import parse_definition
-from durable_dataflow.dataflow.execution import DATA_ROOTS_ENV
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.runs import MODULE, Run
 from durable_dataflow.dataflow.service import Submission
@@ -37,8 +35,8 @@ US_PER_S = 1_000_000
 
 def data_root_from_env() -> Path:
     """Where API-submitted definitions' source paths resolve: DATAFLOW_DATA_ROOTS' first entry, else cwd."""
-    roots = [p for p in os.environ.get(DATA_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
-    return Path(roots[0]).resolve() if roots else Path.cwd().resolve()
+    roots = execution.data_roots()
+    return roots[0].resolve() if roots else Path.cwd().resolve()
 
 
 @dataclass(frozen=True)

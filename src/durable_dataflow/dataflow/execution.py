@@ -59,7 +59,13 @@ __all__ = [
 ]
 
 
-def _secrets_folder() -> tuple[Path, ...]:
+def data_roots() -> tuple[Path, ...]:
+    """The extra directories sources may read: every entry of ``$DATAFLOW_DATA_ROOTS``."""
+    return tuple(Path(p) for p in os.environ.get(DATA_ROOTS_ENV, "").split(os.pathsep) if p.strip())
+
+
+def secrets_folders() -> tuple[Path, ...]:
+    """The secrets directory, when one is configured: no source may read inside it."""
     folder = secrets.secrets_dir()
     return (folder,) if folder is not None else ()
 
@@ -72,7 +78,7 @@ class ExecutionContext:
     allowed_roots: tuple[Path, ...]
     limits: ExecutionLimits = field(default_factory=ExecutionLimits)
     # Paths no source may read even inside a root: the secrets directory and the platform database.
-    forbidden: tuple[Path, ...] = field(default_factory=lambda: _secrets_folder())
+    forbidden: tuple[Path, ...] = field(default_factory=secrets_folders)
     # When the execution's time runs out (time.monotonic()); None until ``started()``.
     deadline_at: float | None = None
 
@@ -83,8 +89,7 @@ class ExecutionContext:
     @classmethod
     def for_definition(cls, loaded: LoadedDefinition, limits: ExecutionLimits | None = None) -> ExecutionContext:
         """Roots: the definition's directory plus every directory in $DATAFLOW_DATA_ROOTS."""
-        extra = [Path(p) for p in os.environ.get(DATA_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
-        roots = (loaded.base_dir, *extra)
+        roots = (loaded.base_dir, *data_roots())
         return cls(base_dir=loaded.base_dir, allowed_roots=roots, limits=limits or ExecutionLimits())
 
 

@@ -24,7 +24,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import checkpoints, fencing, hashing, leases, ledger, secrets
+from durable_dataflow.core import checkpoints, fencing, hashing, leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import (
     Conflict,
@@ -407,11 +407,9 @@ def context_for(
     base_dir: Path, bounds: limits.ExecutionLimits, platform_files: tuple[Path, ...] = ()
 ) -> execution.ExecutionContext:
     """Roots: base_dir and $DATAFLOW_DATA_ROOTS; never readable: the secrets folder and platform_files."""
-    extra = [Path(p) for p in os.environ.get(execution.DATA_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
-    folder = secrets.secrets_dir()
-    forbidden = (*platform_files, *((folder,) if folder is not None else ()))
+    forbidden = (*platform_files, *execution.secrets_folders())
     return execution.ExecutionContext(
-        base_dir=base_dir, allowed_roots=(base_dir, *extra), limits=bounds, forbidden=forbidden
+        base_dir=base_dir, allowed_roots=(base_dir, *execution.data_roots()), limits=bounds, forbidden=forbidden
     )
 
 
