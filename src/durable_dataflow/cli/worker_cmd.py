@@ -31,7 +31,11 @@ OPEN_TRIES_MAX = 12  # with the back-off doubling from 0.1 s to 10 s: about a mi
 
 
 def configure_logging() -> None:
-    """JSON lines on stderr, one per event, with an ISO timestamp and the level."""
+    """JSON lines on stderr, one per event, with an ISO timestamp and the level.
+
+    Each line reaches the file in one write (structlog's WriteLogger, not PrintLogger, which
+    writes the newline separately): workers sharing one log file opened for appending never
+    interleave two events on one line."""
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -40,7 +44,7 @@ def configure_logging() -> None:
             structlog.processors.JSONRenderer(sort_keys=True),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
 
