@@ -5,13 +5,14 @@ No process-wide singletons: tests open two platforms on one database to play two
 
 from __future__ import annotations
 
-import os
+import dataclasses
 from types import TracebackType
 
 from durable_dataflow import migrations
 from durable_dataflow.core import secrets
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.secrets import Secret
+from durable_dataflow.dataflow import workspace
 from durable_dataflow.dataflow.limits import ExecutionLimits
 from durable_dataflow.dataflow.limits import from_env as limits_from_env
 from durable_dataflow.dataflow.service import RunService, ServiceConfig, lease_ttl_from_env
@@ -21,11 +22,7 @@ EVIDENCE_KEY_NAME = "DATAFLOW_EVIDENCE_KEY"
 
 def evidence_key_from_env() -> Secret | None:
     """The keyed-evidence secret when configured (environment or secrets directory), else None."""
-    configured = os.environ.get(EVIDENCE_KEY_NAME) or (
-        os.environ.get("DATAFLOW_SECRETS_DIR")
-        and os.path.isfile(os.path.join(os.environ["DATAFLOW_SECRETS_DIR"], EVIDENCE_KEY_NAME))
-    )
-    return secrets.resolve(EVIDENCE_KEY_NAME) if configured else None
+    return secrets.resolve_platform_setting(EVIDENCE_KEY_NAME)
 
 
 class Platform:
@@ -51,9 +48,10 @@ class Platform:
             lease_ttl_s=lease_ttl_from_env(lease_ttl_s),
             limits=limits if limits is not None else limits_from_env(),
             evidence_key=evidence_key_from_env(),
+            grants=workspace.grants_from_env(),
         )
         if holder is not None:
-            config = ServiceConfig(config.lease_ttl_s, holder, config.limits, config.evidence_key)
+            config = dataclasses.replace(config, holder=holder)
         self.runs = RunService(self.db, config)
 
     def close(self) -> None:

@@ -87,7 +87,7 @@ def test_definition_asking_for_more_than_the_platform_is_refused_before_recordin
     path = revenue_with(tmp_path, "limits: {threads: 4}\n")
     assert_refused(
         cli("run", str(path), "--param", DAY, "--threads", "2"),
-        "limits.threads asks for 4",
+        "limits.threads asks for more than",
         "the platform's 2",
         "--threads or DATAFLOW_THREADS",
     )

@@ -19,7 +19,14 @@ from durable_dataflow.dataflow.requests import AccessContext
 from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.datasources import contract
 from durable_dataflow.platform import Platform
-from support.api_runs import Tokens, copy_examples, make_atomic_run, make_outcome_unknown_run, make_tokens
+from support.api_runs import (
+    Tokens,
+    copy_examples,
+    make_atomic_run,
+    make_outcome_unknown_run,
+    make_tokens,
+    tenant_data_root,
+)
 
 # Every authenticated route: (method, path template, JSON body). {run} is a run of tenant acme.
 API_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
@@ -64,7 +71,7 @@ def world(db_url: str, tmp_path: Path) -> Iterator[World]:
     atomic = make_atomic_run(platform, examples, "acme")
     unknown = make_outcome_unknown_run(platform, examples, "acme")
     make_atomic_run(platform, examples, "globex")
-    app = create_app(platform, data_root=examples / "revenue_by_region")
+    app = create_app(platform, data_root=tenant_data_root(tmp_path, examples))
     with TestClient(app) as client:
         yield World(platform, client, make_tokens(platform), atomic, unknown, examples)
     platform.close()

@@ -17,7 +17,16 @@ from hypothesis import HealthCheck, given, settings
 
 from durable_dataflow.api.app import create_app
 from durable_dataflow.platform import Platform
-from support.api_runs import Tokens, copy_examples, make_atomic_run, make_outcome_unknown_run, make_tokens
+from support.api_runs import (
+    Tokens,
+    copy_examples,
+    grant_secrets,
+    make_atomic_run,
+    make_outcome_unknown_run,
+    make_tokens,
+    tenant_data_root,
+    web_login,
+)
 
 EXAMPLES_PER_OPERATION = 25
 
@@ -28,7 +37,7 @@ def served(sqlite_url: str, tmp_path: Path) -> Iterator[tuple[FastAPI, Tokens, P
     examples = copy_examples(tmp_path)
     make_atomic_run(platform, examples, "acme")
     make_outcome_unknown_run(platform, examples, "acme")
-    app = create_app(platform, data_root=examples / "revenue_by_region")
+    app = create_app(platform, data_root=tenant_data_root(tmp_path, examples))
     yield app, make_tokens(platform), platform
     platform.close()
 
@@ -67,6 +76,7 @@ def test_a_planted_secret_appears_in_no_response(
     password = f"canary-{uuid.uuid4().hex}"
     value = f"postgresql://canary_user:{password}@127.0.0.1:1/canary_db"
     monkeypatch.setenv(CANARY_SECRET, value)
+    grant_secrets(tmp_path, monkeypatch, {CANARY_SECRET: ["acme"]})
     platform = Platform(db_url)
     try:
         tokens = make_tokens(platform)
@@ -88,7 +98,7 @@ def test_a_planted_secret_appears_in_no_response(
                      "/v1/datasources", "/v1/ops/ledger", "/metrics", "/openapi.json"):  # fmt: skip
             answers.append(client.get(path, headers=auth))
         answers.append(client.post(f"/v1/runs/{run_id}/reconcile", json={}, headers=auth))
-        client.post("/ui/login", data={"token": tokens.operator})
+        assert web_login(client, tokens.operator).status_code == 303
         for page in ("/ui/runs", f"/ui/runs/{run_id}", "/ui/ops"):
             answers.append(client.get(page))
         assert all(a.status_code < 500 for a in answers)

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from durable_dataflow.api.app import create_app
 from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.platform import Platform
-from support.api_runs import Tokens, copy_examples, make_atomic_run, make_outcome_unknown_run, make_tokens
+from support.api_runs import Tokens, copy_examples, make_atomic_run, make_outcome_unknown_run, make_tokens, web_login
 
 PAGES = ["/ui/runs", "/ui/runs/{run}", "/ui/ops"]
 
@@ -30,7 +30,7 @@ class Web:
     def client(self, token: str | None = None) -> TestClient:
         client = TestClient(self.app, follow_redirects=False)
         if token is not None:
-            answer = client.post("/ui/login", data={"token": token})
+            answer = web_login(client, token)
             assert answer.status_code == 303, answer.text
         return client
 
@@ -95,10 +95,10 @@ def test_pages_without_a_session_go_to_login(web: Web, page: str) -> None:
 def test_login_sets_a_strict_httponly_cookie_and_refuses_bad_tokens(web: Web) -> None:
     """A good token gets an HttpOnly, SameSite=Strict cookie; a bad one gets the form again with 401."""
     client = web.client()
-    ok = client.post("/ui/login", data={"token": web.tokens.viewer})
-    cookie = ok.headers["set-cookie"].lower()
+    ok = web_login(client, web.tokens.viewer)
+    cookie = next(c for c in ok.headers.get_list("set-cookie") if c.startswith("ddf_session=")).lower()
     assert ok.status_code == 303 and "httponly" in cookie and "samesite=strict" in cookie
-    bad = web.client().post("/ui/login", data={"token": "ddf_nope"})
+    bad = web_login(web.client(), "ddf_nope")
     assert bad.status_code == 401 and "unknown or revoked" in bad.text
 
 

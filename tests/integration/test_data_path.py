@@ -107,7 +107,7 @@ def test_a_parquet_folder_with_a_symlink_inside_its_root_reads_it_and_one_leadin
     assert execute(d, {}, _ctx(folder)).table.to_pylist() == [{"c": 200_002}]
     pq.write_table(pa.table({"n": [7]}), tmp_path / "escape.parquet")
     (parts / "c.parquet").symlink_to(tmp_path / "escape.parquet")
-    with pytest.raises(InputError, match="outside the allowed data roots"):
+    with pytest.raises(InputError, match="outside the run's data roots"):
         execute(d, {}, _ctx(folder))
 
 

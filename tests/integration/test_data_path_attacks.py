@@ -110,18 +110,27 @@ def folder(tmp_path: Path) -> Path:
     "select file as s from glob('{data}/o*')",
     "select column_name as s from (describe select * from read_csv('{data}/other.csv'))",
     "select column_name as s from (summarize select * from read_csv('{data}/other.csv'))",
-    "select name as s from duckdb_secrets()",
-    "select name as s from which_secret('s3://bucket/key', 's3')",
     "select extension_name as s from duckdb_extensions()",
 ])
 def test_no_table_function_or_path_spelling_reaches_an_undeclared_file(folder: Path, sql: str) -> None:
     """Proves allowed_paths holds against every other file-reading table function (JSON, blob, Parquet
     metadata, sniffing, replacement scans, query()/query_table()), path spellings (//, /./, trailing
     slash, a path the declared one is a prefix of, another Unicode form, relative, ~) and DuckDB's home
-    directory (secrets, extensions): each is refused as invalid_input without showing the canary."""
+    directory (extensions): each is refused as invalid_input without showing the canary."""
     d = _definition({**DECLARED, "mine": {"kind": "csv", "path": NFC_NAME}}, sql.format(data=folder), {"s": "string"})
     error = _refused(d, _ctx(folder))
     assert isinstance(error, InputError), error.message
+
+
+@pytest.mark.parametrize("sql", [
+    "select coalesce(max(name), 'none') as s from duckdb_secrets()",
+    "select coalesce(max(name), 'none') as s from which_secret('s3://bucket/key', 's3')",
+])
+def test_duckdbs_secret_manager_is_empty_and_names_no_home_folder(folder: Path, sql: str) -> None:
+    """Proves DuckDB's secret manager holds nothing a step could read: persistent secrets are off, so
+    duckdb_secrets() and which_secret() answer nothing instead of failing on ~/.duckdb/stored_secrets."""
+    d = _definition({**DECLARED, "mine": {"kind": "csv", "path": NFC_NAME}}, sql, {"s": "string"})
+    assert execute(d, {}, _ctx(folder)).table.column("s").to_pylist() == ["none"]
 
 
 @pytest.mark.parametrize("sql", [
@@ -535,12 +544,14 @@ def test_a_cast_error_in_a_later_postgres_batch_fails_cleanly_and_closes_the_con
     pg_dsn: str, tmp_path: Path
 ) -> None:
     """Proves an error raised by PostgreSQL while the third batch is fetched (after rows already streamed
-    into DuckDB) ends as execution_failed with PostgreSQL's reason, and the connection is closed."""
+    into DuckDB) ends as execution_failed with a fixed description and the SQLSTATE (never the server's
+    text, which quotes the value), and the connection is closed."""
     query = "select (case when g < 25000 then g::text else 'x' end)::int as v from generate_series(1, 30000) g"
     with pytest.raises(ExecutionError) as caught:
         execute(_pg_definition(query), {}, _ctx(tmp_path))
     assert type(caught.value) is ExecutionError
-    assert "source 's': the postgres query failed: invalid input syntax for type integer" in caught.value.message
+    assert caught.value.message == ("source 's': the postgres query failed: a value has the wrong form for its type "
+                                    "(invalid input syntax) (SQLSTATE 22P02)")
     deadline = time.monotonic() + 5
     while _other_backends(pg_dsn) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -684,13 +695,14 @@ def test_cli_run_cannot_read_the_platform_database_or_a_file_beside_its_source(t
 
 @pytest.fixture
 def api(sqlite_url: str, tmp_path: Path) -> Any:
-    """A TestClient on a platform whose API data root is tmp/data, and an acme submitter's headers."""
+    """A TestClient on a platform whose API data root is tmp/data, an acme submitter's headers, and
+    acme's own folder in it (tmp/data/acme), where its relative source paths resolve."""
     data = tmp_path / "data"
-    data.mkdir()
+    (data / "acme").mkdir(parents=True)
     platform = Platform(sqlite_url)
     token = tokens.create_token(platform.db, "acme", "submitter", "acme-submitter")[0]
     with TestClient(create_app(platform, data_root=data)) as client:
-        yield client, {"Authorization": f"Bearer {token}"}, data
+        yield client, {"Authorization": f"Bearer {token}"}, data / "acme"
     platform.close()
 
 
@@ -729,14 +741,13 @@ def test_api_submission_cannot_exfiltrate_a_secret_file_through_an_error_message
     assert CANARY not in response.text
 
 
-@pytest.mark.xfail(strict=True, reason="per-tenant data roots are issue 12 (tenant-safe execution)")
 def test_an_api_tenant_cannot_read_another_tenants_publication_in_the_shared_data_root(
     sqlite_url: str, tmp_path: Path
 ) -> None:
     """Proves tenant isolation holds on the data path: acme publishes rows to the relative sink `acme_sink`
-    (resolved inside the API data root), then globex declares that folder as a Parquet source and casts its
-    values to int; globex's run must not see acme's rows. Today every API tenant shares one data root, so
-    the conversion error hands acme's value to globex."""
+    (resolved inside acme's sink folder), then globex declares that folder as a Parquet source (relative,
+    climbing out of its tree, absolute) and casts its values to int; each is refused before recording and
+    no answer holds acme's value."""
     data = tmp_path / "data"
     data.mkdir()
     with Platform(sqlite_url) as platform:
@@ -748,18 +759,18 @@ def test_an_api_tenant_cannot_read_another_tenants_publication_in_the_shared_dat
             publish["target"] = flows.parquet_target(location="acme_sink")
             published = client.post("/v1/runs", json={"definition": publish}, headers=acme)
             assert published.json()["run"]["status"] == "succeeded", published.text
-            steal = _api_document({"loot": {"kind": "parquet", "path": "acme_sink"}},
-                                  "select s::int::varchar as s from loot")
-            stolen = client.post("/v1/runs", json={"definition": steal}, headers=globex)
-            assert CANARY not in stolen.text
-            assert stolen.json()["run"]["status"] != "succeeded"
+            for path in ("acme_sink", "../acme/acme_sink", str(data / "acme" / "acme_sink")):
+                steal = _api_document({"loot": {"kind": "parquet", "path": path}},
+                                      "select s::int::varchar as s from loot")
+                stolen = client.post("/v1/runs", json={"definition": steal}, headers=globex)
+                assert CANARY not in stolen.text
+                assert stolen.status_code == 422 and stolen.json()["error"]["code"] == "invalid_input", stolen.text
 
 
-@pytest.mark.xfail(strict=True, reason="sink locations confined to per-tenant roots: issue 12 (tenant-safe execution)")
 def test_an_api_tenant_cannot_publish_outside_the_data_root(sqlite_url: str, tmp_path: Path) -> None:
     """Proves the write side of the confinement: an API-submitted target whose `location` is an absolute
-    path outside the data root is refused (invalid_input) and nothing is written there. Today the
-    parquet provider creates _locks/, _manifests/ and data/ wherever the server may write."""
+    path outside the data root is refused (invalid_input) and nothing is written there (the parquet provider
+    would create _locks/, _manifests/ and data/ wherever the server may write)."""
     data = tmp_path / "data"
     data.mkdir()
     outside = tmp_path / "elsewhere" / "sink"

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pyarrow as pa
 import pytest
+import sqlalchemy as sa
 
-from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.errors import ExecutionError, InputError
 from durable_dataflow.core.hashing import sha256_bytes
 from durable_dataflow.datasources import postgres_table
 from durable_dataflow.datasources.contract import (
@@ -22,6 +24,8 @@ from durable_dataflow.datasources.contract import (
     Undecided,
 )
 from durable_dataflow.datasources.postgres_table import PostgresTableProvider
+from durable_dataflow.platform import Platform
+from support import flows
 
 SECRET = "TEST_PG_SINK_DSN"
 PASSWORD = "hunter2-very-secret"
@@ -70,6 +74,8 @@ def test_server_error_before_commit_is_rejected_and_writes_nothing(sink_dsn: str
     too_big = pa.table({"id": pa.array([9], pa.int64()), "amount": pa.array([Decimal("1e15")], pa.decimal128(20, 2))})
     outcome = provider.publish("big", 1, too_big, sha256_bytes(b"big"), target())
     assert isinstance(outcome, Rejected)
+    # The server's DETAIL and CONTEXT quote the row being copied: only a fixed description and the SQLSTATE.
+    assert outcome.reason == "the sink refused the publication: a number is out of range for its type (SQLSTATE 22003)"
     assert provider.inspect("big", target()) == Absent(None)
     with psycopg.connect(sink_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM results WHERE _publication_key = 'big'").fetchone() == (0,)
@@ -137,3 +143,52 @@ def test_overwrite_mode_replaces_the_rows_in_the_same_transaction(sink_dsn: str)
     assert isinstance(provider.publish("b", 1, rows(1), sha256_bytes(b"b"), over), Published)
     with psycopg.connect(sink_dsn) as conn:
         assert conn.execute("SELECT _publication_key, count(*) FROM results GROUP BY 1").fetchall() == [("b", 1)]
+
+
+# Malformed DSNs whose password libpq's parse or connection errors quote, or that _scrub could not find.
+MALFORMED_DSNS = [
+    f"postgresql://writer:pa ss{PASSWORD}@127.0.0.1:1/db",
+    f"host=127.0.0.1 password={PASSWORD} port=notaport",
+    f"host=127.0.0.1 password={PASSWORD} dbname",
+    f"user=writer password='{PASSWORD}",
+    f"postgresql://writer:{PASSWORD}@[::1/db",
+    f"postgresql://writer:first@{PASSWORD}@127.0.0.1:1/db?connect_timeout=2",
+    f"postgresql://writer:{PASSWORD}@127.0.0.1:1/db?{PASSWORD}=1",
+    f"postgresql://writer:{PASSWORD}@127.0.0.1:1/db?sslmode={PASSWORD}",
+    f"host='{PASSWORD}' password={PASSWORD} port=1",
+]
+
+
+@pytest.mark.parametrize("dsn", MALFORMED_DSNS)
+def test_a_malformed_dsn_never_puts_its_password_in_any_message(monkeypatch: pytest.MonkeyPatch, dsn: str) -> None:
+    """Publish, inspect and read with a careless SINK_DSN: each is a fixed description of the failure (no
+    driver text), so the password, which libpq echoes in quotes or as a host name, appears in none."""
+    monkeypatch.setenv(SECRET, dsn)
+    provider = PostgresTableProvider()
+    published = provider.publish("k", 1, rows(), sha256_bytes(b"k"), target())
+    inspected = provider.inspect("k", target(), fence=2)
+    with pytest.raises(ExecutionError) as caught:
+        provider.read(target())
+    assert isinstance(published, Rejected) and isinstance(inspected, Undecided)
+    for message in (published.reason, inspected.reason, caught.value.message):
+        assert PASSWORD not in message and "pa ss" not in message and "127.0.0.1" not in message
+    assert published.reason.startswith("cannot connect to the sink database: ")
+    assert inspected.reason.startswith("postgres inspection of key 'k' failed: cannot connect to the sink database: ")
+
+
+def test_a_forward_run_with_a_malformed_sink_dsn_keeps_the_password_out_of_the_ledger(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves, through a recorded forward run on both platform engines, that a SINK_DSN with an unescaped
+    space in its password is rejected (nothing could be written) and the password appears neither in the
+    run's error_message nor in any row of the platform database (ledger entries included)."""
+    monkeypatch.setenv(SECRET, MALFORMED_DSNS[0])
+    defn = flows.definition({**flows.parquet_target("postgres", "results"), "options": {"dsn": {"secret": SECRET}}})
+    with Platform(db_url) as platform:
+        run = platform.runs.run_inline(flows.request(defn, tmp_path, "k1")).run
+        with platform.db.read() as conn:
+            stored = [repr(conn.execute(sa.text(f"SELECT * FROM {t}")).fetchall()) for t in flows.row_counts(platform)]
+    assert PASSWORD not in str(run.error_message) and PASSWORD not in "\n".join(stored)
+    assert (run.status, run.error_code) == ("failed", "publication_rejected")
+    assert run.error_message == ("cannot connect to the sink database: it is not a valid PostgreSQL connection "
+                                 "string (conninfo)")

@@ -7,9 +7,15 @@ honestly `outcome_unknown` and a later reconciliation with the real provider fin
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import httpx2
+import yaml
+from fastapi.testclient import TestClient
 
 from durable_dataflow.api import tokens
 from durable_dataflow.dataflow.definitions import load_definition
@@ -28,6 +34,24 @@ def copy_examples(tmp_path: Path) -> Path:
     target = tmp_path / "examples"
     shutil.copytree(EXAMPLES, target, ignore=shutil.ignore_patterns("warehouse", ".dataflow"))
     return target
+
+
+def tenant_data_root(tmp_path: Path, examples: Path, tenants: tuple[str, ...] = ("acme", "globex")) -> Path:
+    """An API data root where each tenant's folder holds the atomic example's input files, so a
+    tenant submitting that definition (relative paths `data/...`) reads its own copy."""
+    root = tmp_path / "tenants"
+    for tenant in tenants:
+        shutil.copytree(examples / "revenue_by_region" / "data", root / tenant / "data")
+    return root
+
+
+def grant_secrets(tmp_path: Path, monkeypatch: Any, grants: dict[str, list[str]]) -> Path:
+    """Write a grants file granting each secret (read from the environment variable of its name) to
+    the listed tenants, and point DATAFLOW_GRANTS at it; open the Platform afterwards."""
+    path = tmp_path / "grants.yaml"
+    path.write_text(yaml.safe_dump({"secrets": {name: {"tenants": tenants} for name, tenants in grants.items()}}))
+    monkeypatch.setenv("DATAFLOW_GRANTS", str(path))
+    return path
 
 
 def _request(path: Path, tenant: str, key: str | None, day: str = "2026-11-02") -> RunRequest:
@@ -85,3 +109,15 @@ def make_tokens(platform: Platform) -> Tokens:
         operator=create("acme", "operator", "acme-operator"),
         other_operator=create("globex", "operator", "globex-operator"),
     )
+
+
+LOGIN_CSRF_FIELD = re.compile(r'name="csrf" value="([0-9a-f]+)"')
+
+
+def web_login(client: TestClient, token: str) -> httpx2.Response:
+    """POST the login form as a browser does: GET it first (its nonce cookie and CSRF field), then
+    submit the token with that field. Returns the POST's answer."""
+    form = client.get("/ui/login")
+    found = LOGIN_CSRF_FIELD.search(form.text)
+    assert form.status_code == 200 and found is not None, form.text
+    return client.post("/ui/login", data={"token": token, "csrf": found.group(1)})

@@ -21,6 +21,9 @@ SCRUBBED_ENV = (
     # The platform limits (dataflow/limits.py SETTINGS): a developer's own settings must not leak in.
     "DATAFLOW_TIME_LIMIT", "DATAFLOW_MEMORY_LIMIT", "DATAFLOW_THREADS", "DATAFLOW_TEMP_DIR", "DATAFLOW_TEMP_MAX",
     "DATAFLOW_SOURCE_BYTES_MAX", "DATAFLOW_RESULT_BYTES_MAX",
+    # Confinement (dataflow/workspace.py) and secrets.
+    "DATAFLOW_GRANTS", "DATAFLOW_DATA_ROOT", "DATAFLOW_SINK_ROOT", "DATAFLOW_DATA_ROOTS",
+    "DATAFLOW_ALLOW_ABSOLUTE_LOCATIONS", "DATAFLOW_SECRETS_DIR",
 )
 
 

@@ -88,14 +88,14 @@ def test_limits_block_is_part_of_the_hash() -> None:
     [
         ({"time_limit": 0}, r"limits\.time_limit: time_limit must be more than 0"),
         ({"time_limit": -5}, r"limits\.time_limit: time_limit must be more than 0"),
-        ({"time_limit": "8d"}, r"limits\.time_limit: duration '8d' is not valid"),
-        ({"time_limit": "soon"}, r"limits\.time_limit: duration 'soon' is not valid"),
+        ({"time_limit": "8d"}, r"limits\.time_limit: the duration is not valid"),
+        ({"time_limit": "soon"}, r"limits\.time_limit: the duration is not valid"),
         ({"time_limit": 10 * 24 * 3600}, r"limits\.time_limit: .*at most 604800 seconds"),
         ({"time_limit": float("nan")}, r"limits\.time_limit: a duration must be a finite number"),
         ({"time_limit": True}, r"limits\.time_limit: must be a number or a string, not true/false"),
-        ({"memory": "lots"}, r"limits\.memory: size 'lots' is not valid"),
+        ({"memory": "lots"}, r"limits\.memory: the size is not valid"),
         ({"memory": 0}, r"limits\.memory: a size must be between 1 byte"),
-        ({"memory": "2 PiB"}, r"limits\.memory: size '2 PiB' is not valid"),
+        ({"memory": "2 PiB"}, r"limits\.memory: the size is not valid"),
         ({"threads": 0}, r"limits\.threads: Input should be greater than or equal to 1"),
         ({"threads": 9999}, r"limits\.threads: Input should be less than or equal to 256"),
         ({"threads": "many"}, r"limits\.threads: Input should be a valid integer"),
@@ -132,20 +132,16 @@ def test_csv_delimiter_accepts_printable_ascii_and_tab(delimiter: str) -> None:
     assert d.sources["nums"].delimiter == delimiter  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize(
-    ("delimiter", "shown"),
-    [("é", "'é'"), ('"', "'\"'"), ("\n", "U+000A"), ("\r", "U+000D"), ("\x00", "U+0000"), ("\x1b", "U+001B")],
-)
-def test_csv_delimiter_refuses_non_ascii_quote_and_control_characters(delimiter: str, shown: str) -> None:
+@pytest.mark.parametrize("delimiter", ["é", '"', "\n", "\r", "\x00", "\x1b"])
+def test_csv_delimiter_refuses_non_ascii_quote_and_control_characters(delimiter: str) -> None:
     """Proves a delimiter that is not one printable ASCII character (or is the quote) is an InputError
-    naming the field; a control character is named by code point, never echoed raw."""
+    naming the field and the rule, never echoing the value given."""
     with pytest.raises(InputError) as caught:
         _parse(_csv(delimiter))
     message = caught.value.message
-    assert "sources.nums.delimiter: delimiter" in message and "printable ASCII" in message
-    assert shown in message
-    if not delimiter.isprintable():
-        assert delimiter not in message
+    assert "sources.nums.delimiter: the delimiter is not allowed" in message and "printable ASCII" in message
+    rule = "other than '\"'"  # the rule itself names the quote character
+    assert delimiter not in message.replace(rule, "")
 
 
 def test_csv_delimiter_must_be_one_character() -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import decimal
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ import pytest
 
 from durable_dataflow.core import hashing
 from durable_dataflow.core.errors import ExecutionError, InputError, LimitExceeded
+from durable_dataflow.core.secrets import SecretScope
 from durable_dataflow.dataflow import definitions, results
 from durable_dataflow.dataflow.arrowdigest import output_digest
 from durable_dataflow.dataflow.definitions import Definition
@@ -128,7 +129,8 @@ def _csv_definition(path: str) -> Definition:
 
 
 def test_source_paths_cannot_escape_the_allowed_roots(tmp_path: Path) -> None:
-    """Proves '../', an absolute path and a symlink out of the root are refused, naming source and path."""
+    """Proves '../', an absolute path and a symlink out of the root are refused, naming the source but
+    not the path (a message never quotes a submitted value, docs/security.md)."""
     root, outside = tmp_path / "root", tmp_path / "outside"
     root.mkdir()
     outside.mkdir()
@@ -137,11 +139,12 @@ def test_source_paths_cannot_escape_the_allowed_roots(tmp_path: Path) -> None:
     (root / "linkdir").symlink_to(outside)
     for path in ("../outside/secret.csv", str(outside / "secret.csv"), "link.csv", "linkdir/secret.csv",
                  "/etc/passwd"):
-        expected = re.escape(f"source 't': path '{path}' resolves outside the allowed data roots")
-        with pytest.raises(InputError, match=expected):
+        with pytest.raises(InputError, match="source 't': the path resolves outside the run's data roots") as refused:
             execute(_csv_definition(path), {}, _ctx(root))
-    with pytest.raises(InputError, match=r"source 't': path 'missing\.csv' does not exist"):
+        assert path not in refused.value.message and str(outside) not in refused.value.message
+    with pytest.raises(InputError, match="source 't': the path does not exist") as missing:
         execute(_csv_definition("missing.csv"), {}, _ctx(root))
+    assert "missing.csv" not in missing.value.message
 
 
 def test_data_roots_env_admits_another_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,7 +159,7 @@ def test_data_roots_env_admits_another_directory(tmp_path: Path, monkeypatch: py
         "output: {schema: {n: int64}, max_rows: 5, max_bytes: 1024}\n"
     )
     loaded = definitions.load_definition(flow_dir / "dataflow.yaml")
-    with pytest.raises(InputError, match="outside the allowed data roots"):
+    with pytest.raises(InputError, match="outside the run's data roots"):
         execute(loaded.definition, {}, ExecutionContext.for_definition(loaded))
     monkeypatch.setenv(DATA_ROOTS_ENV, os.pathsep.join(["", str(shared)]))
     result = execute(loaded.definition, {}, ExecutionContext.for_definition(loaded))
@@ -200,7 +203,7 @@ def test_parquet_folder_fingerprint_covers_names_and_contents(tmp_path: Path) ->
     assert second.sources[0][2] != first.sources[0][2]
     (folder / "c.parquet").symlink_to(tmp_path.parent / "elsewhere.parquet")
     shutil.copy(folder / "a.parquet", tmp_path.parent / "elsewhere.parquet")
-    with pytest.raises(InputError, match="outside the allowed data roots"):
+    with pytest.raises(InputError, match="outside the run's data roots"):
         execute(d, {}, _ctx(tmp_path))
 
 
@@ -240,12 +243,12 @@ def test_inline_source_types_dates_and_decimals(tmp_path: Path) -> None:
 
 
 def test_postgres_source_errors_never_show_the_dsn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Proves an unset secret is named, and a failed connection's error names the secret but not the DSN."""
+    """Proves an unset secret is refused naming the source, and a failed connection's error shows no DSN."""
     d = _definition({"crm": {"kind": "postgres", "dsn": {"secret": "CRM_DSN_TEST"}, "query": "select 1 as n"}},
                     "select n from crm", {"n": "int64"})
     monkeypatch.delenv("CRM_DSN_TEST", raising=False)
     monkeypatch.delenv("DATAFLOW_SECRETS_DIR", raising=False)
-    with pytest.raises(InputError, match="secret 'CRM_DSN_TEST' is not set"):
+    with pytest.raises(InputError, match="source 'crm': a referenced secret is not set"):
         execute(d, {}, _ctx(tmp_path))
     dsn = "postgresql://crm_user:canary-pw-7f3a@127.0.0.1:1/crm_db?connect_timeout=2"
     monkeypatch.setenv("CRM_DSN_TEST", dsn)
@@ -254,3 +257,17 @@ def test_postgres_source_errors_never_show_the_dsn(tmp_path: Path, monkeypatch: 
         execute(d, {}, _ctx(tmp_path))
     assert "canary-pw-7f3a" not in caught.value.message and dsn not in caught.value.message
     assert "canary-pw-7f3a" not in repr(caught.value.__cause__) and caught.value.__suppress_context__
+
+
+def test_a_postgres_source_resolves_its_dsn_in_the_runs_secret_scope(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves the DSN is resolved in the execution's secret scope, not from the process environment: a
+    tenant scope without a grant refuses a variable that is set (a worker's environment grants nothing)."""
+    d = _definition({"crm": {"kind": "postgres", "dsn": {"secret": "CRM_DSN_SCOPED"}, "query": "select 1 as n"}},
+                    "select n from crm", {"n": "int64"})
+    monkeypatch.setenv("CRM_DSN_SCOPED", "postgresql://u:canary-scope-pw@127.0.0.1:1/db")
+    tenant = dataclasses.replace(_ctx(tmp_path), secrets=SecretScope(tenant="acme"))
+    with pytest.raises(InputError, match="source 'crm': a referenced secret is not granted") as refused:
+        execute(d, {}, tenant)
+    assert "canary-scope-pw" not in refused.value.message

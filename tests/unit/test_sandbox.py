@@ -78,7 +78,7 @@ def test_preflight_refuses_without_reading_sources(tmp_path: Path) -> None:
         "steps": [{"name": "s", "sql": "select 1 as n"}],
         "output": {"schema": {"n": "int64"}, "max_rows": 1, "max_bytes": 100},
     })
-    with pytest.raises(InputError, match="resolves outside the allowed data roots"):
+    with pytest.raises(InputError, match="resolves outside the run's data roots"):
         preflight(escaping, ctx)
 
 
@@ -198,3 +198,66 @@ def test_concurrent_executions_in_threads_see_only_their_own_sources(tmp_path: P
     assert not failures
     for k in range(THREADS):
         assert seen[k] == [k * 1000 + run for run in range(RUNS_PER_THREAD)]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "select count(*)::varchar as s from duckdb_secrets()",
+        "select current_setting('secret_directory') as s",
+        "select string_agg(name || '=' || value, ';') as s from duckdb_settings()",
+    ],
+)
+@pytest.mark.parametrize("confined", [False, True])
+def test_a_step_learns_nothing_of_the_service_users_home(tmp_path: Path, sql: str, confined: bool) -> None:
+    """Proves DuckDB's secret manager points nowhere: by default duckdb_secrets() fails quoting
+    ~/.duckdb/stored_secrets and duckdb_settings() shows it, handing the home folder to a step."""
+    # A CSV source makes the execution use a confined database of its own; inline-only the shared one.
+    (tmp_path / "t.csv").write_text("n\n1\n")
+    sources = {"t": {"kind": "csv", "path": "t.csv"}} if confined else None
+    document = _definition(sql, columns={"s": "string"}).model_dump(mode="json")
+    if sources is not None:
+        document["sources"] = sources
+    home = str(Path.home())
+    try:
+        value = str(execute(Definition.model_validate(document), {}, _ctx(tmp_path)).table.column("s")[0])
+    except (ExecutionError, InputError) as error:
+        value = error.message
+    assert home not in value and ".duckdb" not in value, value
+
+
+VALUE_CANARY = "VALUE-CANARY-41c9"
+
+
+@pytest.mark.parametrize(
+    ("sql", "columns"),
+    [
+        ("select line::int as n from t", None),
+        ("select cast(line as date)::varchar as s from t", {"s": "string"}),
+        ("select strptime(line, '%Y')::varchar as s from t", {"s": "string"}),
+        ("select error(line) as s from t", {"s": "string"}),
+        ("select (select string_agg(line, ';') from t)::int as n", None),
+        ("select regexp_matches('x', line || '(')::varchar as s from t", {"s": "string"}),
+        ("select line::json::varchar as s from t", {"s": "string"}),
+        ("select line::uuid::varchar as s from t", {"s": "string"}),
+        ("select line as n from t", None),  # the declared int64 output cast, done by Arrow
+    ],
+)
+def test_an_error_never_quotes_a_data_value(tmp_path: Path, sql: str, columns: dict[str, str] | None) -> None:
+    """Proves conversion and input errors withhold the values they would quote: a run's stored error
+    message is no channel for the data it read (DuckDB says `Could not convert string "…"`)."""
+    (tmp_path / "t.csv").write_text(f"line\n{VALUE_CANARY}\n")
+    document = _definition(sql, columns=columns).model_dump(mode="json")
+    document["sources"] = {"t": {"kind": "csv", "path": "t.csv", "schema": {"line": "string"}}}
+    with pytest.raises((ExecutionError, InputError)) as failed:
+        execute(Definition.model_validate(document), {}, _ctx(tmp_path))
+    assert VALUE_CANARY not in failed.value.message, failed.value.message
+
+
+def test_a_csv_that_does_not_fit_its_schema_names_the_column_not_the_value(tmp_path: Path) -> None:
+    (tmp_path / "t.csv").write_text(f"n\n{VALUE_CANARY}\n")
+    document = _definition("select n from t").model_dump(mode="json")
+    document["sources"] = {"t": {"kind": "csv", "path": "t.csv", "schema": {"n": "int64"}}}
+    with pytest.raises(ExecutionError, match='column "n"') as failed:
+        execute(Definition.model_validate(document), {}, _ctx(tmp_path))
+    assert VALUE_CANARY not in failed.value.message

@@ -7,6 +7,7 @@ without a token.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -20,20 +21,32 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from durable_dataflow import __version__
-from durable_dataflow.api import errors, v1, web
+from durable_dataflow.api import errors, middleware, v1, web
 from durable_dataflow.api.auth import api_caller, platform_of
 from durable_dataflow.api.metrics import Metrics
-from durable_dataflow.api.operations import Caller, data_root_from_env
+from durable_dataflow.api.operations import Caller
 from durable_dataflow.api.tokens import Role
 from durable_dataflow.core.errors import DataflowError, Unauthenticated
+from durable_dataflow.dataflow import workspace
 from durable_dataflow.platform import Platform
 
 STATIC_DIR = Path(__file__).parent / "static"
 CSRF_KEY_BYTES = 32
+HEALTH_UNREACHABLE = "the platform database is unreachable; the server log has the details"
+logger = logging.getLogger(__name__)
 
 
-def create_app(platform: Platform, *, data_root: Path | None = None) -> FastAPI:
-    """The application over ``platform``; API-submitted source paths resolve under ``data_root``."""
+def create_app(
+    platform: Platform,
+    *,
+    data_root: Path | None = None,
+    sink_root: Path | None = None,
+    body_bytes_max: int | None = None,
+) -> FastAPI:
+    """The application over ``platform``. Each tenant's sources resolve under ``<data_root>/<tenant>``
+    and its file sinks under ``<sink_root>/<tenant>`` (``dataflow.workspace.server_tenancy``: an
+    implicit root that would expose the working directory, the database or the secrets refuses).
+    Request bodies over ``body_bytes_max`` (else $DATAFLOW_API_BODY_BYTES_MAX, else 4 MiB) answer 413."""
     app = FastAPI(
         title="Durable Dataflow API",
         version=__version__,
@@ -43,11 +56,16 @@ def create_app(platform: Platform, *, data_root: Path | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.platform = platform
-    app.state.data_root = (data_root or data_root_from_env()).resolve()
+    app.state.tenancy = workspace.server_tenancy(
+        data_root=data_root, sink_root=sink_root, platform_files=platform.db.files(), grants=platform.runs.config.grants
+    )
     app.state.metrics = Metrics(platform.db)
     # The CSRF key lives only in this process: a restart invalidates open forms, nothing else.
     app.state.csrf_key = secrets.token_bytes(CSRF_KEY_BYTES)
     _install_error_handlers(app)
+    # Added innermost first: timing sees every answer, and the headers cover the body limit's 413.
+    app.add_middleware(middleware.BodyLimit, body_bytes_max=middleware.body_bytes_max_from_env(override=body_bytes_max))
+    app.add_middleware(middleware.SecurityHeaders)
     _install_timing(app)
     app.include_router(v1.router)
     app.include_router(web.router)
@@ -68,7 +86,14 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DataflowError, on_dataflow_error)
     app.add_exception_handler(RequestValidationError, errors.on_validation_error)
     app.add_exception_handler(StarletteHTTPException, errors.on_http_error)
-    app.add_exception_handler(Exception, errors.on_unexpected)
+
+    async def on_unexpected(request: Request, error: Exception) -> Response:
+        # Answered outside every middleware (by Starlette's ServerErrorMiddleware): add the headers here.
+        response = await errors.on_unexpected(request, error)
+        response.headers.update(middleware.security_headers(request.url.path))
+        return response
+
+    app.add_exception_handler(Exception, on_unexpected)
 
 
 def _install_timing(app: FastAPI) -> None:
@@ -85,18 +110,20 @@ def _install_timing(app: FastAPI) -> None:
 def _add_platform_routes(app: FastAPI) -> None:
     @app.get("/healthz", tags=["platform"])
     def healthz(request: Request) -> JSONResponse:
-        """Liveness and database reachability; no token needed."""
+        """Liveness and database reachability; no token needed, so the answer names no host, port,
+        user or driver text: those go to the server log only."""
         db = platform_of(request).db
         try:
             with db.read() as conn:
                 db.now_us(conn)
         except DataflowError as error:
-            return errors.error_response("storage_unavailable", f"the database is unreachable: {error.message}")
+            logger.warning("healthz: the platform database is unreachable: %s", error.message)
+            return errors.error_response("storage_unavailable", HEALTH_UNREACHABLE)
         return JSONResponse({"status": "ok", "database": db.dialect})
 
     @app.get("/metrics", tags=["platform"], response_class=Response)
-    def metrics(request: Request, caller: Caller = Depends(api_caller(Role.OPERATOR))) -> Response:
-        """Prometheus metrics (operator role): platform-wide aggregates, no run ids, no tenants."""
+    def metrics(request: Request, caller: Caller = Depends(api_caller(Role.OPERATOR, platform_wide=True))) -> Response:
+        """Prometheus metrics (operator, platform_operator): platform-wide aggregates, no run ids, no tenants."""
         return Response(app.state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/openapi.json", include_in_schema=False)

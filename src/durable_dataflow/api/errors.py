@@ -7,7 +7,9 @@ fixed message, so no internal detail (or secret) can leak through an error.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from itertools import islice
+from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -25,6 +27,7 @@ HTTP_STATUS_BY_CODE: Mapping[str, int] = {
     "permission_denied": 403,
     "not_found": 404,
     "method_not_allowed": 405,
+    "payload_too_large": 413,
     "conflict": 409,
     "stale_attempt": 409,
     "lease_unavailable": 409,
@@ -39,6 +42,7 @@ CODE_BY_HTTP_STATUS: Mapping[int, str] = {
     403: "permission_denied",
     404: "not_found",
     405: "method_not_allowed",
+    413: "payload_too_large",
 }
 MESSAGE_CHARS_MAX = 2000
 VALIDATION_ERRORS_SHOWN_MAX = 5
@@ -59,14 +63,23 @@ async def on_dataflow_error(request: Request, error: Exception) -> JSONResponse:
     return error_response(error.code, error.message)
 
 
+def validation_message(problems: Iterable[Mapping[str, Any]], prefix: tuple[str, ...] = ()) -> str:
+    """The invalid_input message for pydantic's errors: each location and message, never the input.
+
+    ``prefix`` goes before each location, so a body validated by hand reads like one FastAPI validated
+    (``body.max_attempts: ...``).
+    """
+    shown = [
+        f"{'.'.join(str(part) for part in (*prefix, *e.get('loc', ())))}: {e.get('msg', 'invalid')}"
+        for e in islice(problems, VALIDATION_ERRORS_SHOWN_MAX)
+    ]
+    return "invalid request: " + "; ".join(shown)
+
+
 async def on_validation_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, RequestValidationError)
     # Only locations and messages: the offending input may hold a secret and is never echoed.
-    problems = [
-        f"{'.'.join(str(part) for part in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
-        for e in error.errors()[:VALIDATION_ERRORS_SHOWN_MAX]
-    ]
-    return error_response("invalid_input", "invalid request: " + "; ".join(problems))
+    return error_response("invalid_input", validation_message(error.errors()))
 
 
 async def on_http_error(request: Request, error: Exception) -> JSONResponse:

@@ -13,30 +13,27 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from durable_dataflow.api.tokens import TokenInfo
 from durable_dataflow.core import checkpoints, ledger
-from durable_dataflow.core.errors import InputError, NotFound
-from durable_dataflow.dataflow import evidence, execution, reconcile, runs
+from durable_dataflow.core.errors import InputError, NotFound, PermissionDenied
+from durable_dataflow.dataflow import evidence, reconcile, runs
 from durable_dataflow.dataflow.definitions import parse_definition
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.runs import MODULE, Run
 from durable_dataflow.dataflow.service import Submission
+from durable_dataflow.dataflow.workspace import Tenancy
 from durable_dataflow.ops import ledger as ops_ledger
 from durable_dataflow.platform import Platform
 
 LIST_LIMIT_MAX = 200
 LIST_LIMIT_DEFAULT = 50
 CURSOR_CHARS_MAX = 200
+# A cursor's time is compared with a BIGINT column: a larger integer overflows in the database.
+CURSOR_US_MAX = 2**63 - 1
+CURSOR_RUN_ID_CHARS_MAX = 64
 US_PER_S = 1_000_000
-
-
-def data_root_from_env() -> Path:
-    """Where API-submitted definitions' source paths resolve: DATAFLOW_DATA_ROOTS' first entry, else cwd."""
-    roots = execution.data_roots()
-    return roots[0].resolve() if roots else Path.cwd().resolve()
 
 
 @dataclass(frozen=True)
@@ -47,11 +44,20 @@ class Caller:
 
     @property
     def tenant(self) -> str:
+        """The caller's tenant. A platform operator has none, so every tenant-scoped operation (each
+        reads this) refuses it, even one whose endpoint forgot to: a second line behind the role check."""
+        if self.token.is_platform:
+            raise PermissionDenied("this endpoint needs a tenant token; a platform_operator token has no tenant")
         return self.token.tenant
+
+    @property
+    def ops_tenant(self) -> str | None:
+        """The tenant whose Ops projection the caller sees: None (every tenant) for a platform operator."""
+        return None if self.token.is_platform else self.tenant
 
     def access(self) -> AccessContext:
         return AccessContext(
-            tenant=self.token.tenant,
+            tenant=self.tenant,
             principal=self.token.principal,
             roles=(self.token.role.value,),
             scopes=(),
@@ -76,7 +82,7 @@ def definition_from_request(
     with platform.db.read() as conn:
         body = ops_ledger.definition_body(conn, caller.tenant, str(definition_hash))
     if body is None:
-        raise NotFound(f"definition {definition_hash} is not registered for tenant {caller.tenant}")
+        raise NotFound("the definition_hash names no definition this tenant has registered")
     return parse_definition(body, "registered.json")
 
 
@@ -85,20 +91,22 @@ def submit(
     caller: Caller,
     request_body: Mapping[str, Any],
     idempotency_key: str | None,
-    data_root: Path,
+    tenancy: Tenancy,
     queue: bool,
 ) -> Submission:
     definition = definition_from_request(
         platform, caller, request_body.get("definition"), request_body.get("definition_hash")
     )
+    space = tenancy.workspace(caller.tenant)
     request = RunRequest(
         definition=definition,
-        base_dir=data_root,
+        base_dir=space.base_dir,
         parameters=dict(request_body.get("parameters") or {}),
         access=caller.access(),
         provenance=caller.provenance(),
         idempotency_key=idempotency_key,
         max_attempts=int(request_body["max_attempts"]),
+        workspace=space,
     )
     return platform.runs.submit(request) if queue else platform.runs.run_inline(request)
 
@@ -126,8 +134,10 @@ def decode_cursor(cursor: str) -> tuple[int, str]:
         and len(value) == 2
         and isinstance(value[0], int)
         and not isinstance(value[0], bool)
+        and 0 <= value[0] <= CURSOR_US_MAX
         and isinstance(value[1], str)
-        and len(value[1]) <= 64
+        and len(value[1]) <= CURSOR_RUN_ID_CHARS_MAX
+        and value[1].isprintable()  # a NUL is refused by PostgreSQL's driver: never a 500
     )
     if not valid:
         raise problem

@@ -3,6 +3,12 @@
 A token is ``ddf_`` followed by 43 URL-safe characters (256 random bits), so a leaked one is easy
 to recognise in logs and secret scanners. Because it carries that much entropy, looking it up by
 its unsalted hash is safe: no dictionary attack applies.
+
+A tenant token (viewer, submitter, operator) acts for one tenant. A platform operator token acts
+for none: it is stored with the tenant ``PLATFORM_TENANT`` ("*"), which ``TENANT_PATTERN`` (and the
+run request's own tenant check) makes impossible for a real tenant, so no tenant-scoped query can
+ever match it. It is created only by ``create_platform_token``, which the CLI calls for whoever
+holds the database URL; the API has no way to create any token.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from durable_dataflow.api.schema import TENANT_LENGTH, TOKEN_NAME_LENGTH, api_to
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import Conflict, InputError, NotFound, Unauthenticated
 from durable_dataflow.core.hashing import sha256_bytes
+from durable_dataflow.core.invariants import invariant
 
 TOKEN_PREFIX = "ddf_"
 TOKEN_RANDOM_BYTES = 32
@@ -29,16 +36,22 @@ TOKEN_CHARS_MAX = 200
 TOKENS_LISTED_MAX = 10_000
 TENANT_PATTERN = re.compile(rf"^[A-Za-z0-9_-]{{1,{TENANT_LENGTH}}}$")
 NAME_PATTERN = re.compile(rf"^[A-Za-z0-9_.@:-]{{1,{TOKEN_NAME_LENGTH}}}$")
+# The tenant stored for a platform operator token: TENANT_PATTERN forbids it for every real tenant.
+PLATFORM_TENANT = "*"
 
 
 class Role(enum.StrEnum):
     VIEWER = "viewer"  # reads runs, evidence, definitions and datasources of its tenant
     SUBMITTER = "submitter"  # a viewer that may also submit runs
     OPERATOR = "operator"  # a submitter that may also reconcile and resume, and read ops and metrics
+    # Bound to no tenant: reads the platform-wide Ops projection and /metrics, and nothing else.
+    PLATFORM_OPERATOR = "platform_operator"
 
 
-# Each role includes the roles below it.
+# Each tenant role includes the roles below it. The platform operator is outside this order: it
+# holds none of the tenant roles, and no tenant role holds it.
 ROLE_RANK = {Role.VIEWER: 1, Role.SUBMITTER: 2, Role.OPERATOR: 3}
+TENANT_ROLES = tuple(ROLE_RANK)
 
 
 @dataclass(frozen=True)
@@ -57,8 +70,17 @@ class TokenInfo:
         """The identity recorded with the runs this token submits."""
         return f"token:{self.name}"
 
-    def allows(self, needed: Role) -> bool:
-        return ROLE_RANK[self.role] >= ROLE_RANK[needed]
+    @property
+    def is_platform(self) -> bool:
+        """A platform operator token: bound to no tenant."""
+        return self.role is Role.PLATFORM_OPERATOR
+
+    def allows(self, needed: Role | str) -> bool:
+        """Whether the token holds ``needed``: a tenant role by rank, the platform role only itself."""
+        wanted = Role(needed)
+        if self.is_platform or wanted is Role.PLATFORM_OPERATOR:
+            return self.role is wanted
+        return ROLE_RANK[self.role] >= ROLE_RANK[wanted]
 
 
 def hash_token(token: str) -> str:
@@ -67,10 +89,15 @@ def hash_token(token: str) -> str:
 
 def _info(row: sa.Row[object]) -> TokenInfo:
     data = row._mapping
+    tenant, role = str(data["tenant"]), Role(str(data["role"]))
+    invariant(
+        (role is Role.PLATFORM_OPERATOR) == (tenant == PLATFORM_TENANT),
+        f"token {data['token_id']}: only a platform_operator token has the platform tenant",
+    )
     return TokenInfo(
         token_id=str(data["token_id"]),
-        tenant=str(data["tenant"]),
-        role=Role(str(data["role"])),
+        tenant=tenant,
+        role=role,
         name=str(data["name"]),
         created_at_us=int(str(data["created_at_us"])),
         revoked_at_us=None if data["revoked_at_us"] is None else int(str(data["revoked_at_us"])),
@@ -79,19 +106,34 @@ def _info(row: sa.Row[object]) -> TokenInfo:
 
 def _check_new(tenant: str, role: str, name: str | None) -> Role:
     if not TENANT_PATTERN.match(tenant):
-        raise InputError(f"tenant {tenant!r} must be 1 to {TENANT_LENGTH} letters, digits, '-' or '_'")
+        raise InputError(f"the tenant must be 1 to {TENANT_LENGTH} letters, digits, '-' or '_'")
+    if role == Role.PLATFORM_OPERATOR:
+        raise InputError("a platform_operator token belongs to no tenant: use `dataflow tokens create --platform`")
     try:
         checked = Role(role)
     except ValueError:
-        raise InputError(f"role {role!r} must be one of {', '.join(r.value for r in Role)}") from None
-    if name is not None and not NAME_PATTERN.match(name):
-        raise InputError(f"token name {name!r} must be 1 to {TOKEN_NAME_LENGTH} letters, digits or '_.@:-'")
+        raise InputError(f"the role must be one of {', '.join(r.value for r in TENANT_ROLES)}") from None
+    _check_name(name)
     return checked
 
 
+def _check_name(name: str | None) -> None:
+    if name is not None and not NAME_PATTERN.match(name):
+        raise InputError(f"the token name must be 1 to {TOKEN_NAME_LENGTH} letters, digits or '_.@:-'")
+
+
 def create_token(db: Database, tenant: str, role: str, name: str | None = None) -> tuple[str, TokenInfo]:
-    """Create a token; returns the token text (shown once, never stored) and what is stored."""
-    checked = _check_new(tenant, role, name)
+    """Create a tenant token; returns the token text (shown once, never stored) and what is stored."""
+    return _insert(db, tenant, _check_new(tenant, role, name), name)
+
+
+def create_platform_token(db: Database, name: str | None = None) -> tuple[str, TokenInfo]:
+    """Create a platform operator token (no tenant): for whoever holds the database URL, never the API."""
+    _check_name(name)
+    return _insert(db, PLATFORM_TENANT, Role.PLATFORM_OPERATOR, name)
+
+
+def _insert(db: Database, tenant: str, checked: Role, name: str | None) -> tuple[str, TokenInfo]:
     token = TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_RANDOM_BYTES)
     token_id = "tok_" + secrets.token_hex(TOKEN_ID_RANDOM_BYTES)
     try:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from durable_dataflow.api import operations
 from durable_dataflow.api.auth import api_caller, platform_of
+from durable_dataflow.api.bodies import body_openapi, json_body
 from durable_dataflow.api.operations import Caller
 from durable_dataflow.api.tokens import Role
 from durable_dataflow.dataflow.requests import IDEMPOTENCY_KEY_CHARS_MAX, MAX_ATTEMPTS_DEFAULT, MAX_ATTEMPTS_LIMIT
@@ -25,6 +26,8 @@ router = APIRouter(prefix="/v1")
 Viewer = Annotated[Caller, Depends(api_caller(Role.VIEWER))]
 Submitter = Annotated[Caller, Depends(api_caller(Role.SUBMITTER))]
 Operator = Annotated[Caller, Depends(api_caller(Role.OPERATOR))]
+# A tenant operator (its tenant) or a platform operator (every tenant): the platform-wide reads only.
+OpsReader = Annotated[Caller, Depends(api_caller(Role.OPERATOR, platform_wide=True))]
 DEFINITION_NAME_CHARS_MAX = 200
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -52,12 +55,22 @@ class ReconcileBody(BaseModel):
     resume: bool = Field(default=False, description="After a proven absence, re-dispatch the stored result")
 
 
-@router.post("/runs", status_code=201, responses={200: {"description": "A replay: the existing run"}, 409: {}})
+# Bodies are dependencies declared after the caller's, so they are read only once the token is checked.
+SubmitRunJson = Annotated[SubmitRunBody, Depends(json_body(SubmitRunBody))]
+ReconcileJson = Annotated[ReconcileBody, Depends(json_body(ReconcileBody, required=False))]
+
+
+@router.post(
+    "/runs",
+    status_code=201,
+    responses={200: {"description": "A replay: the existing run"}, 409: {}},
+    openapi_extra=body_openapi(SubmitRunBody),
+)
 def submit_run(
     request: Request,
     response: Response,
-    body: SubmitRunBody,
     caller: Submitter,
+    body: SubmitRunJson,
     queue: bool = Query(default=False, description="Only record the run; a worker executes it"),
     idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=IDEMPOTENCY_KEY_CHARS_MAX),
 ) -> dict[str, Any]:
@@ -65,7 +78,7 @@ def submit_run(
     platform = platform_of(request)
     started = time.perf_counter()
     submission = operations.submit(
-        platform, caller, body.model_dump(), idempotency_key, request.app.state.data_root, queue
+        platform, caller, body.model_dump(), idempotency_key, request.app.state.tenancy, queue
     )
     request.app.state.metrics.observe_commit("submit", time.perf_counter() - started)
     response.status_code = 201 if submission.created else 200
@@ -116,12 +129,16 @@ def get_evidence(request: Request, run_id: str, caller: Viewer) -> dict[str, Any
     return operations.evidence_of(platform_of(request), caller, run_id).as_json()
 
 
-@router.post("/runs/{run_id}/reconcile", responses={**ERROR_RESPONSES, 409: {"description": "Nothing to reconcile"}})
-def reconcile_run(request: Request, run_id: str, caller: Operator, body: ReconcileBody | None = None) -> dict[str, Any]:
+@router.post(
+    "/runs/{run_id}/reconcile",
+    responses={**ERROR_RESPONSES, 409: {"description": "Nothing to reconcile"}},
+    openapi_extra=body_openapi(ReconcileBody, required=False),
+)
+def reconcile_run(request: Request, run_id: str, caller: Operator, body: ReconcileJson) -> dict[str, Any]:
     """Inspect the sink for an outcome_unknown run (operator role); ``resume`` re-dispatches after absence."""
     platform = platform_of(request)
     started = time.perf_counter()
-    result = operations.reconcile_run(platform, caller, run_id, resume=body.resume if body else False)
+    result = operations.reconcile_run(platform, caller, run_id, resume=body.resume)
     request.app.state.metrics.observe_commit("reconcile", time.perf_counter() - started)
     with platform.db.read() as conn:
         now_us = platform.db.now_us(conn)
@@ -162,6 +179,7 @@ def list_datasources(request: Request, caller: Viewer) -> dict[str, Any]:
 
 
 @router.get("/ops/ledger", responses=ERROR_RESPONSES)
-def ops_ledger_projection(request: Request, caller: Operator) -> dict[str, Any]:
-    """The Ops ledger projection of the caller's tenant (operator role); the CLI shows it platform-wide."""
-    return ops_ledger.read_projection(platform_of(request).db, tenant=caller.tenant).as_json()
+def ops_ledger_projection(request: Request, caller: OpsReader) -> dict[str, Any]:
+    """The Ops ledger projection: of the caller's tenant (operator role), or platform-wide, every tenant's
+    unresolved runs included (platform_operator role, ``tenant`` null)."""
+    return ops_ledger.read_projection(platform_of(request).db, tenant=caller.ops_tenant).as_json()

@@ -2,7 +2,8 @@
 
 Pages: /ui/login, /ui/runs (history, with a warning block on every unresolved run), /ui/runs/{id}
 (ledger timeline, verification, publication references, the Reconcile form for operators) and
-/ui/ops (the Ops ledger projection of the operator's tenant). POST forms carry a CSRF token.
+/ui/ops (the Ops ledger projection of the operator's tenant, or of every tenant for a platform
+operator, whose token opens no other page). POST forms carry a CSRF token.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from typing import Any
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 
-from durable_dataflow.api import operations, tokens
+from durable_dataflow.api import auth, operations, tokens
 from durable_dataflow.api.auth import SESSION_COOKIE, SESSION_MAX_AGE_S, check_csrf, csrf_token, platform_of, web_caller
 from durable_dataflow.api.errors import HTTP_STATUS_BY_CODE
 from durable_dataflow.api.tokens import Role
 from durable_dataflow.core.errors import DataflowError, Unauthenticated
+from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow.runs import RecoveryStatus, RunStatus, unresolved_warning
 from durable_dataflow.ops import ledger as ops_ledger
 
@@ -59,6 +62,17 @@ def time_text(us: int) -> str:
 TEMPLATES.env.globals.update(age_text=age_text, time_text=time_text, unresolved_warning=unresolved_warning)
 
 
+def printable_output(value: Any) -> Any:
+    """Jinja's ``finalize``: every ``{{ }}`` output passes here before it is escaped, so a control or
+    bidirectional character a submitter put in a parameter, name, key or message reaches the page as
+    a visible escape (``core.text.printable``). Markup is the templates' own and passes unchanged."""
+    return value if isinstance(value, Markup) else printable(value if isinstance(value, str) else str(value))
+
+
+# Set before any template is compiled: Jinja applies finalize when it compiles a template.
+TEMPLATES.env.finalize = printable_output
+
+
 def render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:
     base = {"csrf_token": csrf_token(request)}
     return TEMPLATES.TemplateResponse(request, name, {**base, **context}, status_code=status_code)
@@ -71,17 +85,33 @@ def error_page(request: Request, error: DataflowError) -> Response:
 
 @router.get("/login", response_class=HTMLResponse)
 def login_form(request: Request) -> HTMLResponse:
-    return render(request, "login.html", {"caller": None, "failed": False})
+    return _login_page(request, failed=False)
+
+
+def _login_page(request: Request, *, failed: bool) -> HTMLResponse:
+    """The login form, with the CSRF field of this browser's login nonce (set as its cookie)."""
+    nonce = auth.login_nonce(request)
+    context = {"caller": None, "failed": failed, "csrf_token": auth.login_csrf_token(request, nonce)}
+    response = render(request, "login.html", context, status_code=401 if failed else 200)
+    auth.keep_login_nonce(request, response, nonce)
+    return response
 
 
 @router.post("/login", response_model=None)
-def login(request: Request, token: str = Form(default="", max_length=TOKEN_FORM_CHARS_MAX)) -> Response:
-    """Check the token and keep it in an HttpOnly, SameSite=Strict cookie for this browser session."""
+def login(
+    request: Request,
+    token: str = Form(default="", max_length=TOKEN_FORM_CHARS_MAX),
+    csrf: str = Form(default="", max_length=TOKEN_FORM_CHARS_MAX),
+) -> Response:
+    """Check the form's CSRF field (403 before any token lookup), then the token; keep the token in
+    an HttpOnly, SameSite=Strict cookie for this browser session."""
+    auth.check_login_csrf(request, csrf)
     try:
         tokens.authenticate(platform_of(request).db, token.strip())
     except Unauthenticated:
-        return render(request, "login.html", {"caller": None, "failed": True}, status_code=401)
+        return _login_page(request, failed=True)
     response = RedirectResponse("/ui/runs", status_code=303)
+    response.delete_cookie(auth.LOGIN_CSRF_COOKIE, path="/ui/login", httponly=True, samesite="strict")
     response.set_cookie(
         SESSION_COOKIE,
         token.strip(),
@@ -96,7 +126,7 @@ def login(request: Request, token: str = Form(default="", max_length=TOKEN_FORM_
 
 @router.post("/logout")
 def logout(request: Request, csrf: str = Form(default="")) -> RedirectResponse:
-    web_caller(request)
+    web_caller(request, platform_wide=True)
     check_csrf(request, csrf)
     response = RedirectResponse("/ui/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/ui")
@@ -106,9 +136,11 @@ def logout(request: Request, csrf: str = Form(default="")) -> RedirectResponse:
 @router.get("/runs", response_class=HTMLResponse)
 def history(
     request: Request, status: str = "", recovery_status: str = "", cursor: str = ""
-) -> HTMLResponse:
+) -> Response:
     """The run history: status, Core recovery status, attempts, rows, age, and every warning."""
-    caller = web_caller(request)
+    caller = web_caller(request, platform_wide=True)
+    if caller.token.is_platform:  # the landing page after login: a platform operator's page is /ui/ops
+        return RedirectResponse("/ui/ops", status_code=303)
     page = operations.list_runs(
         platform_of(request),
         caller,
@@ -156,7 +188,7 @@ def reconcile(request: Request, run_id: str, csrf: str = Form(default=""), resum
 
 @router.get("/ops", response_class=HTMLResponse)
 def ops_page(request: Request) -> HTMLResponse:
-    """The Ops ledger projection of the operator's tenant."""
-    caller = web_caller(request, Role.OPERATOR)
-    projection = ops_ledger.read_projection(platform_of(request).db, tenant=caller.tenant)
+    """The Ops ledger projection of the operator's tenant, or platform-wide for a platform operator."""
+    caller = web_caller(request, Role.OPERATOR, platform_wide=True)
+    projection = ops_ledger.read_projection(platform_of(request).db, tenant=caller.ops_tenant)
     return render(request, "ops.html", {"caller": caller, "projection": projection})

@@ -4,7 +4,8 @@ The CLI is a thin shell (DESIGN §2): it parses options, calls a service and pri
 to exit statuses in ONE table (``EXIT_CODES``); their messages go to stderr as
 ``error [code]: message`` and a traceback only with ``--debug``. Nothing resolved from
 ``core.secrets`` is ever printed: runs carry digests and references only, and error messages are
-masked where they are raised.
+masked where they are raised. Everything shown to a person goes through ``core.text.printable``
+(run values and error messages can hold a submitter's control characters); ``--json`` stays exact.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from rich.text import Text
 from durable_dataflow.core.db import redact_url
 from durable_dataflow.core.errors import DataflowError, InputError
 from durable_dataflow.core.invariants import invariant
+from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow import limits, runs
 from durable_dataflow.dataflow.runs import Run, RunStatus
 from durable_dataflow.platform import Platform
@@ -160,7 +162,7 @@ def report_error(error: BaseException, debug: bool) -> int:
     if debug:
         traceback.print_exception(error, file=sys.stderr)
     if isinstance(error, DataflowError):
-        sys.stderr.write(f"error [{error.code}]: {error.message}\n")
+        sys.stderr.write(f"error [{error.code}]: {printable(error.message)}\n")
         return exit_code_for(error)
     # An unexpected exception is a bug. Its message could echo anything it was handed, so only
     # its type is printed; --debug shows the whole traceback.
@@ -253,11 +255,12 @@ def print_warning_block(console: Console, run: Run, ctx: typer.Context) -> None:
     warning = warning_of(run)
     if warning is None:
         return
-    console.print(Text(f"WARNING: {warning}", style="bold yellow"))
+    console.print(Text(printable(f"WARNING: {warning}"), style="bold yellow"))
     if not run.unresolved:
         return
-    console.print(Text(f"  idempotency key:  {run.publication_idempotency_key or run.idempotency_key}", style="yellow"))
-    console.print(Text(f"  output digest:    {run.output_digest}", style="yellow"))
+    key = printable(run.publication_idempotency_key or run.idempotency_key, multiline=False)
+    console.print(Text(f"  idempotency key:  {key}", style="yellow"))
+    console.print(Text(printable(f"  output digest:    {run.output_digest}"), style="yellow"))
     if run.status == RunStatus.OUTCOME_UNKNOWN:
         command = f"dataflow {db_option_hint(ctx)}reconcile {run.run_id}"
         console.print(Text(f"  reconcile with:   {command}", style="bold yellow"))

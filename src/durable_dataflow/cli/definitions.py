@@ -1,14 +1,21 @@
-"""``dataflow definitions list|show`` and ``dataflow schema``: the pinned definitions and their format."""
+"""``dataflow definitions list|show`` and ``dataflow schema``: the pinned definitions and their format.
+
+A stored body is a submitter's document: ``show`` passes it through ``printable`` before Rich's JSON
+highlighting, so its SQL's control or bidirectional characters are shown as escapes.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 import typer
+from rich.highlighter import JSONHighlighter
 from rich.table import Table
 from rich.text import Text
 
 from durable_dataflow.cli import common
+from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow import catalog
 from durable_dataflow.dataflow.definitions import json_schema
 
@@ -35,7 +42,7 @@ def list_command(
         table.add_column(column, no_wrap=True)
     for d in stored:
         registered = common.time_text(d.registered_at_us)
-        table.add_row(Text(d.name), Text(str(d.version)), Text(d.definition_hash), Text(registered))
+        table.add_row(Text(printable(d.name)), Text(str(d.version)), Text(d.definition_hash), Text(registered))
     console.print(table)
 
 
@@ -52,10 +59,11 @@ def show_command(
         common.emit_json(stored.public())
         return
     console = common.stdout_console()
-    console.print(Text(f"{stored.name} version {stored.version}", style="bold"))
+    console.print(Text(printable(f"{stored.name} version {stored.version}"), style="bold"))
     console.print(Text(f"hash: {stored.definition_hash}"))
     console.print(Text(f"registered: {common.time_text(stored.registered_at_us)}"))
-    console.print_json(data=stored.body)
+    body = Text(printable(json.dumps(stored.body, indent=2, ensure_ascii=False)), no_wrap=True)
+    console.print(JSONHighlighter()(body))
 
 
 def schema_command() -> None:

@@ -1,6 +1,8 @@
 """Rich renderings of runs: the detail panel and the history table.
 
-Values are wrapped in ``Text`` so that brackets in user data are never read as Rich markup.
+Values are wrapped in ``Text`` so that brackets in user data are never read as Rich markup, and
+pass through ``printable`` first: a submitter's parameter, key, name or error message reaches the
+operator's terminal with its control and bidirectional characters shown as escapes, never acted on.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from durable_dataflow.cli import common
+from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow.runs import Run
 
 
@@ -51,9 +54,14 @@ def run_panel(run: Run, *, title: str = "run") -> Panel:
     for label, value in _field_rows(run):
         if value is None:
             continue
-        grid.add_row(label, value if isinstance(value, Text) else Text(value))
+        grid.add_row(label, value if isinstance(value, Text) else Text(printable(value)))
     border = "yellow" if run.unresolved else ("green" if run.status == "succeeded" else "red")
     return Panel(grid, title=Text(title), border_style=border, expand=False)
+
+
+def _one_line(value: str) -> str:
+    """A history cell's text: a newline or tab in it is shown as an escape, so every run is one row."""
+    return printable(value, multiline=False)
 
 
 def history_table(items: Sequence[Run], now_s: float) -> Table:
@@ -65,12 +73,12 @@ def history_table(items: Sequence[Run], now_s: float) -> Table:
     for run in items:
         warning = common.warning_of(run)
         # Shown whole, never truncated: its last sentence is the action to take.
-        warning_cell = Text(warning or "", style="bold yellow" if run.unresolved else "yellow")
+        warning_cell = Text(_one_line(warning or ""), style="bold yellow" if run.unresolved else "yellow")
         table.add_row(
-            Text(common.short_id(run.run_id)),
-            Text(run.definition_name),
+            Text(_one_line(common.short_id(run.run_id))),
+            Text(_one_line(run.definition_name)),
             common.status_text(run),
-            Text(run.recovery_status, style="bold yellow" if run.unresolved else ""),
+            Text(_one_line(run.recovery_status), style="bold yellow" if run.unresolved else ""),
             Text(f"{run.attempt}/{run.max_attempts}"),
             Text("" if run.row_count is None else str(run.row_count)),
             Text(common.age_text(run.created_at_us, now_s)),

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from durable_dataflow.cli import common, progress_line, render
 from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow import catalog, reconcile, runs
 from durable_dataflow.dataflow.definitions import LoadedDefinition, load_definition
 from durable_dataflow.dataflow.requests import MAX_ATTEMPTS_DEFAULT, AccessContext, Provenance, RunRequest
@@ -44,7 +45,7 @@ def _announce(run: Run, replayed: bool, ctx: typer.Context, as_json: bool) -> No
         if replayed:
             notes.print(Text(REPLAY_NOTE, style="bold"))
         if run.status == RunStatus.FAILED and run.error_code:
-            notes.print(Text(f"run failed [{run.error_code}]: {run.error_message}", style="red"))
+            notes.print(Text(printable(f"run failed [{run.error_code}]: {run.error_message}"), style="red"))
         common.print_warning_block(notes, run, ctx)
         return
     console = common.stdout_console()
@@ -154,7 +155,7 @@ def reconcile_command(
         raise typer.Exit(code)
     console = common.stdout_console()
     style = "bold green" if code == common.EXIT_OK else "bold yellow"
-    console.print(Text(f"finding: {outcome.finding} — {outcome.detail}", style=style))
+    console.print(Text(printable(f"finding: {outcome.finding} — {outcome.detail}"), style=style))
     console.print(render.run_panel(outcome.run))
     common.print_warning_block(console, outcome.run, ctx)
     raise typer.Exit(code)

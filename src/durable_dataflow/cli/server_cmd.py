@@ -2,8 +2,11 @@
 
 ``register(app)`` adds them to the main CLI. The database is the global ``--db``, else
 ``DATAFLOW_DB``, else the embedded default; access to it is the platform-level credential, so
-`ops ledger` here is platform-wide while the API's projection is scoped to the caller's tenant.
-Errors propagate to the CLI's one error table (``cli.common``).
+`ops ledger` here is platform-wide, and only here can a platform operator token be created
+(`tokens create --platform`): the API's projection is platform-wide for that token alone.
+Errors propagate to the CLI's one error table (``cli.common``). Every value shown in a table goes
+through ``printable`` inside a ``Text``: a submitter's definition name or key can neither move the
+terminal's cursor nor be read as Rich markup.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from durable_dataflow.api import tokens as api_tokens
 from durable_dataflow.cli import common
+from durable_dataflow.core.text import printable
 
 DEFAULT_PORT = 8080
 
@@ -31,7 +35,19 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on"),
     port: int = typer.Option(DEFAULT_PORT, help="TCP port (0: any free port, printed at start-up)"),
     data_root: Path | None = typer.Option(
-        None, help="Where API-submitted source paths resolve (default: first $DATAFLOW_DATA_ROOTS entry, else cwd)"
+        None,
+        help="Tenant data: each tenant's sources resolve under DIR/<tenant> "
+        "(default: $DATAFLOW_DATA_ROOT, else ./.dataflow/data)",
+    ),
+    sink_root: Path | None = typer.Option(
+        None,
+        help="Tenant file sinks: each tenant's relative locations resolve under DIR/<tenant> "
+        "(default: $DATAFLOW_SINK_ROOT, else the data root)",
+    ),
+    body_bytes_max: int | None = typer.Option(
+        None,
+        "--body-bytes-max",
+        help="Largest request body in bytes (default: $DATAFLOW_API_BODY_BYTES_MAX, else 4 MiB)",
     ),
     log_level: str = typer.Option("info", help="uvicorn log level"),
 ) -> None:
@@ -41,26 +57,42 @@ def serve(
     from durable_dataflow.api.app import create_app
 
     with common.open_platform(ctx) as platform:
-        application = create_app(platform, data_root=data_root)
+        application = create_app(platform, data_root=data_root, sink_root=sink_root, body_bytes_max=body_bytes_max)
         uvicorn.run(application, host=host, port=port, log_level=log_level)
 
 
 @tokens_app.command("create")
 def tokens_create(
     ctx: typer.Context,
-    tenant: str = typer.Option(..., help="The tenant the token acts for"),
-    role: str = typer.Option(..., help="viewer | submitter | operator"),
+    tenant: str | None = typer.Option(None, help="The tenant the token acts for (required without --platform)"),
+    role: str | None = typer.Option(None, help="viewer | submitter | operator (required without --platform)"),
+    platform_wide: bool = typer.Option(
+        False,
+        "--platform",
+        help="A platform_operator token: no tenant; reads only the platform-wide ops ledger and /metrics",
+    ),
     name: str | None = typer.Option(None, help="A name for the token (recorded as the run principal)"),
 ) -> None:
     """Create a token and print it ONCE: only its hash is stored."""
+    if platform_wide and (tenant is not None or role is not None):
+        common.fail("--platform takes neither --tenant nor --role: a platform operator token belongs to no tenant")
+    if not platform_wide and (tenant is None or role is None):
+        common.fail("give --tenant and --role for a tenant token, or --platform for a platform operator token")
     with common.open_platform(ctx) as platform:
-        token, info = api_tokens.create_token(platform.db, tenant, role, name)
+        if tenant is None or role is None:
+            token, info = api_tokens.create_platform_token(platform.db, name)
+        else:
+            token, info = api_tokens.create_token(platform.db, tenant, role, name)
     typer.echo(token)
     typer.echo(
-        f"created {info.token_id} ({info.name}) for tenant {info.tenant}, role {info.role.value}; "
+        f"created {info.token_id} ({info.name}) for {_scope_text(info)}, role {info.role.value}; "
         "this is the only time the token is shown",
         err=True,
     )
+
+
+def _scope_text(info: api_tokens.TokenInfo) -> str:
+    return "the whole platform (every tenant's ops ledger)" if info.is_platform else f"tenant {info.tenant}"
 
 
 @tokens_app.command("list")
@@ -74,14 +106,14 @@ def tokens_list(
         found = api_tokens.list_tokens(platform.db, tenant)
     if as_json:
         for info in found:
-            typer.echo(json.dumps({**info.__dict__, "role": info.role.value}))
+            typer.echo(json.dumps({**info.__dict__, "role": info.role.value, "platform": info.is_platform}))
         return
     table = Table("id", "tenant", "role", "name", "created", "revoked")
     for info in found:
-        table.add_row(
-            info.token_id, info.tenant, info.role.value, info.name, _when(info.created_at_us), _when(info.revoked_at_us)
-        )
-    Console().print(table)
+        tenant_cell = Text("* (platform-wide)", style="bold") if info.is_platform else _cell(info.tenant)
+        cells = (info.token_id, info.role.value, info.name, _when(info.created_at_us), _when(info.revoked_at_us))
+        table.add_row(_cell(cells[0]), tenant_cell, *(_cell(c) for c in cells[1:]))
+    common.stdout_console().print(table)
 
 
 @tokens_app.command("revoke")
@@ -122,40 +154,48 @@ def _when(us: int | None) -> str:
 
 
 def _print_projection(data: dict[str, Any]) -> None:
-    console = Console()
+    console = common.stdout_console()
     columns = ("module", "subjects", "entries", "checkpoints", "live leases", "expired leases")
     modules = Table(*columns, title="Ledger by module")
     for m in data["modules"]:
         modules.add_row(
-            m["module"],
+            _cell(m["module"]),
             *(
-                "-" if m[k] is None else str(m[k])
+                _cell("-" if m[k] is None else str(m[k]))
                 for k in ("subjects", "entries", "checkpoints", "leases_live", "leases_expired")
             ),
         )
     console.print(modules)
     recovery = Table("recovery status", "runs", title="Dataflow runs by recovery status")
     for status, count in data["runs_by_recovery_status"].items():
-        recovery.add_row(status, str(count))
+        recovery.add_row(_cell(status), _cell(str(count)))
     console.print(recovery)
     total = data["unresolved_total"]
-    style = "bold red" if total else "green"
-    console.print(f"[{style}]Unresolved runs: {total}[/{style}]")
+    console.print(Text(f"Unresolved runs: {total}", style="bold red" if total else "green"))
     if total:
         headers = ("run", "tenant", "definition", "recovery status", "key", "output digest", "age s")
         unresolved = Table(*headers, title="Unresolved")
         for u in data["unresolved"]:
             key = u["publication_idempotency_key"] or u["idempotency_key"]
             unresolved.add_row(
-                u["run_id"], u["tenant"], u["definition_name"], u["recovery_status"],
-                key, u["output_digest"] or "-", f"{u['age_s']:.0f}",
+                *(_cell(v) for v in (u["run_id"], u["tenant"], u["definition_name"], u["recovery_status"], key)),
+                _cell(u["output_digest"] or "-"), _cell(f"{u['age_s']:.0f}"),
             )  # fmt: skip
         console.print(unresolved)
         oldest = data["oldest_unresolved"]
+        run_id = printable(oldest["run_id"], multiline=False)
         console.print(
-            f"[bold red]Oldest unresolved: {oldest['run_id']} ({oldest['age_s']:.0f} s). External output may exist: "
-            f"reconcile it (`dataflow reconcile {oldest['run_id']}`); never infer absence.[/bold red]"
+            Text(
+                f"Oldest unresolved: {run_id} ({oldest['age_s']:.0f} s). External output may exist: "
+                f"reconcile it (`dataflow reconcile {run_id}`); never infer absence.",
+                style="bold red",
+            )
         )
+
+
+def _cell(value: str) -> Text:
+    """A table cell: never read as Rich markup, on one line, with no character a terminal would act on."""
+    return Text(printable(value, multiline=False))
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,8 @@
-"""``dataflow show``, ``dataflow verify`` and ``dataflow result``: read one run and its evidence."""
+"""``dataflow show``, ``dataflow verify`` and ``dataflow result``: read one run and its evidence.
+
+Human renderings pass every stored value through ``printable`` (ledger payloads hold a submitter's
+parameters and error messages); ``--json`` stays exact JSON.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from rich.text import Text
 from durable_dataflow.cli import common, render
 from durable_dataflow.core import checkpoints, ledger
 from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow import catalog, evidence, results, runs
 from durable_dataflow.dataflow.results import EXPORT_FORMATS, ExportFormat
 from durable_dataflow.dataflow.runs import MODULE
@@ -54,9 +59,9 @@ def _ledger_table(entries: Sequence[ledger.Entry]) -> Table:
         table.add_row(
             Text(str(entry.seq)),
             Text(str(entry.attempt)),
-            Text(entry.kind),
+            Text(printable(entry.kind)),
             Text(common.time_text(entry.recorded_at_us)),
-            Text(common.short_payload(entry.payload)),
+            Text(printable(common.short_payload(entry.payload))),
         )
     return table
 
@@ -87,8 +92,10 @@ def show_command(
     else:
         console.print(
             Text(
-                f"checkpoint: {checkpoint.status} at attempt {checkpoint.attempt}, head seq {checkpoint.head_seq} "
-                f"{checkpoint.head_hash}, verified {common.time_text(checkpoint.verified_at_us)}"
+                printable(
+                    f"checkpoint: {checkpoint.status} at attempt {checkpoint.attempt}, head seq {checkpoint.head_seq} "
+                    f"{checkpoint.head_hash}, verified {common.time_text(checkpoint.verified_at_us)}"
+                )
             )
         )
     common.print_warning_block(console, run, ctx)
@@ -133,7 +140,7 @@ def verify_command(
         )
         raise typer.Exit(code)
     where = f" (broken at seq {result.broken_seq})" if result.broken_seq is not None else ""
-    console.print(Text(f"evidence NOT verified{where}: {result.reason}", style="bold red"))
+    console.print(Text(printable(f"evidence NOT verified{where}: {result.reason}"), style="bold red"))
     raise typer.Exit(code)
 
 

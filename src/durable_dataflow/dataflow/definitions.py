@@ -24,7 +24,7 @@ import pyarrow as pa
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from durable_dataflow.core import hashing
+from durable_dataflow.core import hashing, strictjson
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.secrets import SECRET_NAME_PATTERN
 from durable_dataflow.dataflow import parameters as parameters_mod
@@ -84,13 +84,13 @@ def parse_arrow_type(name: str) -> pa.DataType:
     if decimal:
         precision, scale = int(decimal.group(1)), int(decimal.group(2))
         if not 1 <= precision <= DECIMAL_PRECISION_MAX or scale > precision:
-            raise ValueError(f"decimal({precision},{scale}) needs 1 <= precision <= 38 and scale <= precision")
+            raise ValueError("decimal(p,s) needs 1 <= precision p <= 38 and scale s <= precision")
         return pa.decimal128(precision, scale)
     timestamp = _TIMESTAMP_TYPE_PATTERN.match(text)
     if timestamp:
         return pa.timestamp(timestamp.group(1) or "us", tz=timestamp.group(2))
     raise ValueError(
-        f"unknown type {name!r}: use string, int8..int64, uint8..uint64, float32, float64, bool, date, "
+        "unknown type: use string, int8..int64, uint8..uint64, float32, float64, bool, date, "
         "timestamp, timestamp[us], timestamp[us, tz=UTC] or decimal(p,s)"
     )
 
@@ -101,7 +101,7 @@ def parse_size(value: int | str) -> int:
         return value
     match = _SIZE_PATTERN.match(value)
     if not match:
-        raise ValueError(f"size {value!r} is not valid: write e.g. 1048576, '10MB', '512KiB', '64MiB' or '2TiB'")
+        raise ValueError("the size is not valid: write e.g. 1048576, '10MB', '512KiB', '64MiB' or '2TiB'")
     return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
 
 
@@ -114,7 +114,7 @@ def parse_duration(value: int | float | str) -> float:
     else:
         match = _DURATION_PATTERN.match(value)
         if not match:
-            raise ValueError(f"duration {value!r} is not valid: write seconds (e.g. 90) or '90s', '10m' or '2h'")
+            raise ValueError("the duration is not valid: write seconds (e.g. 90) or '90s', '10m' or '2h'")
         seconds = float(match.group(1)) * _DURATION_UNITS_S[match.group(2)]
     if not math.isfinite(seconds):
         raise ValueError("a duration must be a finite number of seconds")
@@ -130,7 +130,7 @@ def _check_json_value(value: Any, where: str) -> None:
             continue
         if isinstance(item, int):
             if abs(item) > JSON_INT_MAX:
-                raise ValueError(f"{where}: integer {item} is outside +/-(2**53-1); write it as a string")
+                raise ValueError(f"{where}: an integer is outside +/-(2**53-1); write it as a string")
         elif isinstance(item, float):
             if not math.isfinite(item):
                 raise ValueError(f"{where}: NaN and infinity are not allowed")
@@ -196,7 +196,7 @@ class ParameterSpec(_Model):
         try:
             canonical = parameters_mod.coerce(self.type, self.default)
         except parameters_mod.ParameterValueError as exc:
-            raise ValueError(f"default {self.default!r} is not a valid {self.type}: {exc}") from None
+            raise ValueError(f"the default is not a valid {self.type}: {exc}") from None
         object.__setattr__(self, "default", canonical)
         return self
 
@@ -223,11 +223,7 @@ class CsvSource(_Model):
     def _delimiter(cls, value: str) -> str:
         if value in _DELIMITER_CHARS:
             return value
-        # A control character would garble the message (or the terminal showing it): name its code point.
-        shown = repr(value) if value.isprintable() else f"U+{ord(value):04X}"
-        raise ValueError(
-            f"delimiter {shown} is not allowed: use one printable ASCII character other than '\"', or a tab"
-        )
+        raise ValueError("the delimiter is not allowed: use one printable ASCII character other than '\"', or a tab")
 
     @field_validator("columns")
     @classmethod
@@ -445,11 +441,11 @@ class Definition(_Model):
     @model_validator(mode="after")
     def _unique_names(self) -> Definition:
         seen: set[str] = set()
-        for step in self.steps:
+        for index, step in enumerate(self.steps):
             if step.name in self.sources:
-                raise ValueError(f"step {step.name!r} has the same name as a source")
+                raise ValueError(f"steps[{index}].name is the same name as a source's")
             if step.name in seen:
-                raise ValueError(f"step name {step.name!r} is used twice")
+                raise ValueError(f"steps[{index}].name is the name of an earlier step")
             seen.add(step.name)
         return self
 
@@ -477,16 +473,30 @@ class _StrictLoader(yaml.SafeLoader):
             raise yaml.composer.ComposerError(None, None, "anchors and aliases are not allowed", event.start_mark)
         return super().compose_node(parent, index)
 
-    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
-        keys: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in keys:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark
-                )
-            keys.add(key)
-        return super().construct_mapping(node, deep=deep)
+    def construct_document(self, node: Any) -> Any:
+        _refuse_duplicate_keys(self, node)
+        return super().construct_document(node)
+
+
+def _refuse_duplicate_keys(loader: yaml.SafeLoader, root: yaml.Node) -> None:
+    """Refuse a mapping holding one key twice, naming the key's path and line (never a value)."""
+    pending: list[tuple[yaml.Node, list[str | int]]] = [(root, [])]
+    while pending:  # an explicit stack, not recursion (STYLE)
+        node, path = pending.pop()
+        if isinstance(node, yaml.SequenceNode):
+            pending.extend((child, [*path, index]) for index, child in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, value_node in node.value:
+                # Keys are compared as constructed (`1` and `0x1` are one key); a mapping as a key is
+                # left to the constructor, which refuses it as unhashable.
+                key = loader.construct_object(key_node) if isinstance(key_node, yaml.ScalarNode) else object()
+                key_path: list[str | int] = [*path, str(key)]
+                if key in seen:
+                    where = strictjson.path_text(key_path)
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {where}", key_node.start_mark)
+                seen.add(key)
+                pending.append((value_node, key_path))
 
 
 _StrictLoader.yaml_implicit_resolvers = {
@@ -500,7 +510,9 @@ def _parse_document(text: str, origin: str) -> Any:
         raise InputError(f"{origin}: the definition is larger than {DEFINITION_BYTES_MAX} bytes")
     if origin.lower().endswith(".json"):
         try:
-            return json.loads(text)
+            return strictjson.loads(text)
+        except strictjson.DuplicateKey as exc:
+            raise InputError(f"{origin}: invalid JSON: {exc}") from None
         except json.JSONDecodeError as exc:
             raise InputError(f"{origin}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     try:
@@ -514,16 +526,9 @@ def _parse_document(text: str, origin: str) -> Any:
 
 
 def _error_path(loc: tuple[int | str, ...]) -> str:
-    parts: list[str] = []
-    for index, item in enumerate(loc):
-        # Pydantic puts the discriminator tag after the source name: sources.orders.csv.path.
-        if index == 2 and loc[0] == "sources" and item in SOURCE_KINDS:
-            continue
-        if isinstance(item, int):
-            parts.append(f"[{item}]")
-        else:
-            parts.append(("." if parts else "") + str(item))
-    return "".join(parts) or "(document)"
+    # Pydantic puts the discriminator tag after the source name: sources.orders.csv.path.
+    tag_index = 2 if loc and loc[0] == "sources" and len(loc) > 2 and loc[2] in SOURCE_KINDS else None
+    return strictjson.path_text([item for index, item in enumerate(loc) if index != tag_index])
 
 
 def _error_text(error: Any) -> str:
@@ -533,6 +538,11 @@ def _error_text(error: Any) -> str:
         return "unknown field"
     if kind == "missing":
         return "required field is missing"
+    if kind == "union_tag_invalid":  # pydantic's own text quotes the tag that was given
+        context = error.get("ctx") or {}
+        return f"the {context.get('discriminator', 'tag')} does not match any of the expected tags: " + str(
+            context.get("expected_tags", "")
+        )
     message = str(error["msg"])
     return message.removeprefix("Value error, ")
 

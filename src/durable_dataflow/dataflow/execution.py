@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -31,7 +30,7 @@ from durable_dataflow.core.errors import DataflowError, ExecutionError, InputErr
 from durable_dataflow.dataflow import parameters, progress, results, resultstream, sandbox
 from durable_dataflow.dataflow.definitions import Definition, LoadedDefinition, parse_arrow_type
 from durable_dataflow.dataflow.limits import ExecutionLimits, format_size
-from durable_dataflow.dataflow.postgres_source import PostgresStream
+from durable_dataflow.dataflow.postgres_source import PostgresStream, check_query
 from durable_dataflow.dataflow.sources import (
     ArrowDataset,
     ArrowTable,
@@ -42,12 +41,13 @@ from durable_dataflow.dataflow.sources import (
     resolve_sources,
     source_fingerprint_digest,
 )
+from durable_dataflow.dataflow.workspace import DATA_ROOTS_ENV, data_roots_from_env
 
-DATA_ROOTS_ENV = "DATAFLOW_DATA_ROOTS"
 RESULT_BATCH_ROWS = 16 * 1024
 PROGRESS_INTERVAL_S = 0.5
 
 __all__ = [
+    "DATA_ROOTS_ENV",
     "ExecutionContext",
     "ExecutionLimits",
     "ExecutionResult",
@@ -57,11 +57,6 @@ __all__ = [
     "resolve_sources",
     "source_fingerprint_digest",
 ]
-
-
-def data_roots() -> tuple[Path, ...]:
-    """The extra directories sources may read: every entry of ``$DATAFLOW_DATA_ROOTS``."""
-    return tuple(Path(p) for p in os.environ.get(DATA_ROOTS_ENV, "").split(os.pathsep) if p.strip())
 
 
 def secrets_folders() -> tuple[Path, ...]:
@@ -81,6 +76,8 @@ class ExecutionContext:
     forbidden: tuple[Path, ...] = field(default_factory=secrets_folders)
     # When the execution's time runs out (time.monotonic()); None until ``started()``.
     deadline_at: float | None = None
+    # The secrets the definition may name (a tenant's grants, or the local operator's scope).
+    secrets: secrets.SecretScope = field(default_factory=secrets.SecretScope.local)
 
     def started(self) -> ExecutionContext:
         """This context with the time limit counting from now (resolution and engine together)."""
@@ -89,7 +86,7 @@ class ExecutionContext:
     @classmethod
     def for_definition(cls, loaded: LoadedDefinition, limits: ExecutionLimits | None = None) -> ExecutionContext:
         """Roots: the definition's directory plus every directory in $DATAFLOW_DATA_ROOTS."""
-        roots = (loaded.base_dir, *data_roots())
+        roots = (loaded.base_dir, *data_roots_from_env())
         return cls(base_dir=loaded.base_dir, allowed_roots=roots, limits=limits or ExecutionLimits())
 
 
@@ -366,6 +363,7 @@ def preflight(d: Definition, ctx: ExecutionContext) -> None:
     """
     _gate(d, ctx.limits)
     for name, spec in d.sources.items():
+        check_query(name, spec)  # a postgres source: exactly one read statement
         path = getattr(spec, "path", None)
         if isinstance(path, str):
             confine_path(name, path, ctx)

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from durable_dataflow.core import checkpoints, fencing, hashing, leases
 from durable_dataflow.core.errors import DataflowError, EvidenceError, StaleAttempt
-from durable_dataflow.dataflow import crashpoints, evidence, progress, results, runs
+from durable_dataflow.core.secrets import SecretScope
+from durable_dataflow.dataflow import crashpoints, evidence, progress, results, runs, workspace
 from durable_dataflow.dataflow.runs import MODULE, RecoveryStatus, Run, RunStatus
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.contract import (
@@ -42,15 +43,20 @@ def publication_key(run: Run) -> str:
     return f"dataflow/{run.tenant}/{run.run_id}"
 
 
-def publish_target(run: Run) -> PublishTarget:
+def publish_target(run: Run, scope: SecretScope | None = None) -> PublishTarget:
+    """The run's target inside its workspace: relative locations start at its sink root, secrets
+    resolve in ``scope`` (without one, a tenant run gets no secrets at all: it fails closed)."""
+    space = workspace.of_run(run.workspace, run.base_dir, run.provenance.get("trigger"))
     target = run.target or {}
     options = dict(target.get("options") or {})
-    options["base_dir"] = run.base_dir
+    options["base_dir"] = str(space.sink_root)
     return PublishTarget(
         datasource=str(target["datasource"]),
         location=str(target["location"]),
         mode=target.get("mode", "append"),
         options=options,
+        absolute_locations=space.absolute_locations,
+        secrets=scope or SecretScope(tenant=run.tenant if space.scope == "tenant" else None),
     )
 
 
@@ -121,7 +127,7 @@ def dispatch(service: RunService, run: Run, attempt: int, provider: Provider) ->
     table = results.decode_ipc(service.result_bytes(run.run_id))
     try:
         outcome: PublishOutcome = provider.publish(
-            publication_key(run), attempt, table, recorded_digest, publish_target(run)
+            publication_key(run), attempt, table, recorded_digest, publish_target(run, service.run_workspace(run)[1])
         )
     except Inconclusive as error:
         crashpoints.reach(crashpoints.AFTER_PROVIDER_CALL)

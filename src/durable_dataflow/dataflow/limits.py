@@ -241,12 +241,12 @@ def _shown_raw(raw: Raw) -> str:
 def effective(platform: ExecutionLimits, asked: DefinitionLimits | None, output_bytes_max: int) -> ExecutionLimits:
     """The platform's limits narrowed by what a definition asks for (its ``limits:`` block and its
     ``output.max_bytes``, which becomes result_bytes_max). Asking for more than the platform allows
-    raises InputError naming each such limit, what was asked, the platform's ceiling and the option
-    and variable that raise it; the caller refuses the run before recording anything."""
+    raises InputError naming each such limit, the platform's ceiling and the option and variable
+    that raise it; the caller refuses the run before recording anything."""
     requested: dict[str, float | int] = dict(asked.requested()) if asked is not None else {}
     requested["result_bytes_max"] = output_bytes_max
     refusals = [
-        _refusal(SETTING_BY_FIELD[name], value, getattr(platform, name))
+        _refusal(SETTING_BY_FIELD[name], getattr(platform, name))
         for name, value in requested.items()
         if value > getattr(platform, name)
     ]
@@ -260,9 +260,11 @@ def effective(platform: ExecutionLimits, asked: DefinitionLimits | None, output_
     return narrowed
 
 
-def _refusal(setting: Setting, asked: float | int, ceiling: float | int) -> str:
+def _refusal(setting: Setting, ceiling: float | int) -> str:
+    # Names the field and the platform's ceiling, not the value asked: the definition is the
+    # submitter's input, and an API answer never echoes input (docs/api.md).
     return (
-        f"{_ASKED_FIELD[setting.field]} asks for {format_value(setting, asked)}, more than the platform's "
+        f"{_ASKED_FIELD[setting.field]} asks for more than the platform's "
         f"{format_value(setting, ceiling)} ({setting.meaning}); ask for less, or have the platform operator "
         f"raise it with {setting.option} or {setting.variable}"
     )

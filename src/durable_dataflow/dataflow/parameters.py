@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 JSON_INT_MAX = 2**53 - 1
 DECIMAL_DIGITS_MAX = 38
 STRING_PARAMETER_CHARS_MAX = 10_000
-VALUE_SHOWN_CHARS_MAX = 80
 
 _INT_TEXT = re.compile(r"^[+-]?\d{1,20}$")
 _TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
@@ -154,18 +153,17 @@ def to_python(type_name: str, canonical: Any) -> Any:
     return canonical
 
 
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= VALUE_SHOWN_CHARS_MAX else text[:VALUE_SHOWN_CHARS_MAX] + "..."
-
-
 def check_parameters(d: Definition, raw: Mapping[str, Any]) -> dict[str, Any]:
-    """Canonical values for every declared parameter: typed, defaults filled, unknown names refused."""
+    """Canonical values for every declared parameter: typed, defaults filled, unknown names refused.
+
+    Messages name the parameter and the rule, never the value received: a value may be a secret
+    someone pasted into the wrong field, and messages are returned, logged and shown to operators.
+    """
     declared = d.parameters
     unknown = sorted(set(raw) - set(declared))
     if unknown:
         names = ", ".join(sorted(declared)) or "none"
-        raise InputError(f"unknown parameter {unknown[0]!r}: {d.name} declares {names}")
+        raise InputError(f"unknown parameter {unknown[0]!r}: the definition declares {names}")
     values: dict[str, Any] = {}
     for name, spec in declared.items():
         if name not in raw:
@@ -176,9 +174,8 @@ def check_parameters(d: Definition, raw: Mapping[str, Any]) -> dict[str, Any]:
         try:
             values[name] = coerce(spec.type, raw[name])
         except ParameterValueError as exc:
-            raise InputError(
-                f"parameter {name!r} is declared {spec.type} but received {_shown(raw[name])}: {exc}"
-            ) from None
+            problem = f"parameter {name!r} is declared {spec.type}; the value given does not fit: {exc}"
+            raise InputError(problem) from None
     return values
 
 

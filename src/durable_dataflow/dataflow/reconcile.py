@@ -51,7 +51,8 @@ def reconcile(service: RunService, run_id: str, *, tenant: str | None = None, re
     provider = forward.load_capable_provider(run)
     attempt = _take_lease(service, run, evidence.RECONCILE_STARTED)
     try:
-        finding = provider.inspect(forward.publication_key(run), forward.publish_target(run), fence=attempt)
+        target = forward.publish_target(run, service.run_workspace(run)[1])
+        finding = provider.inspect(forward.publication_key(run), target, fence=attempt)
     except Exception as error:  # an inspection that fails decides nothing
         finding = Undecided(f"the inspection failed: {type(error).__name__}: {str(error)[:300]}")
     result = _apply(service, run, attempt, finding)

@@ -19,6 +19,7 @@ from durable_dataflow import __version__
 from durable_dataflow.core import hashing
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.workspace import Workspace
 
 Trigger = Literal["cli", "api", "schedule", "worker"]
 IDEMPOTENCY_KEY_CHARS_MAX = 255
@@ -88,18 +89,20 @@ class RunRequest:
     provenance: Provenance
     idempotency_key: str | None = None
     max_attempts: int = MAX_ATTEMPTS_DEFAULT
+    # Where the run may read and write; None: the local operator's workspace over base_dir.
+    workspace: Workspace | None = None
 
 
 def check_request(request: RunRequest) -> None:
-    """Refuse malformed request fields before anything is written."""
+    """Refuse malformed request fields before anything is written (naming the field, never its value)."""
     key = request.idempotency_key
     if key is not None and not (0 < len(key) <= IDEMPOTENCY_KEY_CHARS_MAX and key.isprintable()):
         raise InputError(f"idempotency key must be 1 to {IDEMPOTENCY_KEY_CHARS_MAX} printable characters")
     tenant = request.access.tenant
     if not (0 < len(tenant) <= TENANT_CHARS_MAX and tenant.replace("-", "").replace("_", "").isalnum()):
-        raise InputError(f"tenant {tenant!r} must be 1 to {TENANT_CHARS_MAX} letters, digits, '-' or '_'")
+        raise InputError(f"the tenant must be 1 to {TENANT_CHARS_MAX} letters, digits, '-' or '_'")
     if not 1 <= request.max_attempts <= MAX_ATTEMPTS_LIMIT:
-        raise InputError(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {request.max_attempts}")
+        raise InputError(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}")
 
 
 def request_hash(definition_hash: str, parameters: Mapping[str, Any], target: Mapping[str, Any] | None) -> str:

@@ -18,8 +18,6 @@ import pyarrow.ipc as ipc
 from durable_dataflow.core.errors import ExecutionError, LimitExceeded
 from durable_dataflow.dataflow import arrowdigest
 
-ERROR_LINE_CHARS_MAX = 300
-
 
 @dataclass(frozen=True)
 class BoundedResult:
@@ -50,9 +48,10 @@ def _cast_column(name: str, column: pa.Array, declared: pa.DataType) -> pa.Array
     try:
         return column.cast(declared, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-        reason = (str(exc).strip().splitlines() or ["cast failed"])[0][:ERROR_LINE_CHARS_MAX]
+        # Arrow's reason quotes the offending value ("Failed to parse string: 'x'"): the kind only.
         raise ExecutionError(
-            f"column {name!r} is {actual} and cannot be cast to the declared {declared}: {reason}"
+            f"column {name!r} is {actual} and cannot be cast to the declared {declared} "
+            f"({type(exc).__name__}: a value does not fit the declared type)"
         ) from None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -54,6 +55,8 @@ class Mode(enum.StrEnum):
 
 
 UNRESOLVED_RECOVERY = frozenset({RecoveryStatus.OUTCOME_UNKNOWN, RecoveryStatus.EVIDENCE_FAILED})
+# Fields that hold the server's local paths: never in the JSON form scripts and tenants read.
+LOCAL_FIELDS = frozenset({"base_dir", "workspace"})
 TERMINAL_STATUSES = frozenset(
     {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.OUTCOME_UNKNOWN, RunStatus.EVIDENCE_FAILED}
 )
@@ -81,6 +84,7 @@ class Run(BaseModel):
     access_context_digest: str
     target: dict[str, Any] | None
     base_dir: str
+    workspace: dict[str, Any] | None = None
     row_count: int | None
     output_digest: str | None
     source_fingerprint_digest: str | None
@@ -101,10 +105,17 @@ class Run(BaseModel):
 
     def public(self) -> dict[str, Any]:
         """The documented JSON form (no local paths)."""
-        data = self.model_dump()
-        data.pop("base_dir")
+        data = self.model_dump(exclude=set(LOCAL_FIELDS))
         data["unresolved"] = self.unresolved
         return data
+
+
+RUN_ID_PATTERN = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def _missing(run_id: str) -> str:
+    """A run that does not exist is named only when its id is well formed: never echo other input."""
+    return f"run {run_id} does not exist" if RUN_ID_PATTERN.match(run_id) else "the run does not exist"
 
 
 def new_run_id() -> str:
@@ -124,6 +135,8 @@ def from_row(row: sa.Row[Any]) -> Run:
     data["provenance"] = json.loads(data.pop("provenance_json"))
     target_json = data.pop("target_json")
     data["target"] = json.loads(target_json) if target_json else None
+    workspace_json = data.pop("workspace_json", None)
+    data["workspace"] = json.loads(workspace_json) if workspace_json else None
     return Run.model_validate(data)
 
 
@@ -142,7 +155,7 @@ def get(conn: Connection, run_id: str, tenant: str | None = None, *, for_update:
         query = query.with_for_update()
     row = conn.execute(query).one_or_none()
     if row is None:
-        raise NotFound(f"run {run_id} does not exist")
+        raise NotFound(_missing(run_id))
     return from_row(row)
 
 
@@ -164,7 +177,7 @@ def update(conn: Connection, run_id: str, now_us: int | sa.ColumnElement[int], *
         .returning(*dataflow_runs.c)
     ).one_or_none()
     if row is None:
-        raise NotFound(f"run {run_id} does not exist")
+        raise NotFound(_missing(run_id))
     return from_row(row)
 
 

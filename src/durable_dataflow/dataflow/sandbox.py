@@ -48,6 +48,11 @@ _BASE_CONFIG: dict[str, str | bool] = {
     "allow_community_extensions": False,
     "allow_unsigned_extensions": False,
     "python_enable_replacements": False,  # no implicit scans of the caller's Python variables
+    # No persistent secrets, and a secrets folder that names nothing: by default DuckDB points it at
+    # the service user's home (~/.duckdb/stored_secrets), which duckdb_secrets() errors and
+    # duckdb_settings() would show to a step.
+    "allow_persistent_secrets": False,
+    "secret_directory": "/nonexistent/durable-dataflow/no-secrets",
 }
 # The default '.tmp' would be silently allow-listed once external access is off (reference §3);
 # the shared database has no temp directory, so nothing of it spills and memory_limit is a hard bound.
@@ -181,17 +186,45 @@ def string_literal(text: str) -> str:
 _QUOTING_LINE = re.compile(r"^\s*(Original Line|LINE \d+|Possible Solution|file\s*=|\^)")
 
 
+# Errors raised by data values (not by the SQL): their quoted spans are values, withheld unless they
+# name a column or a type, and only their first line is kept (later lines echo the input).
+_DATA_ERRORS = ("Conversion Error", "Invalid Input Error", "Out of Range Error")
+_QUOTED = re.compile(r"""(?P<before>\b(?:column|to)\s+)?(?P<quote>["'])(?P<text>[^"']*)(?P=quote)""")
+WITHHELD = "(value withheld)"
+
+
+def _withhold(match: re.Match[str]) -> str:
+    return match.group(0) if match.group("before") else WITHHELD
+
+
+def _data_error_message(first: str, lines: list[str]) -> str:
+    """The first line (and a CSV error's column line) with values withheld; a message that is not
+    quoted at all (``error(x)``, a regex that does not compile) keeps only its class."""
+    kind, _, detail = first.partition(": ")
+    if not _QUOTED.search(detail) and not detail.startswith("CSV Error"):
+        return f"{kind}: (detail withheld: it may quote a value)"
+    kept = [first, *(line for line in lines if line.startswith("Error when converting column"))]
+    return " ".join(_QUOTED.sub(_withhold, line) for line in kept)
+
+
 def engine_message(exc: BaseException, chars_max: int = 300) -> str:
-    """The reason of an engine error in one line, without the lines that quote file contents or SQL."""
+    """The reason of an engine error in one line, without the lines that quote file contents or SQL.
+
+    A data error's quoted values are withheld (``Could not convert string (value withheld) to
+    'INTEGER'``): a conversion error would otherwise put a value into the run's stored message."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    first = next((line for line in lines if line), "")
+    if first.startswith(_DATA_ERRORS):
+        return _data_error_message(first, lines)[:chars_max]
     kept: list[str] = []
-    for line in str(exc).splitlines():
-        if not line.strip():
+    for line in lines:
+        if not line:
             if kept:
                 break  # DuckDB puts the quoted context after the first blank line
             continue
         if _QUOTING_LINE.match(line):
             continue
-        kept.append(line.strip())
+        kept.append(line)
     return (" ".join(kept) or type(exc).__name__)[:chars_max]
 
 

@@ -47,6 +47,8 @@ dataflow_runs = sa.Table(
     sa.Column("access_context_digest", sa.String(HASH), nullable=False),
     sa.Column("target_json", sa.Text, nullable=True),
     sa.Column("base_dir", sa.String(2000), nullable=False),
+    # The run's workspace (dataflow.workspace): roots, sink root, scope; NULL for older runs.
+    sa.Column("workspace_json", sa.Text, nullable=True),
     sa.Column("row_count", sa.BigInteger, nullable=True),
     sa.Column("output_digest", sa.String(HASH), nullable=True),
     sa.Column("source_fingerprint_digest", sa.String(HASH), nullable=True),

@@ -37,7 +37,7 @@ from durable_dataflow.core.errors import (
     StaleAttempt,
 )
 from durable_dataflow.core.heartbeat import KeepAlive
-from durable_dataflow.core.secrets import Secret
+from durable_dataflow.core.secrets import Secret, SecretScope
 from durable_dataflow.dataflow import (
     crashpoints,
     evidence,
@@ -48,11 +48,14 @@ from durable_dataflow.dataflow import (
     results,
     runs,
     sources,
+    workspace,
 )
 from durable_dataflow.dataflow.definitions import Definition, canonical_body, definition_hash
 from durable_dataflow.dataflow.requests import RunRequest, check_request, request_hash
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.schema import dataflow_runs, definitions, run_results
+from durable_dataflow.dataflow.workspace import Grants, Workspace
+from durable_dataflow.datasources import registry
 
 RESULT_FORMAT = results.FORMAT_IPC_DIGEST_V3
 ERROR_MESSAGE_CHARS_MAX = 2000
@@ -81,6 +84,7 @@ class ServiceConfig:
     holder: str = field(default_factory=lambda: f"{os.uname().nodename}:{os.getpid()}")
     limits: limits.ExecutionLimits = field(default_factory=limits.ExecutionLimits)
     evidence_key: Secret | None = None
+    grants: Grants = field(default_factory=Grants)
 
 
 @dataclass(frozen=True)
@@ -163,10 +167,14 @@ class RunService:
             existing = self._replay(request.access.tenant, key, r_hash)
             if existing is not None:
                 return Submission(existing, created=False)
-        execution.preflight(defn, context_for(request.base_dir, self.limits_for(defn), self._platform_files))
+        space = request.workspace or workspace.local(request.base_dir)
+        scope = self.secret_scope(space, request.access.tenant)
+        self._check_workspace(defn, target, space, scope, request.access.roles)
+        execution.preflight(defn, context_for(space, self.limits_for(defn), self._platform_files, scope))
         self._remember(d_hash, defn)
         run_id = runs.new_run_id()
         values = _run_values(request, run_id, key or f"run:{run_id}", d_hash, r_hash, params, target)
+        values["workspace_json"] = hashing.canonical_json(space.as_json()).decode("utf-8")
         try:
             with self.db.begin() as conn:
                 recorded = self._record(conn, defn, d_hash, values, request, claim)
@@ -183,12 +191,40 @@ class RunService:
         crashpoints.reach(crashpoints.AFTER_RECORD if not claim else crashpoints.AFTER_CLAIM)
         return Submission(run, created=True)
 
+    def secret_scope(self, space: Workspace, tenant: str) -> SecretScope:
+        """A tenant run names only its tenant's granted secrets; a local run uses the operator's scope."""
+        return self.config.grants.scope(tenant if space.scope == "tenant" else None)
+
+    def _check_workspace(
+        self,
+        defn: Definition,
+        target: Mapping[str, Any] | None,
+        space: Workspace,
+        scope: SecretScope,
+        roles: tuple[str, ...],
+    ) -> None:
+        """What the workspace forbids, refused before anything is recorded: secrets not available in
+        this scope, a sink location outside the sink root, an overwrite the caller may not do."""
+        workspace.check_secrets(scope, workspace.secret_names(target, iter(defn.sources.items())))
+        if target is None:
+            return
+        workspace.check_location(space, str(target["location"]))
+        if target.get("mode") == "overwrite":
+            with self.db.read() as conn:
+                registered = registry.get_datasource_or_none(conn, str(target["datasource"]))
+            workspace.check_overwrite(roles, registered.options if registered is not None else None)
+
+    def run_workspace(self, run: Run) -> tuple[Workspace, SecretScope]:
+        """The workspace a run was recorded with, and the secrets it may name."""
+        space = workspace.of_run(run.workspace, run.base_dir, run.provenance.get("trigger"))
+        return space, self.secret_scope(space, run.tenant)
+
     def _replay(self, tenant: str, key: str, r_hash: str) -> Run | None:
         with self.db.read() as conn:
             existing = runs.find_by_key(conn, tenant, key)
         if existing is not None and existing.request_hash != r_hash:
             raise Conflict(
-                f"idempotency key {key!r} already names run {existing.run_id} with a different request "
+                f"the idempotency key already names run {existing.run_id} with a different request "
                 f"({existing.request_hash}); nothing was written"
             )
         return existing
@@ -296,7 +332,8 @@ class RunService:
         try:
             defn = self.definition_of(run)
             # The time limit counts from here: resolution (hashing, listing) and the engine together.
-            ctx = context_for(Path(run.base_dir), self.limits_for(defn), self._platform_files).started()
+            space, scope = self.run_workspace(run)
+            ctx = context_for(space, self.limits_for(defn), self._platform_files, scope).started()
             resolved = sources.resolve_sources(defn, ctx)
             crashpoints.reach(crashpoints.DURING_EXECUTION)
             return execution.execute(defn, run.parameters, ctx, resolved, progress_sink)
@@ -404,12 +441,12 @@ class RunService:
 
 
 def context_for(
-    base_dir: Path, bounds: limits.ExecutionLimits, platform_files: tuple[Path, ...] = ()
+    space: Workspace, bounds: limits.ExecutionLimits, platform_files: tuple[Path, ...], scope: SecretScope
 ) -> execution.ExecutionContext:
-    """Roots: base_dir and $DATAFLOW_DATA_ROOTS; never readable: the secrets folder and platform_files."""
+    """The workspace's roots and secrets; never readable: the secrets folder and platform_files."""
     forbidden = (*platform_files, *execution.secrets_folders())
     return execution.ExecutionContext(
-        base_dir=base_dir, allowed_roots=(base_dir, *execution.data_roots()), limits=bounds, forbidden=forbidden
+        base_dir=space.base_dir, allowed_roots=space.data_roots, limits=bounds, forbidden=forbidden, secrets=scope
     )
 
 

@@ -183,23 +183,24 @@ def confine_path(source: str, raw_path: str, ctx: ExecutionContext) -> Path:
     try:
         resolved = candidate.resolve(strict=True)
     except (FileNotFoundError, NotADirectoryError):
-        raise InputError(f"source {source!r}: path {raw_path!r} does not exist") from None
-    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
-        raise InputError(f"source {source!r}: path {raw_path!r} cannot be resolved: {exc}") from None
+        raise InputError(f"source {source!r}: the path does not exist") from None
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop
+        raise InputError(f"source {source!r}: the path cannot be resolved (a symlink loop, or unreadable)") from None
     if any(resolved == f or resolved.is_relative_to(f) for f in ctx.forbidden):
         raise InputError(
-            f"source {source!r}: path {raw_path!r} is one of the platform's own files (its database or "
+            f"source {source!r}: the path is one of the platform's own files (its database or "
             "its secrets directory), which no source may read"
         )
     roots = [root.resolve() for root in ctx.allowed_roots]
     if not any(resolved.is_relative_to(root) for root in roots):
         raise InputError(
-            f"source {source!r}: path {raw_path!r} resolves outside the allowed data roots "
-            "(the definition's directory and DATAFLOW_DATA_ROOTS); symlinks and '..' cannot leave them"
+            f"source {source!r}: the path resolves outside the run's data roots (a tenant's own folder and its "
+            "granted roots; for the CLI the definition's folder and DATAFLOW_DATA_ROOTS); symlinks and '..' "
+            "cannot leave them"
         )
     if _GLOB_CHARACTERS.search(str(resolved)):
         raise InputError(
-            f"source {source!r}: path {raw_path!r} contains a glob character (* ? [ ] {{ }}); "
+            f"source {source!r}: the path contains a glob character (* ? [ ] {{ }}); "
             "name a file or a folder, and rename files whose names contain these characters"
         )
     return resolved
@@ -217,7 +218,8 @@ def _open_nofollow(source: str, path: Path) -> int:
         # O_NOFOLLOW: a file swapped for a symlink after confine_path() is refused, not followed.
         return os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
-        raise InputError(f"source {source!r}: cannot read {path.name!r}: {exc.strerror or exc}") from None
+        reason = exc.strerror or type(exc).__name__
+        raise InputError(f"source {source!r}: cannot read {path.name!r}: {reason}") from None
 
 
 def _sha256_of_file(source: str, stamp: FileStamp, ctx: ExecutionContext) -> str:
@@ -321,7 +323,7 @@ def _rows_to_table(name: str, rows: list[dict[str, Any]], schema: pa.Schema) -> 
             arrays.append(pa.array(values, type=field_.type))
         except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, decimal.InvalidOperation) as exc:
             raise InputError(
-                f"source {name!r}: column {field_.name!r} does not hold {field_.type} values: {exc}"
+                f"source {name!r}: column {field_.name!r} does not hold {field_.type} values ({type(exc).__name__})"
             ) from None
     return pa.Table.from_arrays(arrays, schema=schema)
 
@@ -376,14 +378,15 @@ def _resolve_delta(name: str, spec: DeltaSource, ctx: ExecutionContext) -> Resol
         ) from None
     root = confine_path(name, spec.path, ctx)
     if not (root / "_delta_log").is_dir():
-        raise ExecutionError(f"source {name!r}: {spec.path!r} is not a delta table (no _delta_log folder)")
+        raise ExecutionError(f"source {name!r}: the path is not a delta table (no _delta_log folder)")
     _confine_delta_log(name, root)
     try:
         table = deltalake.DeltaTable(str(root), version=spec.version)
         relative_paths = [str(p) for p in table.get_add_actions(flatten=True).column("path").to_pylist()]
         version, table_id = int(table.version()), str(table.metadata().id)
     except Exception as exc:  # deltalake raises many unrelated types; all mean "cannot read it"
-        raise ExecutionError(f"source {name!r}: cannot read the delta table {spec.path!r}: {_short(exc)}") from None
+        # The library's text names absolute paths: the type only (docs/security.md).
+        raise ExecutionError(f"source {name!r}: cannot read the delta table ({type(exc).__name__})") from None
     if len(relative_paths) > DELTA_FILES_MAX:
         raise InputError(f"source {name!r}: the delta snapshot has more than {DELTA_FILES_MAX} files")
     stamps = tuple(FileStamp.of(name, _delta_file(name, p, root, ctx)) for p in relative_paths)
@@ -391,14 +394,10 @@ def _resolve_delta(name: str, spec: DeltaSource, ctx: ExecutionContext) -> Resol
     try:
         dataset = table.to_pyarrow_dataset()
     except Exception as exc:  # e.g. a reader feature (deletion vectors, column mapping) it cannot apply
-        raise ExecutionError(f"source {name!r}: cannot scan the delta table {spec.path!r}: {_short(exc)}") from None
+        raise ExecutionError(f"source {name!r}: cannot scan the delta table ({type(exc).__name__})") from None
     fingerprint = hashing.digest({"uri": root.as_uri(), "table_id": table_id, "version": version})
     folders = _dir_stamps(stamps, ctx.allowed_roots)
     return ResolvedSource(name, "delta", ArrowDataset(dataset, stamps), fingerprint, folders)
-
-
-def _short(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:ERROR_LINE_CHARS_MAX]
 
 
 def _resolve_one(name: str, spec: SourceSpec, ctx: ExecutionContext) -> ResolvedSource:
@@ -409,7 +408,7 @@ def _resolve_one(name: str, spec: SourceSpec, ctx: ExecutionContext) -> Resolved
     if isinstance(spec, InlineSource):
         return _resolve_inline(name, spec)
     if isinstance(spec, PostgresSource):
-        stream = PostgresStream(spec, name, ctx.limits.source_bytes_max, ctx.limits.time_limit_s)
+        stream = PostgresStream(spec, name, ctx.limits.source_bytes_max, ctx.limits.time_limit_s, ctx.secrets)
         return ResolvedSource(name, "postgres", stream)
     return _resolve_delta(name, spec, ctx)
 

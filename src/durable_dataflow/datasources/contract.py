@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from durable_dataflow.core.errors import DataflowError, InputError
+from durable_dataflow.core.secrets import SecretScope
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -61,12 +62,18 @@ class PublicationRefs:
 
 @dataclass(frozen=True)
 class PublishTarget:
-    """A publication target. `options` may hold `{"secret": NAME}` references, resolved at call time."""
+    """A publication target. `options` may hold `{"secret": NAME}` references, resolved at call time
+    through `secrets` (the run's scope: a tenant's grants, or the local operator's).
+
+    `absolute_locations` False confines a file sink to `options['base_dir']` (a tenant's sink root).
+    """
 
     datasource: str
     location: str
     mode: WriteMode = "append"
     options: Mapping[str, Any] = field(default_factory=dict)
+    absolute_locations: bool = True
+    secrets: SecretScope = field(default_factory=SecretScope.local)
 
 
 @dataclass(frozen=True)
@@ -159,21 +166,25 @@ def check_token(token: int, what: str = "token") -> None:
 
 
 def resolve_location(target: PublishTarget) -> Path:
-    """The absolute sink path: `location` itself if absolute, else relative to options['base_dir'].
+    """The absolute sink path: `location` itself if absolute (and allowed), else relative to
+    options['base_dir'].
 
-    A relative location must stay inside base_dir (no `..` escape); a relative location without a
-    base_dir is refused rather than resolved against the process's working directory.
+    A relative location must stay inside base_dir (no `..` escape, no symlink out); a relative
+    location without a base_dir is refused rather than resolved against the process's working
+    directory. Messages name the rule, never the location (it may be a tenant's input).
     """
     location = Path(target.location)
     if location.is_absolute():
+        if not target.absolute_locations:
+            raise InputError("the target location must be relative to the sink root")
         if ".." in location.parts:
-            raise InputError(f"location {target.location!r} must not contain '..'")
+            raise InputError("the target location must not contain '..'")
         return location
     base_dir = target.options.get("base_dir")
     if not isinstance(base_dir, str | Path):
-        raise InputError(f"location {target.location!r} is relative: give an absolute path or base_dir")
+        raise InputError("the target location is relative: give an absolute path or base_dir")
     base = Path(base_dir).resolve()
     resolved = (base / location).resolve()
     if resolved != base and base not in resolved.parents:
-        raise InputError(f"location {target.location!r} escapes its base directory")
+        raise InputError("the target location escapes its base directory")
     return resolved

@@ -9,8 +9,10 @@ Every publish and every inspection first takes `pg_advisory_xact_lock` on the ke
 and inspectors of one key serialize; in READ COMMITTED each later statement sees what the
 previous lock holder committed. A lost connection or an error at COMMIT is `Inconclusive`; a
 server error before COMMIT rolled the whole transaction back and is a conclusive `Rejected`.
-The DSN is a `{"secret": NAME}` reference in `target.options["dsn"]`, resolved per call; error
-messages are scrubbed of it. `target.location` is the table name (`table` or `schema.table`).
+The DSN is a `{"secret": NAME}` reference in `target.options["dsn"]`, resolved per call. No driver
+text reaches a message (libpq's connection errors quote segments of the DSN, server messages quote
+values): each is a fixed description plus the SQLSTATE, or the kind of connection failure (`pgerrors`).
+`target.location` is the table name (`table` or `schema.table`).
 Proof horizon: as long as `sink_publications` rows are kept (prune them only with their data).
 """
 
@@ -26,8 +28,8 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from durable_dataflow.core import secrets
-from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.errors import ExecutionError, InputError
+from durable_dataflow.datasources import pgerrors
 from durable_dataflow.datasources.contract import (
     Absent,
     AlreadyPublished,
@@ -94,6 +96,20 @@ def _pg_type(dtype: pa.DataType) -> str | None:
     return None
 
 
+class _CannotConnect(Exception):
+    """Connecting to the sink failed. The message is a fixed description, never the driver's text."""
+
+    def __init__(self, exc: psycopg.Error, dsn: str) -> None:
+        super().__init__(f"cannot connect to the sink database: {pgerrors.describe_connect(exc, dsn)}")
+
+
+def _open(dsn: str) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_S, autocommit=False)
+    except psycopg.Error as exc:
+        raise _CannotConnect(exc, dsn) from None
+
+
 @dataclass(frozen=True)
 class _TableName:
     schema: str | None
@@ -103,7 +119,7 @@ class _TableName:
     def parse(location: str) -> _TableName:
         parts = location.split(".")
         if len(parts) > 2 or not all(IDENTIFIER.match(p) for p in parts):
-            raise InputError(f"postgres location {location!r} must be 'table' or 'schema.table' identifiers")
+            raise InputError("the postgres target location must be 'table' or 'schema.table' identifiers")
         return _TableName(parts[0], parts[1]) if len(parts) == 2 else _TableName(None, parts[0])
 
     def ident(self) -> sql.Composable:
@@ -119,21 +135,9 @@ def _resolve_dsn(target: PublishTarget) -> str:
     ref = target.options.get("dsn")
     if not (isinstance(ref, Mapping) and isinstance(ref.get("secret"), str)):
         raise InputError("postgres target option 'dsn' must be a secret reference {'secret': NAME}")
-    dsn = secrets.resolve(ref["secret"]).reveal()
+    dsn = target.secrets.resolve(ref["secret"]).reveal()
     # SQLAlchemy-style URLs (postgresql+psycopg://) are accepted for convenience.
     return re.sub(r"^postgresql\+\w+://", "postgresql://", dsn)
-
-
-def _scrub(text: str, dsn: str) -> str:
-    """Remove the DSN and its password from a driver message before it leaves the provider."""
-    scrubbed = text.replace(dsn, "***")
-    try:
-        password = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
-    except psycopg.Error:
-        password = None
-    if password:
-        scrubbed = scrubbed.replace(str(password), "***")
-    return scrubbed
 
 
 class PostgresTableProvider:
@@ -144,7 +148,7 @@ class PostgresTableProvider:
 
     @contextmanager
     def _connect(self, dsn: str) -> Iterator[psycopg.Connection[Any]]:
-        conn = psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_S, autocommit=False)
+        conn = _open(dsn)
         try:
             yield conn
         finally:
@@ -177,12 +181,12 @@ class PostgresTableProvider:
         table_name = _TableName.parse(target.location)
         dsn = _resolve_dsn(target)
         try:
-            conn = psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_S, autocommit=False)
-        except psycopg.Error as exc:
+            conn = _open(dsn)
+        except _CannotConnect as exc:
             # No session was ever established, so no transaction could have written anything.
-            return Rejected(f"cannot connect to the sink database: {_scrub(str(exc), dsn)}")
+            return Rejected(str(exc))
         try:
-            return self._publish_on(conn, key, token, table, digest, target, table_name, dsn)
+            return self._publish_on(conn, key, token, table, digest, target, table_name)
         finally:
             conn.close()
 
@@ -195,7 +199,6 @@ class PostgresTableProvider:
         digest: str,
         target: PublishTarget,
         table_name: _TableName,
-        dsn: str,
     ) -> PublishOutcome:
         try:
             self._ensure_bookkeeping(conn)
@@ -204,11 +207,11 @@ class PostgresTableProvider:
             outcome = self._decide_and_write(conn, key, token, table, digest, target, table_name)
         except psycopg.OperationalError as exc:
             # The connection failed mid-transaction: conservative, let an inspection decide.
-            raise Inconclusive(f"postgres publish of key {key!r}: {_scrub(str(exc), dsn)}") from exc
+            raise Inconclusive(f"postgres publish of key {key!r}: {pgerrors.describe(exc)}") from None
         except psycopg.Error as exc:
             # A server error before COMMIT aborted the transaction: nothing was written.
             conn.rollback()
-            return Rejected(f"the sink refused the publication: {_scrub(str(exc), dsn)}")
+            return Rejected(f"the sink refused the publication: {pgerrors.describe(exc)}")
         if not isinstance(outcome, Published):
             conn.rollback()
             return outcome
@@ -216,7 +219,7 @@ class PostgresTableProvider:
             conn.commit()
         except Exception as exc:
             # The COMMIT may or may not have happened: never retry blindly, inspect instead.
-            raise Inconclusive(f"postgres COMMIT of key {key!r} unknown: {_scrub(str(exc), dsn)}") from exc
+            raise Inconclusive(f"postgres COMMIT of key {key!r} unknown: {pgerrors.describe(exc)}") from None
         return outcome
 
     def _decide_and_write(
@@ -302,6 +305,7 @@ class PostgresTableProvider:
         if fence is not None:
             check_token(fence, "fence")
         dsn = _resolve_dsn(target)
+        failed = f"postgres inspection of key {key!r} failed"
         try:
             with self._connect(dsn) as conn:
                 self._ensure_bookkeeping(conn)
@@ -310,8 +314,10 @@ class PostgresTableProvider:
                 outcome = self._inspect_on(conn, key, fence)
                 conn.commit()  # Absent(fenced_at=m) is reported only once the fence is durable
                 return outcome
+        except _CannotConnect as exc:
+            return Undecided(f"{failed}: {exc}")
         except Exception as exc:
-            return Undecided(f"postgres inspection of key {key!r} failed: {_scrub(str(exc), dsn)}")
+            return Undecided(f"{failed}: {pgerrors.describe(exc)}")
 
     def _inspect_on(self, conn: psycopg.Connection[Any], key: str, fence: int | None) -> InspectOutcome:
         row = conn.execute(_SELECT_PUBLICATION, (key,)).fetchone()
@@ -329,9 +335,15 @@ class PostgresTableProvider:
         """The target table's rows (at most READ_ROWS_MAX), without the key column."""
         table_name = _TableName.parse(target.location)
         dsn = _resolve_dsn(target)
-        with self._connect(dsn) as conn:
-            cur = conn.execute(sql.SQL("SELECT * FROM {} LIMIT %s").format(table_name.ident()), (READ_ROWS_MAX,))
-            names = [d.name for d in cur.description or []]
-            rows = cur.fetchall()
+        failed = f"reading postgres table {table_name.text()} failed"
+        try:
+            with self._connect(dsn) as conn:
+                cur = conn.execute(sql.SQL("SELECT * FROM {} LIMIT %s").format(table_name.ident()), (READ_ROWS_MAX,))
+                names = [d.name for d in cur.description or []]
+                rows = cur.fetchall()
+        except _CannotConnect as exc:
+            raise ExecutionError(f"{failed}: {exc}") from None
+        except psycopg.Error as exc:
+            raise ExecutionError(f"{failed}: {pgerrors.describe(exc)}") from None
         data = {n: [r[i] for r in rows] for i, n in enumerate(names) if n != KEY_COLUMN}
         return pa.table(data)

@@ -72,7 +72,8 @@ def load_provider(name: str) -> Provider:
     if factory is None:
         matches = importlib_metadata.entry_points(group=ENTRY_POINT_GROUP, name=name)
         if not matches:
-            raise MissingCapability(f"no provider named {name!r} is registered in {ENTRY_POINT_GROUP!r}")
+            known = ", ".join(available_providers()) or "none"
+            raise MissingCapability(f"the target's provider is not registered (registered providers: {known})")
         try:
             factory = next(iter(matches)).load()
         except ImportError as exc:

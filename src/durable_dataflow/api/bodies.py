@@ -1,0 +1,68 @@
+"""JSON request bodies, read and parsed only once the caller is authenticated.
+
+A route that declares a pydantic body makes FastAPI read and parse the JSON before any dependency
+runs, so an unauthenticated client could make the server hold and parse megabytes, and a truncated
+body would answer 422 before the missing token's 401. Routes here take their body through
+:func:`json_body`, a dependency declared after the caller's: FastAPI solves dependencies in
+declaration order, so a request without a valid token is refused before its body is read.
+
+The body is parsed with duplicate keys refused (``core.strictjson``) and validated with the route's
+pydantic model; errors keep the shape FastAPI's would have (``invalid request: body.field: ...``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from durable_dataflow.api import errors
+from durable_dataflow.core import strictjson
+from durable_dataflow.core.errors import InputError
+
+Model = TypeVar("Model", bound=BaseModel)
+BODY = ("body",)
+
+
+def _invalid(location: tuple[str | int, ...], message: str) -> InputError:
+    return InputError(errors.validation_message([{"loc": location, "msg": message}], BODY))
+
+
+def _parsed(raw: bytes) -> Any:
+    try:
+        return strictjson.loads(raw)
+    except strictjson.DuplicateKey as error:
+        raise _invalid((), str(error)) from None
+    except ValueError as error:  # malformed JSON, or bytes that are not UTF-8/16/32
+        raise _invalid((getattr(error, "pos", "json"),), "JSON decode error") from None
+    except RecursionError:
+        raise _invalid((), "JSON nested too deeply") from None
+
+
+def json_body(model: type[Model], *, required: bool = True) -> Callable[[Request], Awaitable[Model]]:
+    """A dependency: the request's JSON body as ``model``. Without ``required``, an empty body (or
+    ``null``) is the model's defaults. Declare it after the caller's dependency."""
+
+    async def dependency(request: Request) -> Model:
+        raw = await request.body()
+        value = _parsed(raw) if raw.strip() else None
+        if value is None:
+            if required:
+                raise _invalid((), "Field required")
+            return model()
+        try:
+            return model.model_validate(value)
+        except ValidationError as error:
+            raise InputError(
+                errors.validation_message(error.errors(include_input=False, include_url=False), BODY)
+            ) from None
+
+    return dependency
+
+
+def body_openapi(model: type[BaseModel], *, required: bool = True) -> dict[str, Any]:
+    """The route's ``openapi_extra``: ``model`` documented as its JSON request body."""
+    schema = model.model_json_schema()
+    return {"requestBody": {"required": required, "content": {"application/json": {"schema": schema}}}}

@@ -1,0 +1,49 @@
+"""Text a submitter chose, made safe to show on a terminal or a web page.
+
+Parameters, definition names, idempotency keys and error messages come from whoever submitted a run,
+and an operator later reads them in ``dataflow show`` or on ``/ui``. Raw, they could carry terminal
+escape sequences (``\\x1b[2J`` clears the screen, OSC 8 forges links, OSC 52 writes the clipboard),
+carriage returns that overwrite what an operator reads, or bidirectional overrides that make text
+read differently from what it is (CVE-2021-42574, "Trojan Source"). :func:`printable` replaces each
+such character with a visible escape, so the operator sees that it was there and what it was.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+# Unicode's bidirectional controls: marks, embeddings, overrides and isolates (UAX #9).
+BIDI_CONTROLS = frozenset({0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)})
+# The line and paragraph separators end a line in some terminals and editors, like a newline does.
+LINE_SEPARATORS = frozenset({0x2028, 0x2029})
+# What `multiline` text keeps: a tab and a newline only ever move the cursor forward or down.
+LAYOUT_CONTROLS = frozenset({ord("\t"), ord("\n")})
+# Every character replaced lies below this: Cc ends at U+009F, the separators and bidi controls at U+2069.
+SEARCHED_BELOW = 0x3000
+
+
+def _escape(code: int) -> str:
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def _is_control(code: int) -> bool:
+    # Category Cc is exactly C0 (U+0000-U+001F), DEL (U+007F) and C1 (U+0080-U+009F).
+    return unicodedata.category(chr(code)) == "Cc" or code in BIDI_CONTROLS or code in LINE_SEPARATORS
+
+
+_CONTROL_CODES = tuple(code for code in range(SEARCHED_BELOW) if _is_control(code))
+_ESCAPES_ONE_LINE = {code: _escape(code) for code in _CONTROL_CODES}
+_ESCAPES_MULTILINE = {code: text for code, text in _ESCAPES_ONE_LINE.items() if code not in LAYOUT_CONTROLS}
+
+
+def printable(text: str, *, multiline: bool = True) -> str:
+    """``text`` with every control character written as a visible escape (``\\x1b``, ``\\u202e``).
+
+    Replaced: the C0 controls, DEL, the C1 controls, the bidirectional controls and the line and
+    paragraph separators. ``multiline`` keeps tab and newline (right for a page, where HTML folds
+    them, and for a multi-line message); ``multiline=False`` escapes them too, for a value shown in
+    one table cell or one line of a terminal. Everything else, non-ASCII letters and emoji included,
+    is kept as it is. The result never contains a character that :func:`printable` would replace,
+    and printable text is returned unchanged.
+    """
+    return text.translate(_ESCAPES_MULTILINE if multiline else _ESCAPES_ONE_LINE)
