@@ -43,7 +43,7 @@ def test_builtin_providers_load_through_entry_points(name: str, cls: type) -> No
 def test_unknown_provider_is_a_missing_capability() -> None:
     """A name no entry point or registration provides raises MissingCapability listing the registered
     providers, without echoing the name it was given (a tenant's input)."""
-    with pytest.raises(MissingCapability, match="provider is not registered .*parquet") as info:
+    with pytest.raises(MissingCapability, match=r"provider is not registered .*parquet") as info:
         registry.load_provider("iceberg-canary")
     assert info.value.code == "missing_capability" and "iceberg-canary" not in info.value.message
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, PermissionDenied
 from durable_dataflow.core.secrets import SecretScope
 from durable_dataflow.dataflow import workspace
 from durable_dataflow.dataflow.workspace import Tenancy, Workspace
+from durable_dataflow.datasources.registry import Datasource
 
 CANARY = "canary-7d1c0e"
 
@@ -115,12 +118,22 @@ def test_a_local_run_may_use_absolute_locations_only_when_the_operator_allows(
         workspace.check_location(workspace.local(tmp_path), "/srv/../etc")
 
 
-def test_overwrite_needs_the_operator_role_or_a_datasource_that_declares_it() -> None:
-    workspace.check_overwrite(("operator",), None)
-    workspace.check_overwrite(("submitter",), {"allow_overwrite": True})
-    for options in (None, {}, {"allow_overwrite": "true"}, {"allow_overwrite": False}):
+def test_overwrite_needs_the_operator_role_or_exactly_a_datasource_that_declares_it(tmp_path: Path) -> None:
+    """Proves a submitter may overwrite only a target that IS a registered datasource declaring
+    allow_overwrite (same provider and location): naming such a datasource for another location or
+    provider is refused, as is a datasource without the flag."""
+    target = {"provider": "parquet", "datasource": "d", "location": "t", "mode": "overwrite"}
+
+    def registered(provider: str = "parquet", location: str = "t", **options: object) -> Datasource:
+        return Datasource("d", provider, location, options, datetime.now(UTC))
+
+    workspace.check_overwrite(("operator",), target, None)
+    workspace.check_overwrite(("submitter",), target, registered(allow_overwrite=True))
+    refused = (None, registered(), registered(allow_overwrite="true"), registered(allow_overwrite=False),
+               registered("delta", allow_overwrite=True), registered(location="x", allow_overwrite=True))
+    for other in refused:
         with pytest.raises(PermissionDenied):
-            workspace.check_overwrite(("submitter",), options)
+            workspace.check_overwrite(("submitter",), target, other)
 
 
 def test_the_server_refuses_an_implicit_root_that_exposes_its_own_files(
@@ -156,3 +169,15 @@ def test_a_run_recorded_before_workspaces_keeps_its_rules_but_an_api_run_gets_no
     api_run = workspace.of_run(None, str(tmp_path), "api")
     assert (cli_run.scope, api_run.scope) == ("local", "tenant")
     assert cli_run.base_dir == api_run.base_dir == tmp_path and cli_run.absolute_locations
+
+
+def test_the_platform_database_files_are_known_for_a_uri_filename(tmp_path: Path) -> None:
+    """Proves the SQLite files no source may read are found for `sqlite:///file:/…?uri=true` too (read
+    as a plain path, `file:/…` named nothing, so the guard on the database files silently lapsed)."""
+    path = tmp_path / "platform.db"
+    for url in (f"sqlite:///{path}", f"sqlite:///file:{path}?uri=true"):
+        database = Database(url)
+        try:
+            assert database.files()[:2] == (path.resolve(), path.resolve().with_name("platform.db-wal")), url
+        finally:
+            database.dispose()

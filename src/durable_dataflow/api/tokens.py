@@ -105,7 +105,7 @@ def _info(row: sa.Row[object]) -> TokenInfo:
 
 
 def _check_new(tenant: str, role: str, name: str | None) -> Role:
-    if not TENANT_PATTERN.match(tenant):
+    if not TENANT_PATTERN.fullmatch(tenant):
         raise InputError(f"the tenant must be 1 to {TENANT_LENGTH} letters, digits, '-' or '_'")
     if role == Role.PLATFORM_OPERATOR:
         raise InputError("a platform_operator token belongs to no tenant: use `dataflow tokens create --platform`")
@@ -118,7 +118,7 @@ def _check_new(tenant: str, role: str, name: str | None) -> Role:
 
 
 def _check_name(name: str | None) -> None:
-    if name is not None and not NAME_PATTERN.match(name):
+    if name is not None and not NAME_PATTERN.fullmatch(name):
         raise InputError(f"the token name must be 1 to {TOKEN_NAME_LENGTH} letters, digits or '_.@:-'")
 
 

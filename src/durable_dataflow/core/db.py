@@ -14,6 +14,7 @@ a second engine with deferred transactions, so readers never wait for the write 
 from __future__ import annotations
 
 import os
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -88,7 +89,11 @@ class Database:
         """The files that hold this database on this host (SQLite: the file and its journals)."""
         if self.dialect != "sqlite":
             return ()
-        database = sa.engine.make_url(self.url).database
+        url = sa.engine.make_url(self.url)
+        database = url.database
+        if database and database.startswith("file:") and str(url.query.get("uri", "")).lower() in ("true", "1"):
+            # sqlite:///file:/path/db?uri=true: SQLite's URI filename, whose path is the file.
+            database = urllib.parse.urlparse(database).path or None
         if not database or database == ":memory:":
             return ()
         main = Path(database).resolve()

@@ -108,7 +108,7 @@ class SecretGrant:
 
 def check_grant(grant: SecretGrant) -> None:
     """Refuse a grant that would hand out a platform setting or read outside the secrets folder."""
-    if not SECRET_NAME_PATTERN.match(grant.name) or not SECRET_NAME_PATTERN.match(grant.ref):
+    if not SECRET_NAME_PATTERN.fullmatch(grant.name) or not SECRET_NAME_PATTERN.fullmatch(grant.ref):
         raise InputError("a granted secret's name and its env/file must be letters, digits and underscores")
     if is_reserved(grant.name) or is_reserved(grant.ref):
         raise InputError(f"the platform's own settings ({RESERVED_PREFIX}*) cannot be granted")
@@ -130,7 +130,7 @@ class SecretScope:
         return cls(tenant=None, grants=dict(grants or {}))
 
     def _lookup(self, name: str) -> str | None:
-        if not SECRET_NAME_PATTERN.match(name) or is_reserved(name):
+        if not SECRET_NAME_PATTERN.fullmatch(name) or is_reserved(name):
             return None
         grant = self.grants.get(name)
         if grant is not None:

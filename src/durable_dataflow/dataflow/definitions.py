@@ -42,6 +42,8 @@ INLINE_ROWS_MAX = 10_000
 # a platform may allow less (its result_bytes_max, checked by dataflow.limits.effective).
 OUTPUT_BYTES_CEILING = 1024**3
 JSON_INT_MAX = 2**53 - 1
+# Nesting of option and inline values: deep enough for any real document, far below serialisers' limits.
+JSON_NESTING_MAX = 32
 # The most engine threads any platform or definition may name: more is a typo, not a machine.
 THREADS_CEILING = 256
 # The longest time limit any platform or definition may name: a run holds a lease and an engine for
@@ -122,10 +124,13 @@ def parse_duration(value: int | float | str) -> float:
 
 
 def _check_json_value(value: Any, where: str) -> None:
-    """Refuse values that canonical JSON (RFC 8785) cannot hold exactly."""
-    pending: list[Any] = [value]
+    """Refuse values that canonical JSON (RFC 8785) cannot hold exactly, or nested deeper than
+    JSON_NESTING_MAX (serialising the definition would fail on them)."""
+    pending: list[tuple[Any, int]] = [(value, 0)]
     while pending:  # an explicit stack, not recursion (STYLE)
-        item = pending.pop()
+        item, depth = pending.pop()
+        if depth > JSON_NESTING_MAX:
+            raise ValueError(f"{where}: values are nested more than {JSON_NESTING_MAX} levels deep")
         if isinstance(item, bool) or item is None or isinstance(item, str):
             continue
         if isinstance(item, int):
@@ -135,9 +140,9 @@ def _check_json_value(value: Any, where: str) -> None:
             if not math.isfinite(item):
                 raise ValueError(f"{where}: NaN and infinity are not allowed")
         elif isinstance(item, dict):
-            pending.extend(item.values())
+            pending.extend((child, depth + 1) for child in item.values())
         elif isinstance(item, list):
-            pending.extend(item)
+            pending.extend((child, depth + 1) for child in item)
         else:
             raise ValueError(f"{where}: a value of type {type(item).__name__} is not JSON")
 

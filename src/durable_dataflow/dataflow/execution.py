@@ -118,8 +118,10 @@ class _Watch:
         sink: progress.ProgressSink | None,
         reports_percent: bool,
         streams: tuple[PostgresStream, ...] = (),
+        own_text: str = "",
     ) -> None:
         self.con = con
+        self.own_text = own_text  # the definition's SQL and names: what engine messages may quote
         self.deadline_at = deadline_at
         self.streams = streams  # queries the engine may be waiting on: cancelled with it
         self.time_limit_s = limits.time_limit_s
@@ -176,11 +178,12 @@ class _Watch:
         ``what`` names the part that failed (``step`` or ``source``) in the message."""
         if isinstance(exc, DataflowError):
             return exc
-        text = sandbox.engine_message(exc)
+        text = sandbox.engine_message(exc, own_text=self.own_text)
+        raw = str(exc)  # classified on the engine's own words, shown only as ``text``
         part = f"{what} {step!r}"
         if self.fired.is_set() or isinstance(exc, duckdb.InterruptException) or text.startswith("INTERRUPT"):
             return LimitExceeded(f"{part} exceeded the time limit of {self.time_limit_s:g} s")
-        if "max_temp_directory_size" in text:
+        if "max_temp_directory_size" in raw:
             return LimitExceeded(
                 f"{part} exceeded the spill limit of {self.temp_limit} (--temp-max / DATAFLOW_TEMP_MAX): {text}"
             )
@@ -190,7 +193,7 @@ class _Watch:
             return InputError(
                 f"{part} tried to reach files, the network or extensions, which the sandbox forbids: {text}"
             )
-        if isinstance(exc, pa.ArrowCapacityError) or "offset overflow" in text:
+        if isinstance(exc, pa.ArrowCapacityError) or "offset overflow" in raw:
             return LimitExceeded(f"{part} produced a batch larger than Arrow can hold (2 GiB): {text}")
         return ExecutionError(f"{part} failed: {text}")
 
@@ -335,7 +338,8 @@ def _run_steps(
         declared, d.output.max_rows, bytes_max, f"output.max_bytes = {d.output.max_bytes}"
     )
     streams = tuple(s.binding for s in resolved if isinstance(s.binding, PostgresStream))
-    with _Watch(con, limits, deadline_at, sink, reports_percent=confined, streams=streams) as watch:
+    own_text = "\n".join([*(s.sql for s in d.steps), *d.sources, *(s.name for s in d.steps), *d.output.columns])
+    with _Watch(con, limits, deadline_at, sink, confined, streams, own_text) as watch:
         _bind_sources(con, resolved, watch)
         # Earlier steps become private TEMP tables that later steps read by name; the last step's
         # result is streamed straight out, in its own order.

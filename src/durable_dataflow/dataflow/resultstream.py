@@ -31,8 +31,16 @@ class BoundedResult:
 def check_columns(schema: pa.Schema, declared: pa.Schema, step: str) -> None:
     """Names and order must match before any batch is read."""
     if schema.names != declared.names:
+        # Only declared names are shown: the others may come from a source's header (file contents).
+        missing = [n for n in declared.names if n not in schema.names]
+        undeclared = sum(1 for n in schema.names if n not in declared.names)
+        problem = (
+            f"lacks the declared columns {missing} and has {undeclared} undeclared column(s)"
+            if missing or undeclared
+            else "has the declared columns in another order"
+        )
         raise ExecutionError(
-            f"the result of step {step!r} has columns {schema.names} but output.schema declares {declared.names}"
+            f"the result of step {step!r} {problem}: output.schema declares {declared.names}, in that order"
         )
 
 

@@ -115,7 +115,7 @@ RUN_ID_PATTERN = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[
 
 def _missing(run_id: str) -> str:
     """A run that does not exist is named only when its id is well formed: never echo other input."""
-    return f"run {run_id} does not exist" if RUN_ID_PATTERN.match(run_id) else "the run does not exist"
+    return f"run {run_id} does not exist" if RUN_ID_PATTERN.fullmatch(run_id) else "the run does not exist"
 
 
 def new_run_id() -> str:

@@ -53,6 +53,8 @@ _BASE_CONFIG: dict[str, str | bool] = {
     # duckdb_settings() would show to a step.
     "allow_persistent_secrets": False,
     "secret_directory": "/nonexistent/durable-dataflow/no-secrets",
+    # The same for extensions: an error of duckdb_extensions() would name ~/.duckdb/extensions.
+    "extension_directory": "/nonexistent/durable-dataflow/no-extensions",
 }
 # The default '.tmp' would be silently allow-listed once external access is off (reference §3);
 # the shared database has no temp directory, so nothing of it spills and memory_limit is a hard bound.
@@ -197,35 +199,50 @@ def _withhold(match: re.Match[str]) -> str:
     return match.group(0) if match.group("before") else WITHHELD
 
 
+# An absolute path in a message (a spill folder, a home folder): the server's, never shown.
+_ABSOLUTE_PATH = re.compile(r"""(?<![\w.:/])/[A-Za-z0-9_.~-][^\s"',;)]*""")
+PATH_WITHHELD = "(path withheld)"
+
+
 def _data_error_message(first: str, lines: list[str]) -> str:
     """The first line (and a CSV error's column line) with values withheld; a message that is not
     quoted at all (``error(x)``, a regex that does not compile) keeps only its class."""
     kind, _, detail = first.partition(": ")
-    if not _QUOTED.search(detail) and not detail.startswith("CSV Error"):
+    if detail.startswith("CSV Error"):  # the reason follows on its own lines; the input lines are dropped
+        return " ".join(_QUOTED.sub(_withhold, line) for line in _reason_lines(lines))
+    if not _QUOTED.search(detail):
         return f"{kind}: (detail withheld: it may quote a value)"
-    kept = [first, *(line for line in lines if line.startswith("Error when converting column"))]
-    return " ".join(_QUOTED.sub(_withhold, line) for line in kept)
+    return _QUOTED.sub(_withhold, first)
 
 
-def engine_message(exc: BaseException, chars_max: int = 300) -> str:
-    """The reason of an engine error in one line, without the lines that quote file contents or SQL.
-
-    A data error's quoted values are withheld (``Could not convert string (value withheld) to
-    'INTEGER'``): a conversion error would otherwise put a value into the run's stored message."""
-    lines = [line.strip() for line in str(exc).splitlines()]
-    first = next((line for line in lines if line), "")
-    if first.startswith(_DATA_ERRORS):
-        return _data_error_message(first, lines)[:chars_max]
+def _reason_lines(lines: list[str]) -> list[str]:
+    """The lines before the first blank one, without those that quote input or give advice."""
     kept: list[str] = []
     for line in lines:
         if not line:
             if kept:
                 break  # DuckDB puts the quoted context after the first blank line
             continue
-        if _QUOTING_LINE.match(line):
-            continue
-        kept.append(line)
-    return (" ".join(kept) or type(exc).__name__)[:chars_max]
+        if not _QUOTING_LINE.match(line):
+            kept.append(line)
+    return kept
+
+
+def engine_message(exc: BaseException, chars_max: int = 300, own_text: str = "") -> str:
+    """The reason of an engine error in one line, without the lines that quote file contents or SQL.
+
+    A data error's quoted values are withheld (``Could not convert string (value withheld) to
+    'INTEGER'``): a conversion error would otherwise put a value into the run's stored message. In
+    other errors (binder, catalog) a quoted name is kept only when it is part of ``own_text`` (the
+    definition's SQL and names, which its author wrote): a source's column names, read from a file
+    header, are file contents. Absolute paths are always withheld."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    first = next((line for line in lines if line), "")
+    if first.startswith(_DATA_ERRORS):
+        return _ABSOLUTE_PATH.sub(PATH_WITHHELD, _data_error_message(first, lines))[:chars_max]
+    kept = [_QUOTED.sub(lambda m: m.group(0) if m.group("text") in own_text else WITHHELD, line)
+            for line in _reason_lines(lines)]  # fmt: skip
+    return _ABSOLUTE_PATH.sub(PATH_WITHHELD, " ".join(kept) or type(exc).__name__)[:chars_max]
 
 
 def first_line(exc: BaseException) -> str:

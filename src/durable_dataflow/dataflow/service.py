@@ -212,7 +212,7 @@ class RunService:
         if target.get("mode") == "overwrite":
             with self.db.read() as conn:
                 registered = registry.get_datasource_or_none(conn, str(target["datasource"]))
-            workspace.check_overwrite(roles, registered.options if registered is not None else None)
+            workspace.check_overwrite(roles, target, registered)
 
     def run_workspace(self, run: Run) -> tuple[Workspace, SecretScope]:
         """The workspace a run was recorded with, and the secrets it may name."""

@@ -176,27 +176,40 @@ class ResolvedSource:
 
 
 def confine_path(source: str, raw_path: str, ctx: ExecutionContext) -> Path:
-    """The resolved path of a source, which must exist and lie inside one of ctx.allowed_roots."""
+    """The resolved path of a source, which must exist and lie inside one of ctx.allowed_roots.
+
+    The roots are checked first, on the path as it resolves whether or not it exists, and every
+    path outside them gets one message: a refusal never tells whether a file exists elsewhere, or
+    what it is (the platform's database, its secrets). Messages never quote the path."""
+    if "\x00" in raw_path:  # no file name holds one (other characters are quoted as literals)
+        raise InputError(f"source {source!r}: the path contains a NUL character")
     candidate = Path(raw_path)
     if not candidate.is_absolute():
         candidate = ctx.base_dir / candidate
     try:
+        lexical = candidate.resolve(strict=False)
+    except (OSError, RuntimeError, ValueError):  # RuntimeError: a symlink loop
+        raise InputError(f"source {source!r}: the path cannot be resolved (a symlink loop, or unreadable)") from None
+    roots = [root.resolve() for root in ctx.allowed_roots]
+    outside = InputError(
+        f"source {source!r}: the path resolves outside the run's data roots (a tenant's own folder and its "
+        "granted roots; for the CLI the definition's folder and DATAFLOW_DATA_ROOTS); symlinks and '..' "
+        "cannot leave them"
+    )
+    if not any(lexical.is_relative_to(root) for root in roots):
+        raise outside
+    try:
         resolved = candidate.resolve(strict=True)
     except (FileNotFoundError, NotADirectoryError):
         raise InputError(f"source {source!r}: the path does not exist") from None
-    except (OSError, RuntimeError):  # RuntimeError: a symlink loop
+    except (OSError, RuntimeError, ValueError):
         raise InputError(f"source {source!r}: the path cannot be resolved (a symlink loop, or unreadable)") from None
+    if not any(resolved.is_relative_to(root) for root in roots):
+        raise outside  # it changed between the two resolutions
     if any(resolved == f or resolved.is_relative_to(f) for f in ctx.forbidden):
         raise InputError(
             f"source {source!r}: the path is one of the platform's own files (its database or "
             "its secrets directory), which no source may read"
-        )
-    roots = [root.resolve() for root in ctx.allowed_roots]
-    if not any(resolved.is_relative_to(root) for root in roots):
-        raise InputError(
-            f"source {source!r}: the path resolves outside the run's data roots (a tenant's own folder and its "
-            "granted roots; for the CLI the definition's folder and DATAFLOW_DATA_ROOTS); symlinks and '..' "
-            "cannot leave them"
         )
     if _GLOB_CHARACTERS.search(str(resolved)):
         raise InputError(

@@ -273,6 +273,8 @@ def check_secrets(scope: SecretScope, references: list[tuple[str, str]]) -> None
 
 def check_location(workspace: Workspace, location: str) -> None:
     """A sink location must stay inside the workspace's sink root (absolute only when allowed)."""
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in location):
+        raise InputError("target location must not contain control characters")
     path = Path(location)
     if ".." in path.parts:
         raise InputError("target location must not contain '..'")
@@ -283,13 +285,20 @@ def check_location(workspace: Workspace, location: str) -> None:
         )
 
 
-def check_overwrite(roles: tuple[str, ...], datasource_options: Mapping[str, Any] | None) -> None:
-    """``mode: overwrite`` replaces what is there: an operator may, or a datasource that declares it."""
+def check_overwrite(roles: tuple[str, ...], target: Mapping[str, Any], registered: Any | None) -> None:
+    """``mode: overwrite`` replaces what is there: an operator may, or the target is exactly a
+    registered datasource (same name, provider and location) that declares ``allow_overwrite``."""
     if OVERWRITE_ROLE in roles:
         return
-    if datasource_options is not None and datasource_options.get(OVERWRITE_OPTION) is True:
+    declared = (
+        registered is not None
+        and registered.options.get(OVERWRITE_OPTION) is True
+        and registered.provider == target.get("provider")
+        and registered.location == target.get("location")
+    )
+    if declared:
         return
     raise PermissionDenied(
-        "target mode 'overwrite' needs the operator role, or a registered datasource of that name "
-        f"whose options declare {OVERWRITE_OPTION}: true"
+        "target mode 'overwrite' needs the operator role, or a registered datasource of that name, "
+        f"provider and location whose options declare {OVERWRITE_OPTION}: true"
     )

@@ -283,19 +283,19 @@ class DefinitionSummary:
 
 
 def _tenant_definitions(tenant: str) -> sa.Select[Any]:
+    """A tenant's definitions with its own first use as their registration time: the platform-wide
+    time would tell a tenant that (and when) another tenant ran the same definition first."""
     return (
         sa.select(
             definitions.c.definition_hash,
             definitions.c.name,
             definitions.c.version,
-            definitions.c.registered_at_us,
+            sa.func.min(dataflow_runs.c.created_at_us).label("registered_at_us"),
             sa.func.count(dataflow_runs.c.run_id).label("runs"),
         )
         .join(dataflow_runs, dataflow_runs.c.definition_hash == definitions.c.definition_hash)
         .where(dataflow_runs.c.tenant == tenant)
-        .group_by(
-            definitions.c.definition_hash, definitions.c.name, definitions.c.version, definitions.c.registered_at_us
-        )
+        .group_by(definitions.c.definition_hash, definitions.c.name, definitions.c.version)
     )
 
 
