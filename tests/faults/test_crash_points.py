@@ -4,10 +4,12 @@ let a fresh worker recover: proven absent and retried before dispatch authorizat
 
 from __future__ import annotations
 
+import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -84,7 +86,9 @@ def crash(case: Case, platform: Platform, definition: Path, url: str, extra: dic
     if case.point == cp.AFTER_RECORD:  # a queued submit is the only process that reaches it
         args = ["submit", str(definition), "--param", f"day={DAY}", "--idempotency-key", key]
     else:
-        platform.runs.submit(harness.request_for(definition, {"day": DAY}, key))
+        # The submitting process must hold the target's secret too: it is checked before recording.
+        with mock.patch.dict(os.environ, extra):
+            platform.runs.submit(harness.request_for(definition, {"day": DAY}, key))
         args = harness.worker_args(once=True)
     code = harness.wait_exit(harness.start(args, env, log), log)
     assert code == -signal.SIGKILL, f"the process was not killed at {case.point} (exit {code}):\n{harness.tail(log)}"

@@ -20,6 +20,7 @@ from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.datasources import contract
 from durable_dataflow.platform import Platform
 from support.api_runs import (
+    API_ROUTES,
     Tokens,
     copy_examples,
     make_atomic_run,
@@ -28,19 +29,6 @@ from support.api_runs import (
     tenant_data_root,
 )
 
-# Every authenticated route: (method, path template, JSON body). {run} is a run of tenant acme.
-API_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
-    ("POST", "/v1/runs", {"definition_hash": "sha256:" + "0" * 64, "parameters": {}}),
-    ("GET", "/v1/runs", None),
-    ("GET", "/v1/runs/{run}", None),
-    ("GET", "/v1/runs/{run}/evidence", None),
-    ("POST", "/v1/runs/{run}/reconcile", {"resume": False}),
-    ("GET", "/v1/definitions", None),
-    ("GET", "/v1/datasources", None),
-    ("GET", "/v1/ops/ledger", None),
-    ("GET", "/metrics", None),
-    ("GET", "/openapi.json", None),
-]
 RUN_ROUTES = [r for r in API_ROUTES if "{run}" in r[1]]
 PUBLIC_ROUTES = {("GET", "/healthz")}
 

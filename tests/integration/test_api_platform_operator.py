@@ -19,21 +19,12 @@ from durable_dataflow.core import errors
 from durable_dataflow.dataflow import runs
 from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.platform import Platform
-from support.api_runs import Tokens, copy_examples, make_atomic_run, make_outcome_unknown_run, make_tokens
+from support.api_runs import API_ROUTES, Tokens, copy_examples, make_atomic_run, make_outcome_unknown_run, make_tokens
 from support.cli import make_cli
 
-# Every authenticated route but the two platform-wide reads; {run} is acme's unresolved run.
-TENANT_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
-    ("POST", "/v1/runs", {"definition_hash": "sha256:" + "0" * 64, "parameters": {}}),
-    ("GET", "/v1/runs", None),
-    ("GET", "/v1/runs/{run}", None),
-    ("GET", "/v1/runs/{run}/evidence", None),
-    ("POST", "/v1/runs/{run}/reconcile", {"resume": False}),
-    ("GET", "/v1/definitions", None),
-    ("GET", "/v1/datasources", None),
-    ("GET", "/openapi.json", None),
-]
 PLATFORM_ROUTES = {("GET", "/v1/ops/ledger"), ("GET", "/metrics")}
+# Every authenticated route but the two platform-wide reads; {run} is acme's unresolved run.
+TENANT_ROUTES = [r for r in API_ROUTES if (r[0], r[1]) not in PLATFORM_ROUTES]
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ import sqlalchemy as sa
 
 from durable_dataflow.core import checkpoints, ledger
 from durable_dataflow.core.schema import ledger_entries
-from durable_dataflow.dataflow import crashpoints, forward, reconcile, sweeper
+from durable_dataflow.dataflow import crashpoints, evidence, forward, reconcile, sweeper
 from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.datasources import registry
-from durable_dataflow.datasources.contract import PublishTarget
+from durable_dataflow.datasources.contract import PublicationRefs, PublishTarget
 from durable_dataflow.datasources.delta import DeltaProvider
 from durable_dataflow.datasources.testing import FaultInjectingProvider
 from durable_dataflow.platform import Platform
@@ -260,3 +260,54 @@ def test_terminal_commit_after_lease_expiry_is_refused(platform: Platform, tmp_p
     settled = reconcile.reconcile(platform.runs, run.run_id)
     assert settled.finding == "present" and settled.run.status == "succeeded" and settled.run.attempt == 2
     assert len(flows.delta_publications(_sink(tmp_path))) == 1
+
+
+def test_runs_recorded_with_absolute_refs_still_verify_and_reconcile(platform: Platform, tmp_path: Path) -> None:
+    """Refs are recorded facts, never re-derived or compared: a run that succeeded with the absolute refs of
+    earlier versions (delta:///abs/…) still verifies, and a run left unresolved by that version reconciles
+    with today's provider, which records refs relative to the sink root."""
+    sink = _sink(tmp_path).resolve()
+
+    class AbsoluteRefs(DeltaProvider):
+        def _refs(self, where: str, key: str, version: int) -> PublicationRefs:
+            assert where == "sink"
+            return super()._refs(str(sink), key, version)  # the form refs had before they were relative
+
+    registry.register_provider("faulty", AbsoluteRefs)
+    old = _run(platform, tmp_path, "faulty", key="old")
+    assert old.status == "succeeded" and old.publication_ref == f"delta://{sink}#txn={old.publication_idempotency_key}"
+    _faulty("timeout_after_commit", inner=AbsoluteRefs())
+    unknown = _run(platform, tmp_path, "faulty", key="unknown")
+    assert unknown.status == "outcome_unknown"
+    registry.register_provider("faulty", DeltaProvider)
+    settled = reconcile.reconcile(platform.runs, unknown.run_id)
+    assert (settled.finding, settled.run.status) == ("present", "succeeded")
+    assert settled.run.publication_ref == f"delta://sink#txn={unknown.publication_idempotency_key}"
+    assert platform.runs.get(old.run_id).publication_ref == old.publication_ref
+    with platform.db.read() as conn:
+        for run in (platform.runs.get(old.run_id), settled.run):
+            key = platform.runs.config.evidence_key
+            verification = evidence.verify_run(conn, run.run_id, str(run.mode), str(run.status), run.attempt, key)
+            assert verification.ok, verification.reason
+
+
+def test_an_inspection_that_raises_is_undecided_without_its_text(platform: Platform, tmp_path: Path) -> None:
+    """Reconcile records an exception escaping inspect by its type and a fixed description only: its text may
+    quote the server's paths. Nothing changes at the run."""
+    secret_path = str(tmp_path / "sink" / "_delta_log")
+
+    class Raising(DeltaProvider):
+        def inspect(self, key: str, target: PublishTarget, fence: int | None = None) -> Any:
+            raise PermissionError(13, "Permission denied", secret_path)
+
+    _faulty("fail_before_send")
+    run = _run(platform, tmp_path, "faulty")
+    registry.register_provider("faulty", Raising)
+    result = reconcile.reconcile(platform.runs, run.run_id)
+    assert (result.finding, result.run.status) == ("undecided", "outcome_unknown")
+    assert result.detail == (
+        "preparing the run's target or inspecting the sink failed (PermissionError): nothing was proven"
+    )
+    with platform.db.read() as conn:
+        entries = ledger.read(conn, "dataflow", run.run_id)
+    assert entries[-1].kind == "reconcile.undecided" and secret_path not in str(entries[-1].payload)

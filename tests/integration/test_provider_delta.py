@@ -18,6 +18,7 @@ from durable_dataflow.datasources.contract import (
     Fenced,
     Inconclusive,
     Present,
+    PublicationRefs,
     Published,
     PublishTarget,
     Undecided,
@@ -81,7 +82,7 @@ def test_stale_fence_conflicts_with_a_concurrent_publication(tmp_path: Path) -> 
     stale = DeltaTable(str(path))
     published = provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
     assert isinstance(published, Published)
-    assert provider._inspect_on(stale, path, "K", 5) is None
+    assert provider._inspect_on(stale, path, "K", 5, target(path)) is None
     assert provider.inspect("K", target(path), fence=5) == Present(published.refs, sha256_bytes(b"k"), 1)
     assert DeltaTable(str(path)).transaction_version("K" + FENCE_SUFFIX) is None
 
@@ -163,3 +164,34 @@ def test_commit_conflicts_beyond_the_limit_are_inconclusive(tmp_path: Path, monk
     with pytest.raises(Inconclusive, match="conflicts"):
         provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
     assert len(calls) == delta_module.COMMIT_ATTEMPTS_MAX
+
+
+def test_refs_name_a_relative_location_relative_to_the_sink_root(tmp_path: Path) -> None:
+    """Refs of a relative location never carry base_dir (the server's sink root); publish, replay and inspect agree."""
+    provider = DeltaProvider()
+    relative = PublishTarget("ds", "./out/t/", "append", {"base_dir": str(tmp_path)})
+    published = provider.publish("K", 1, table(), sha256_bytes(b"k"), relative)
+    assert isinstance(published, Published)
+    version = DeltaTable(str(tmp_path / "out" / "t")).version()
+    assert published.refs == PublicationRefs("delta://out/t#txn=K", "delta://out/t", f"delta://out/t@v{version}")
+    assert provider.publish("K", 2, table(), sha256_bytes(b"k"), relative) == AlreadyPublished(
+        published.refs, sha256_bytes(b"k")
+    )
+    assert provider.inspect("K", relative, fence=3) == Present(published.refs, sha256_bytes(b"k"), 1)
+
+
+def test_delta_rs_text_never_reaches_a_reason(tmp_path: Path) -> None:
+    """A location that is a file: delta-rs says 'Path does not exist: "/abs/…"'; the reasons name what failed
+    and the exception type only, and the outcome stays Inconclusive / Undecided (nothing is proven)."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "file.parquet").write_bytes(b"PAR1")
+    target = PublishTarget("ds", "out/file.parquet", "append", {"base_dir": str(tmp_path)})
+    provider = DeltaProvider()
+    with pytest.raises(Inconclusive) as caught:
+        provider.publish("K", 1, table(), sha256_bytes(b"k"), target)
+    assert caught.value.message == (
+        "delta publish of key 'K' failed: delta-rs could not load, read or write the table at the location (DeltaError)"
+    )
+    inspected = provider.inspect("K", PublishTarget("ds", str(tmp_path / "out" / "file.parquet"), "append", {}), 2)
+    assert isinstance(inspected, Undecided) and str(tmp_path) not in inspected.reason
+    assert inspected.reason.startswith("delta inspection of key 'K' failed: ")

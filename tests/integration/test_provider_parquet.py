@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -12,7 +13,16 @@ import pytest
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.hashing import sha256_bytes
 from durable_dataflow.datasources import parquet_folder
-from durable_dataflow.datasources.contract import Absent, Inconclusive, Published, PublishTarget, Rejected
+from durable_dataflow.datasources.contract import (
+    Absent,
+    Inconclusive,
+    Present,
+    PublicationRefs,
+    Published,
+    PublishTarget,
+    Rejected,
+    Undecided,
+)
 from durable_dataflow.datasources.parquet_folder import ParquetFolderProvider, key_hash
 
 
@@ -85,3 +95,59 @@ def test_location_traversal_is_refused(tmp_path: Path) -> None:
         ParquetFolderProvider().publish("k", 1, rows(1), sha256_bytes(b"k"), target)
     with pytest.raises(InputError):
         ParquetFolderProvider().inspect("k", target, fence=2)
+
+
+def test_refs_name_a_relative_location_relative_to_the_sink_root(tmp_path: Path) -> None:
+    """Refs of a relative location never carry base_dir (the server's sink root); publish and inspect agree.
+    An absolute location (the local operator's) is named by its absolute path."""
+    stem = key_hash("k")
+    relative = PublishTarget("d", "./out/f/", "append", {"base_dir": str(tmp_path)})
+    published = ParquetFolderProvider().publish("k", 1, rows(2), sha256_bytes(b"k"), relative)
+    assert isinstance(published, Published)
+    assert published.refs == PublicationRefs(
+        f"parquet://out/f/_manifests/{stem}.json", "parquet://out/f", f"parquet://out/f/data/{stem}.parquet"
+    )
+    assert ParquetFolderProvider().inspect("k", relative, fence=2) == Present(published.refs, sha256_bytes(b"k"), 1)
+    root = PublishTarget("d", ".", "append", {"base_dir": str(tmp_path)})
+    at_root = ParquetFolderProvider().publish("k", 1, rows(1), sha256_bytes(b"r"), root)
+    assert isinstance(at_root, Published) and at_root.refs.datasource_ref == "parquet://."
+    absolute = PublishTarget("d", str(tmp_path / "abs"), "append", {})
+    named = ParquetFolderProvider().publish("k", 1, rows(1), sha256_bytes(b"a"), absolute)
+    assert isinstance(named, Published) and named.refs.datasource_ref == f"parquet://{tmp_path / 'abs'}"
+
+
+def test_failure_reasons_carry_no_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OSError's filename and a library's message never reach a reason: a fixed description, the type and
+    the OS's text for the errno. Rejected still means nothing was created."""
+    target = PublishTarget("d", "f", "append", {"base_dir": str(tmp_path)})
+    provider = ParquetFolderProvider()
+
+    def no_space(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "f" / "data" / "x.tmp"))
+
+    def arrow_says(*args: object, **kwargs: object) -> None:
+        raise pa.ArrowInvalid(f"cannot write {tmp_path}/f/data/x.tmp")
+
+    monkeypatch.setattr(parquet_folder.pq, "write_table", no_space)
+    rejected = provider.publish("k", 1, rows(2), sha256_bytes(b"k"), target)
+    assert rejected == Rejected(
+        "writing the data file failed before the commit point: OSError: No space left on device"
+    )
+    monkeypatch.setattr(parquet_folder.pq, "write_table", arrow_says)
+    assert provider.publish("k", 1, rows(2), sha256_bytes(b"k"), target) == Rejected(
+        "writing the data file failed before the commit point: ArrowInvalid"
+    )
+    assert provider.inspect("k", target) == Absent(None)
+    monkeypatch.undo()
+    monkeypatch.setattr(provider, "_write_manifest", no_space)
+    with pytest.raises(Inconclusive) as caught:
+        provider.publish("k", 1, rows(2), sha256_bytes(b"k"), target)
+    assert caught.value.message == "writing the manifest of key 'k' failed: OSError: No space left on device"
+    monkeypatch.undo()
+    (tmp_path / "f" / "_manifests" / f"{key_hash('k')}.json").write_text("{not json")
+    inspected = provider.inspect("k", target)
+    assert isinstance(inspected, Undecided) and str(tmp_path) not in inspected.reason
+    assert inspected.reason == f"parquet inspection of key 'k' failed: manifest {key_hash('k')}.json is not valid JSON"
+    with pytest.raises(Inconclusive, match="is not valid JSON") as unreadable:
+        provider.publish("k", 1, rows(2), sha256_bytes(b"k"), target)
+    assert str(tmp_path) not in unreadable.value.message

@@ -9,59 +9,19 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
-from fastapi.testclient import TestClient
 
-from durable_dataflow.api import tokens
-from durable_dataflow.api.app import create_app
-from durable_dataflow.dataflow.schema import dataflow_runs
 from durable_dataflow.datasources import registry
-from durable_dataflow.platform import Platform
-
-pytest.importorskip("deltalake")
-
-
-@dataclass
-class Server:
-    platform: Platform
-    client: TestClient
-    data: Path
-    sinks: Path
-    headers: dict[str, dict[str, str]]
-
-    def post(self, who: str, document: dict[str, Any], **params: Any) -> Any:
-        return self.client.post("/v1/runs", json={"definition": document}, headers=self.headers[who], params=params)
-
-    def post_raw(self, who: str, body: str) -> Any:
-        headers = {**self.headers[who], "content-type": "application/json"}
-        return self.client.post("/v1/runs", content=body, headers=headers)
-
-    def run_count(self) -> int:
-        with self.platform.db.read() as conn:
-            return int(conn.execute(sa.select(sa.func.count()).select_from(dataflow_runs)).scalar_one())
+from support.tenant_server import Server, open_server
 
 
 @pytest.fixture
 def server(db_url: str, tmp_path: Path) -> Iterator[Server]:
-    data, sinks = tmp_path / "data", tmp_path / "sinks"
-    for tenant in ("acme", "globex"):
-        (data / tenant).mkdir(parents=True)
-        (data / tenant / "mine.csv").write_text(f"s\n{tenant}\n")
-    platform = Platform(db_url)
-    headers = {}
-    for tenant in ("acme", "globex"):
-        for role in ("submitter", "operator"):
-            token = tokens.create_token(platform.db, tenant, role, f"{tenant}-{role}")[0]
-            headers[f"{tenant}-{role}"] = {"Authorization": f"Bearer {token}"}
-    app = create_app(platform, data_root=data, sink_root=sinks)
-    with TestClient(app, raise_server_exceptions=False) as client:
-        yield Server(platform, client, data, sinks, headers)
-    platform.close()
+    with open_server(db_url, tmp_path, raise_server_exceptions=False) as opened:
+        yield opened
 
 
 def _inline(value: str = "v") -> dict[str, Any]:

@@ -9,41 +9,19 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-import sqlalchemy as sa
-from fastapi.testclient import TestClient
 
-from durable_dataflow.api import tokens
-from durable_dataflow.api.app import create_app
-from durable_dataflow.dataflow.schema import dataflow_runs
 from durable_dataflow.datasources import registry
-from durable_dataflow.platform import Platform
 from support import flows
 from support.api_runs import grant_secrets
 from support.cli import make_cli
+from support.tenant_server import Server, open_server
 
 CANARY = "canary-5f0b2e91"
-
-
-@dataclass
-class Server:
-    platform: Platform
-    client: TestClient
-    data: Path
-    sinks: Path
-    headers: dict[str, dict[str, str]]  # (tenant, role) label -> Authorization header
-
-    def post(self, who: str, document: dict[str, Any], **params: Any) -> Any:
-        return self.client.post("/v1/runs", json={"definition": document}, headers=self.headers[who], params=params)
-
-    def run_count(self) -> int:
-        with self.platform.db.read() as conn:
-            return int(conn.execute(sa.select(sa.func.count()).select_from(dataflow_runs)).scalar_one())
 
 
 @pytest.fixture
@@ -51,19 +29,8 @@ def server(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     monkeypatch.setenv("ACME_SINK_DSN", f"postgresql://acme:{CANARY}@127.0.0.1:1/acme")
     monkeypatch.setenv("PLATFORM_LOOKALIKE", CANARY)
     grant_secrets(tmp_path, monkeypatch, {"ACME_SINK_DSN": ["acme"]})
-    data, sinks = tmp_path / "data", tmp_path / "sinks"
-    for tenant in ("acme", "globex"):
-        (data / tenant).mkdir(parents=True)
-        (data / tenant / "mine.csv").write_text(f"s\n{tenant}-{CANARY}\n")
-    platform = Platform(db_url)
-    headers = {}
-    for tenant in ("acme", "globex"):
-        for role in ("submitter", "operator"):
-            token = tokens.create_token(platform.db, tenant, role, f"{tenant}-{role}")[0]
-            headers[f"{tenant}-{role}"] = {"Authorization": f"Bearer {token}"}
-    with TestClient(create_app(platform, data_root=data, sink_root=sinks)) as client:
-        yield Server(platform, client, data, sinks, headers)
-    platform.close()
+    with open_server(db_url, tmp_path, mine=lambda tenant: f"{tenant}-{CANARY}") as opened:
+        yield opened
 
 
 def _reading(path: str) -> dict[str, Any]:

@@ -121,3 +121,18 @@ def web_login(client: TestClient, token: str) -> httpx2.Response:
     found = LOGIN_CSRF_FIELD.search(form.text)
     assert form.status_code == 200 and found is not None, form.text
     return client.post("/ui/login", data={"token": token, "csrf": found.group(1)})
+
+
+# Every authenticated route: (method, path template, JSON body). {run} is a run of tenant acme.
+API_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
+    ("POST", "/v1/runs", {"definition_hash": "sha256:" + "0" * 64, "parameters": {}}),
+    ("GET", "/v1/runs", None),
+    ("GET", "/v1/runs/{run}", None),
+    ("GET", "/v1/runs/{run}/evidence", None),
+    ("POST", "/v1/runs/{run}/reconcile", {"resume": False}),
+    ("GET", "/v1/definitions", None),
+    ("GET", "/v1/datasources", None),
+    ("GET", "/v1/ops/ledger", None),
+    ("GET", "/metrics", None),
+    ("GET", "/openapi.json", None),
+]

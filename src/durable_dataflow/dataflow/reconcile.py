@@ -54,7 +54,10 @@ def reconcile(service: RunService, run_id: str, *, tenant: str | None = None, re
         target = forward.publish_target(run, service.run_workspace(run)[1])
         finding = provider.inspect(forward.publication_key(run), target, fence=attempt)
     except Exception as error:  # an inspection that fails decides nothing
-        finding = Undecided(f"the inspection failed: {type(error).__name__}: {str(error)[:300]}")
+        # Its text is not ours to repeat: library and OS messages quote absolute paths and values.
+        finding = Undecided(
+            f"preparing the run's target or inspecting the sink failed ({type(error).__name__}): nothing was proven"
+        )
     result = _apply(service, run, attempt, finding)
     if resume and result.finding == "absent":
         return _resume(service, service.get(run_id))

@@ -18,6 +18,7 @@ The rule every provider implements:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,13 +174,24 @@ def resolve_location(target: PublishTarget) -> Path:
     location without a base_dir is refused rather than resolved against the process's working
     directory. Messages name the rule, never the location (it may be a tenant's input).
     """
+    return resolve_location_named(target)[0]
+
+
+def resolve_location_named(target: PublishTarget) -> tuple[Path, str]:
+    """The absolute sink path (as `resolve_location`) and the name a file sink's refs give it.
+
+    The name of a relative location is the resolved path relative to options['base_dir'] (the
+    run's sink root), in POSIX form, '.' for base_dir itself: refs returned to a tenant never
+    carry the server's absolute sink path. An absolute location (the local operator only) is
+    named by itself.
+    """
     location = Path(target.location)
     if location.is_absolute():
         if not target.absolute_locations:
             raise InputError("the target location must be relative to the sink root")
         if ".." in location.parts:
             raise InputError("the target location must not contain '..'")
-        return location
+        return location, str(location)
     base_dir = target.options.get("base_dir")
     if not isinstance(base_dir, str | Path):
         raise InputError("the target location is relative: give an absolute path or base_dir")
@@ -187,4 +199,17 @@ def resolve_location(target: PublishTarget) -> Path:
     resolved = (base / location).resolve()
     if resolved != base and base not in resolved.parents:
         raise InputError("the target location escapes its base directory")
-    return resolved
+    return resolved, resolved.relative_to(base).as_posix()
+
+
+def describe_exception(exc: BaseException) -> str:
+    """An exception as a reason may carry it: its type, and for an OSError the OS's text for its errno.
+
+    Library and OS messages quote absolute sink paths (delta-rs, pyarrow, an OSError's filename)
+    and values, so they never reach a Rejected/Inconclusive/Undecided reason: the caller puts a
+    fixed description of what failed in front of this.
+    """
+    name = type(exc).__name__
+    if isinstance(exc, OSError) and isinstance(exc.errno, int) and exc.errno > 0:
+        return f"{name}: {os.strerror(exc.errno)}"
+    return name

@@ -58,7 +58,9 @@ from durable_dataflow.datasources.contract import (
     Undecided,
     check_key,
     check_token,
+    describe_exception,
     resolve_location,
+    resolve_location_named,
 )
 
 COMMIT_ATTEMPTS_MAX = 32
@@ -75,6 +77,32 @@ def _deltalake() -> Any:
     import deltalake
 
     return deltalake
+
+
+class DigestUnprovable(LookupError):
+    """The key's txn is recorded but its commit info is gone; the message names the key, never a path."""
+
+
+def describe_failure(exc: BaseException) -> str:
+    """What failed, in fixed words plus the exception's type: delta-rs and the OS quote the table's
+    absolute path (and object-store URLs), so their text never reaches a reason."""
+    if isinstance(exc, DigestUnprovable):
+        return str(exc)
+    errors = _deltalake().exceptions
+    described: tuple[tuple[type[BaseException], str], ...] = (
+        (errors.TableNotFoundError, "no Delta table could be loaded at the location"),
+        (errors.SchemaMismatchError, "the rows do not fit the table's schema"),
+        (errors.DeltaProtocolError, "the table needs a Delta protocol feature delta-rs does not support"),
+        (errors.CommitFailedError, "the commit failed"),
+        (errors.DeltaError, "delta-rs could not load, read or write the table at the location"),
+        (OSError, "the table's files could not be read or written"),
+        (ValueError, "the table's log holds a commit that cannot be read"),
+        (KeyError, "the table's log holds a commit that cannot be read"),
+    )
+    for kind, words in described:
+        if isinstance(exc, kind):
+            return f"{words} ({describe_exception(exc)})"
+    return f"an unexpected error ({describe_exception(exc)})"
 
 
 @dataclass(frozen=True)
@@ -145,11 +173,12 @@ class DeltaProvider:
         # Fail at construction, so the registry reports the missing extra as a capability.
         self._dl = _deltalake()
 
-    def _refs(self, path: Path, key: str, version: int) -> PublicationRefs:
+    def _refs(self, where: str, key: str, version: int) -> PublicationRefs:
+        """`where` names the table as `resolve_location_named` does: relative to the sink root."""
         return PublicationRefs(
-            publication_ref=f"delta://{path}#txn={key}",
-            datasource_ref=f"delta://{path}",
-            materialization_ref=f"delta://{path}@v{version}",
+            publication_ref=f"delta://{where}#txn={key}",
+            datasource_ref=f"delta://{where}",
+            materialization_ref=f"delta://{where}@v{version}",
         )
 
     def _open(self, path: Path, schema: pa.Schema | None) -> Any:
@@ -164,14 +193,14 @@ class DeltaProvider:
             self._dl.DeltaTable.create(str(path), schema=create_schema, mode="ignore")
         return self._dl.DeltaTable(str(path))
 
-    def _stored(self, path: Path, key: str) -> tuple[PublicationRefs, _Commit]:
+    def _stored(self, path: Path, where: str, key: str) -> tuple[PublicationRefs, _Commit]:
         commit = find_publication_commit(path, key)
         if commit is None:
-            raise LookupError(
+            raise DigestUnprovable(
                 f"key {key!r} is published (txn recorded) but its commit info is no longer in the log "
                 "(log retention): the digest cannot be proven"
             )
-        return self._refs(path, key, commit.version), commit
+        return self._refs(where, key, commit.version), commit
 
     def publish(
         self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
@@ -189,7 +218,7 @@ class DeltaProvider:
         except Exception as exc:
             # The write may have started (or even committed, e.g. a failing post-commit hook):
             # only an inspection can tell. InputError was raised above, before the sink was touched.
-            raise Inconclusive(f"delta publish of key {key!r} failed: {exc}") from exc
+            raise Inconclusive(f"delta publish of key {key!r} failed: {describe_failure(exc)}") from exc
         raise Inconclusive(
             f"delta publish of key {key!r}: {COMMIT_ATTEMPTS_MAX} commit conflicts in a row; "
             "none of them committed, inspect before deciding"
@@ -199,9 +228,10 @@ class DeltaProvider:
         self, dt: Any, path: Path, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
     ) -> PublishOutcome | None:
         """One decision on one snapshot; None when the commit conflicted and must be decided again."""
+        where = resolve_location_named(target)[1]
         published = dt.transaction_version(key)
         if published is not None and published > FENCE_MARKER_VERSION:
-            refs, commit = self._stored(path, key)
+            refs, commit = self._stored(path, where, key)
             return AlreadyPublished(refs, commit.digest)
         fence = dt.transaction_version(key + FENCE_SUFFIX)
         if fence is not None and token < fence:
@@ -232,7 +262,7 @@ class DeltaProvider:
             )
         except self._dl.exceptions.CommitFailedError:
             return None
-        return Published(self._refs(path, key, int(dt.version())), digest)
+        return Published(self._refs(where, key, int(dt.version())), digest)
 
     def inspect(self, key: str, target: PublishTarget, fence: int | None = None) -> InspectOutcome:
         """Decide from the table's txn state; with a fence, commit it on the checked snapshot."""
@@ -245,18 +275,20 @@ class DeltaProvider:
                 if fence is None and not (path / "_delta_log").is_dir():
                     return Absent(None)  # no table at all: no publication and no fence
                 dt = self._open(path, None)
-                outcome = self._inspect_on(dt, path, key, fence)
+                outcome = self._inspect_on(dt, path, key, fence, target)
                 if outcome is not None:
                     return outcome
         except Exception as exc:
             # Whatever went wrong, nothing was proven: the caller changes nothing on Undecided.
-            return Undecided(f"delta inspection of key {key!r} failed: {exc}")
+            return Undecided(f"delta inspection of key {key!r} failed: {describe_failure(exc)}")
         return Undecided(f"delta inspection of key {key!r}: {COMMIT_ATTEMPTS_MAX} fence commits conflicted")
 
-    def _inspect_on(self, dt: Any, path: Path, key: str, fence: int | None) -> InspectOutcome | None:
+    def _inspect_on(
+        self, dt: Any, path: Path, key: str, fence: int | None, target: PublishTarget
+    ) -> InspectOutcome | None:
         published = dt.transaction_version(key)
         if published is not None and published > FENCE_MARKER_VERSION:
-            refs, commit = self._stored(path, key)
+            refs, commit = self._stored(path, resolve_location_named(target)[1], key)
             return Present(refs, commit.digest, int(published))
         current = dt.transaction_version(key + FENCE_SUFFIX)
         if fence is None or (current is not None and current >= fence):

@@ -46,7 +46,9 @@ from durable_dataflow.datasources.contract import (
     Undecided,
     check_key,
     check_token,
+    describe_exception,
     resolve_location,
+    resolve_location_named,
 )
 
 LOCK_WAIT_S = 30.0
@@ -62,6 +64,14 @@ def key_hash(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
+class ManifestError(ValueError):
+    """A manifest that is not the key's record; the message names the file by its stem, never its path."""
+
+
+class LockTimeout(TimeoutError):
+    """The per-key lock was not acquired within LOCK_WAIT_S."""
+
+
 @contextlib.contextmanager
 def _key_lock(folder: Path, stem: str) -> Iterator[None]:
     """Hold the exclusive per-key lock, waiting at most LOCK_WAIT_S."""
@@ -75,7 +85,7 @@ def _key_lock(folder: Path, stem: str) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"key lock not acquired within {LOCK_WAIT_S}s") from None
+                    raise LockTimeout(f"key lock not acquired within {LOCK_WAIT_S}s") from None
                 time.sleep(LOCK_POLL_S)
         yield
     finally:
@@ -104,17 +114,16 @@ class ParquetFolderProvider:
     name = "parquet"
     capabilities: frozenset[Capability] = frozenset({"read", "publish", "inspect"})
 
-    def _prepare(self, target: PublishTarget) -> Path:
-        folder = resolve_location(target)
+    def _prepare(self, folder: Path) -> None:
         for sub in ("_locks", "data", "_manifests"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
-        return folder
 
-    def _refs(self, folder: Path, manifest: dict[str, Any]) -> PublicationRefs:
+    def _refs(self, where: str, manifest: dict[str, Any]) -> PublicationRefs:
+        """`where` names the folder as `resolve_location_named` does: relative to the sink root."""
         return PublicationRefs(
-            publication_ref=f"parquet://{folder}/_manifests/{key_hash(manifest['key'])}.json",
-            datasource_ref=f"parquet://{folder}",
-            materialization_ref=f"parquet://{folder}/{manifest['file']}",
+            publication_ref=f"parquet://{where}/_manifests/{key_hash(manifest['key'])}.json",
+            datasource_ref=f"parquet://{where}",
+            materialization_ref=f"parquet://{where}/{manifest['file']}",
         )
 
     def _read_manifest(self, folder: Path, key: str) -> dict[str, Any] | None:
@@ -124,10 +133,14 @@ class ParquetFolderProvider:
         except FileNotFoundError:
             return None
         if len(raw) > MANIFEST_BYTES_MAX:
-            raise ValueError(f"manifest {path.name} is larger than {MANIFEST_BYTES_MAX} bytes")
-        manifest: dict[str, Any] = json.loads(raw)
-        if manifest.get("key") != key or manifest.get("kind") not in ("publication", "fence"):
-            raise ValueError(f"manifest {path.name} does not record key {key!r}")
+            raise ManifestError(f"manifest {path.name} is larger than {MANIFEST_BYTES_MAX} bytes")
+        try:
+            manifest: dict[str, Any] = json.loads(raw)
+        except ValueError:
+            raise ManifestError(f"manifest {path.name} is not valid JSON") from None
+        kind = manifest.get("kind") if isinstance(manifest, dict) else None
+        if kind not in ("publication", "fence") or manifest.get("key") != key:
+            raise ManifestError(f"manifest {path.name} does not record key {key!r}")
         return manifest
 
     def _write_manifest(self, folder: Path, manifest: dict[str, Any]) -> None:
@@ -145,25 +158,30 @@ class ParquetFolderProvider:
         if target.mode != "append":
             return Rejected("a parquet folder publishes each key as its own file: only mode 'append'")
         try:
-            folder = self._prepare(target)
+            folder, where = resolve_location_named(target)
+            self._prepare(folder)
         except OSError as exc:
-            return Rejected(f"cannot prepare the sink folder: {exc.strerror}")
+            return Rejected(f"cannot prepare the sink folder: {describe_exception(exc)}")
         stem = key_hash(key)
         try:
             with _key_lock(folder, stem):
-                return self._publish_locked(folder, key, token, table, digest)
-        except TimeoutError as exc:
-            raise Inconclusive(f"parquet publish of key {key!r}: {exc}") from exc
+                return self._publish_locked(folder, where, key, token, table, digest)
+        except LockTimeout as exc:
+            raise Inconclusive(
+                f"parquet publish of key {key!r}: the key lock was not acquired within {LOCK_WAIT_S}s"
+            ) from exc
 
     def _publish_locked(
-        self, folder: Path, key: str, token: int, table: pa.Table, digest: str
+        self, folder: Path, where: str, key: str, token: int, table: pa.Table, digest: str
     ) -> PublishOutcome:
         try:
             existing = self._read_manifest(folder, key)
-        except (OSError, ValueError) as exc:
+        except ManifestError as exc:
             raise Inconclusive(f"cannot read the manifest of key {key!r}: {exc}") from exc
+        except OSError as exc:
+            raise Inconclusive(f"cannot read the manifest of key {key!r}: {describe_exception(exc)}") from exc
         if existing is not None and existing["kind"] == "publication":
-            return AlreadyPublished(self._refs(folder, existing), existing["digest"])
+            return AlreadyPublished(self._refs(where, existing), existing["digest"])
         fence = None if existing is None else int(existing["token"])
         if fence is not None and token < fence:
             return Fenced(fence)
@@ -180,7 +198,7 @@ class ParquetFolderProvider:
         except Exception as exc:
             # Before the manifest is written nothing is published, whatever the data file's state.
             tmp.unlink(missing_ok=True)
-            return Rejected(f"writing the data file failed before the commit point: {exc}")
+            return Rejected(f"writing the data file failed before the commit point: {describe_exception(exc)}")
         manifest = {
             "v": MANIFEST_VERSION,
             "kind": "publication",
@@ -195,28 +213,34 @@ class ParquetFolderProvider:
             self._write_manifest(folder, manifest)
         except OSError as exc:
             # The rename may or may not have reached the disk: only an inspection can tell.
-            raise Inconclusive(f"writing the manifest of key {key!r} failed: {exc}") from exc
-        return Published(self._refs(folder, manifest), digest)
+            raise Inconclusive(f"writing the manifest of key {key!r} failed: {describe_exception(exc)}") from exc
+        return Published(self._refs(where, manifest), digest)
 
     def inspect(self, key: str, target: PublishTarget, fence: int | None = None) -> InspectOutcome:
         """Read the key's manifest under its lock; with a fence, raise the fence before Absent."""
         check_key(key)
         if fence is not None:
             check_token(fence, "fence")
+        failed = f"parquet inspection of key {key!r} failed"
         try:
-            folder = resolve_location(target)
+            folder, where = resolve_location_named(target)
             if fence is None and not (folder / "_manifests").is_dir():
                 return Absent(None)  # no sink folder yet: nothing was ever published or fenced here
-            folder = self._prepare(target)
+            self._prepare(folder)
             with _key_lock(folder, key_hash(key)):
-                return self._inspect_locked(folder, key, fence)
-        except (OSError, ValueError, TimeoutError) as exc:
-            return Undecided(f"parquet inspection of key {key!r} failed: {exc}")
+                return self._inspect_locked(folder, where, key, fence)
+        except ManifestError as exc:
+            return Undecided(f"{failed}: {exc}")
+        except LockTimeout:
+            return Undecided(f"{failed}: the key lock was not acquired within {LOCK_WAIT_S}s")
+        except (OSError, ValueError) as exc:
+            why = describe_exception(exc)
+            return Undecided(f"{failed}: the sink folder could not be resolved, read or written ({why})")
 
-    def _inspect_locked(self, folder: Path, key: str, fence: int | None) -> InspectOutcome:
+    def _inspect_locked(self, folder: Path, where: str, key: str, fence: int | None) -> InspectOutcome:
         manifest = self._read_manifest(folder, key)
         if manifest is not None and manifest["kind"] == "publication":
-            return Present(self._refs(folder, manifest), manifest["digest"], int(manifest["token"]))
+            return Present(self._refs(where, manifest), manifest["digest"], int(manifest["token"]))
         current = None if manifest is None else int(manifest["token"])
         if fence is None:
             return Absent(current)
