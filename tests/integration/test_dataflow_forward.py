@@ -10,10 +10,11 @@ import pytest
 import sqlalchemy as sa
 
 from durable_dataflow.core import checkpoints, ledger
+from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.schema import ledger_entries
 from durable_dataflow.dataflow import crashpoints, evidence, forward, reconcile, sweeper
 from durable_dataflow.dataflow.runs import Run
-from durable_dataflow.datasources import registry
+from durable_dataflow.datasources import contract, registry
 from durable_dataflow.datasources.contract import PublicationRefs, PublishTarget
 from durable_dataflow.datasources.delta import DeltaProvider
 from durable_dataflow.datasources.testing import FaultInjectingProvider
@@ -311,3 +312,77 @@ def test_an_inspection_that_raises_is_undecided_without_its_text(platform: Platf
     with platform.db.read() as conn:
         entries = ledger.read(conn, "dataflow", run.run_id)
     assert entries[-1].kind == "reconcile.undecided" and secret_path not in str(entries[-1].payload)
+
+
+SINK_SECRET = "TEST_FORWARD_SINK_DSN"
+SINK_PASSWORD = "hunter2-preflight"
+
+
+def test_unset_target_secret_fails_before_dispatch(
+    platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A postgres target whose DSN secret was set at submit but is unset when the attempt runs (a worker without it)
+    fails in the provider's preflight, before the pre-dispatch commit: failed / no_external_output with the reason,
+    no dispatch.authorized, and the secret's value nowhere in the run (issue 13, item 3)."""
+    monkeypatch.setenv(SINK_SECRET, f"postgresql://nobody:{SINK_PASSWORD}@127.0.0.1:1/none")
+    target = {**flows.parquet_target("postgres", "public.totals"), "options": {"dsn": {"secret": SINK_SECRET}}}
+    recorded = platform.runs.submit(flows.request(flows.definition(target), tmp_path, "k1")).run
+    monkeypatch.delenv(SINK_SECRET)
+    claim = platform.runs.claim_next()
+    assert claim is not None and claim.run.run_id == recorded.run_id
+    run = platform.runs.execute(claim)
+    assert (run.status, run.recovery_status, run.error_code) == ("failed", "no_external_output", "invalid_input")
+    assert run.error_message and run.error_message.startswith("the target cannot be published to: ")
+    assert "secret is not set" in run.error_message
+    assert "dispatch.authorized" not in flows.kinds(platform, run.run_id)
+    with platform.db.read() as conn:
+        entries = ledger.read(conn, "dataflow", run.run_id)
+    assert entries[-1].kind == "run.failed" and entries[-1].payload["no_external_output"] is True
+    assert SINK_PASSWORD not in str([e.payload for e in entries]) + run.model_dump_json()
+
+
+def test_location_escaping_its_root_at_dispatch_is_rejected_not_unknown(platform: Platform, tmp_path: Path) -> None:
+    """The sink folder passes the preflight, then is swapped for a symlink out of the sink root before dispatch: the
+    real parquet provider's publish raises InputError before touching the sink, which is recorded as a conclusive
+    rejection (failed / no_external_output), never outcome_unknown; nothing is written outside (issue 13, item 3)."""
+    base, outside = tmp_path / "base", tmp_path / "outside"
+    base.mkdir()
+    outside.mkdir()
+
+    def swap(point: str) -> None:
+        if point == crashpoints.BEFORE_PREDISPATCH_COMMIT:
+            (base / "sink").symlink_to(outside, target_is_directory=True)
+
+    crashpoints.set_hook(swap)
+    run = platform.runs.run_inline(flows.request(flows.definition(flows.parquet_target("parquet")), base, "k1")).run
+    assert (run.status, run.recovery_status, run.error_code) == ("failed", "no_external_output", "publication_rejected")
+    assert run.error_message and "escapes its base directory" in run.error_message
+    assert str(tmp_path) not in run.error_message
+    kinds = flows.kinds(platform, run.run_id)
+    assert "dispatch.authorized" in kinds and "publication.rejected" in kinds
+    assert "publication.unknown" not in kinds
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("provider", "location", "options"),
+    [
+        ("parquet", "../escape", {}),
+        ("delta", "../escape", {}),
+        ("postgres", "public.totals", {"dsn": {"secret": "NEVER_SET_PREFLIGHT_7Q"}}),
+        ("postgres", "a.b.c", {"dsn": {"secret": SINK_SECRET}}),
+    ],
+)
+def test_builtin_preflight_refuses_without_touching_the_sink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, provider: str, location: str, options: dict[str, Any]
+) -> None:
+    """Each built-in provider's preflight raises InputError for a location outside its root, an unset secret or a
+    table name that does not parse, and creates nothing (no folder, no connection)."""
+    monkeypatch.setenv(SINK_SECRET, f"postgresql://nobody:{SINK_PASSWORD}@127.0.0.1:1/none")
+    base = tmp_path / "base"
+    base.mkdir()
+    target = PublishTarget("analytics.totals", location, "append", {**options, "base_dir": str(base)})
+    with pytest.raises(InputError) as refused:
+        contract.preflight(registry.load_provider(provider), target)
+    assert SINK_PASSWORD not in refused.value.message
+    assert sorted(tmp_path.iterdir()) == [base] and list(base.iterdir()) == []

@@ -1,11 +1,13 @@
 """Forward recovery (DESIGN §6 steps 1-5): runs that publish to an external sink, never twice.
 
-1. Check the provider's publish and inspect capabilities before anything else.
+1. Check the provider's publish and inspect capabilities, and its preflight of the target (what is
+   knowable without writing: location, secrets, table name), before anything else.
 2. Execute (recomputable).
 3. Pre-dispatch fenced commit: the bounded result and its digests, ``dispatch.authorized``.
    From this commit on, dispatch "may have started" and the attempt is never retried.
 4. Call the provider with the stable key, the attempt as fencing token, and the stored result.
 5. Record what the sink conclusively said, or ``outcome_unknown`` when it said nothing conclusive.
+   An ``InputError`` from publish is conclusive: providers raise it only before touching the sink.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from durable_dataflow.core import checkpoints, fencing, hashing, leases
-from durable_dataflow.core.errors import DataflowError, EvidenceError, StaleAttempt
+from durable_dataflow.core.errors import DataflowError, EvidenceError, ExecutionError, InputError, StaleAttempt
 from durable_dataflow.core.secrets import SecretScope
 from durable_dataflow.dataflow import crashpoints, evidence, progress, results, runs, workspace
 from durable_dataflow.dataflow.runs import MODULE, RecoveryStatus, Run, RunStatus
-from durable_dataflow.datasources import registry
+from durable_dataflow.datasources import contract, registry
 from durable_dataflow.datasources.contract import (
     AlreadyPublished,
     Capability,
@@ -67,6 +69,19 @@ def load_capable_provider(run: Run) -> Provider:
     return provider
 
 
+def preflight_target(service: RunService, run: Run, provider: Provider) -> None:
+    """The provider's checks of the target that need no write; InputError, or ExecutionError naming
+    the type of anything unexpected (its text may quote a path or a value)."""
+    try:
+        contract.preflight(provider, publish_target(run, service.run_workspace(run)[1]))
+    except InputError as error:
+        raise InputError(f"the target cannot be published to: {error.message}") from None
+    except DataflowError:
+        raise
+    except Exception as error:  # nothing was written, so any failure here ends the attempt conclusively
+        raise ExecutionError(f"the target preflight failed with an unexpected {type(error).__name__}") from None
+
+
 def execute_forward(
     service: RunService, run: Run, attempt: int, progress_sink: progress.ProgressSink | None = None
 ) -> None:
@@ -74,6 +89,11 @@ def execute_forward(
         provider = load_capable_provider(run)
     except MissingCapability as error:
         service.fail_before_dispatch(run.run_id, attempt, error, missing_capability=True)
+        return
+    try:
+        preflight_target(service, run, provider)
+    except DataflowError as error:
+        service.fail_before_dispatch(run.run_id, attempt, error)
         return
     try:
         result = service.compute(run, progress_sink)
@@ -132,6 +152,11 @@ def dispatch(service: RunService, run: Run, attempt: int, provider: Provider) ->
     except Inconclusive as error:
         crashpoints.reach(crashpoints.AFTER_PROVIDER_CALL)
         record_unknown(service, run, attempt, f"the provider could not say whether it published: {error.message}")
+        return
+    except InputError as error:  # the contract: raised only before the sink was touched, so conclusive
+        crashpoints.reach(crashpoints.AFTER_PROVIDER_CALL)
+        refused = Rejected(f"the target was refused before any write: {error.message}")
+        apply_publish_outcome(service, run, attempt, refused, recorded_digest)
         return
     except Exception as error:  # anything unexpected at dispatch is an unknown outcome
         crashpoints.reach(crashpoints.AFTER_PROVIDER_CALL)

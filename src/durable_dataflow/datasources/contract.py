@@ -13,7 +13,16 @@ The rule every provider implements:
   is accepted (the same holder may retry);
 - when the key is already published, `AlreadyPublished` wins over `Fenced`;
 - `inspect(key, target, fence=m)` on an absent key records the fence at m (the fence only grows)
-  atomically with the check, before `Absent(fenced_at=...)` is returned.
+  atomically with the check, before `Absent(fenced_at=...)` is returned;
+- `publish` raises `InputError` only before it touches the sink (a bad key or token, a location
+  outside its root, a secret that does not resolve, a table name that does not parse): the caller
+  records such an error as a conclusive `Rejected`. Anything that fails after the sink was touched
+  is `Rejected` (proven nothing written) or `Inconclusive`, never `InputError`.
+
+A provider may also offer `preflight(target) -> None` (see `preflight` below): it raises
+`InputError` for what is knowable without writing, and the platform calls it before the
+pre-dispatch commit, so such a target fails the run with no external output instead of reaching
+dispatch. A provider without it is fine: its publish still raises `InputError` before any write.
 """
 
 from __future__ import annotations
@@ -150,6 +159,15 @@ class Provider(Protocol):
     def inspect(self, key: str, target: PublishTarget, fence: int | None = None) -> InspectOutcome:
         """Say whether `key` is published; with a fence, record it atomically with an absence."""
         ...
+
+
+def preflight(provider: Provider, target: PublishTarget) -> None:
+    """Run the provider's optional `preflight(target)`: the checks knowable without writing (the
+    location resolves inside its root, the secrets resolve, the table name parses). It never touches
+    the sink and raises `InputError` with a fixed reason; a provider without it passes."""
+    check = getattr(provider, "preflight", None)
+    if check is not None:
+        check(target)
 
 
 def check_key(key: str) -> None:

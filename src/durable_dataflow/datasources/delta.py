@@ -202,6 +202,10 @@ class DeltaProvider:
             )
         return self._refs(where, key, commit.version), commit
 
+    def preflight(self, target: PublishTarget) -> None:
+        """What is knowable without writing: the table's location resolves inside its root."""
+        resolve_location(target)
+
     def publish(
         self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
     ) -> PublishOutcome:

@@ -30,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from durable_dataflow.core.errors import InputError
 from durable_dataflow.datasources.contract import (
     Absent,
     AlreadyPublished,
@@ -149,10 +150,18 @@ class ParquetFolderProvider:
         tmp.write_bytes(json.dumps(manifest, sort_keys=True).encode("utf-8"))
         _replace_durably(tmp, folder / "_manifests" / f"{stem}.json")
 
+    def preflight(self, target: PublishTarget) -> None:
+        """What is knowable without writing: the mode is 'append' and the folder resolves inside its root."""
+        if target.mode != "append":
+            raise InputError("a parquet folder publishes each key as its own file: only mode 'append'")
+        resolve_location(target)
+
     def publish(
         self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
     ) -> PublishOutcome:
-        """Check the manifest and write data + manifest under the key's lock (DESIGN §9)."""
+        """Check the manifest and write data + manifest under the key's lock (DESIGN §9).
+
+        `InputError` (key, token, location) is raised before the folder is created or touched."""
         check_key(key)
         check_token(token)
         if target.mode != "append":

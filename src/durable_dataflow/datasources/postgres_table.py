@@ -172,10 +172,18 @@ class PostgresTableProvider:
             materialization_ref=f"postgres://{dbname}/{table_name}@xact{xact_id}",
         )
 
+    def preflight(self, target: PublishTarget) -> None:
+        """What is knowable without connecting: the table name parses and the DSN secret resolves
+        (its value is read and dropped)."""
+        _TableName.parse(target.location)
+        _resolve_dsn(target)
+
     def publish(
         self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
     ) -> PublishOutcome:
-        """Lock the key, check publication and fence, write rows + record, COMMIT (DESIGN §9)."""
+        """Lock the key, check publication and fence, write rows + record, COMMIT (DESIGN §9).
+
+        `InputError` (key, token, table name, DSN secret) is raised before connecting to the sink."""
         check_key(key)
         check_token(token)
         table_name = _TableName.parse(target.location)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from durable_dataflow.core.hashing import sha256_bytes
+from durable_dataflow.datasources import contract
 from durable_dataflow.datasources.contract import (
     AlreadyPublished,
     Capability,
@@ -85,6 +86,10 @@ class FaultInjectingProvider:
         with self._lock:
             self.counters.inner_publish_calls += 1
         return self.inner.publish(key, token, table, digest, target)
+
+    def preflight(self, target: PublishTarget) -> None:
+        """The inner provider's preflight, unfaulted (it never touches the sink)."""
+        contract.preflight(self.inner, target)
 
     def publish(
         self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
