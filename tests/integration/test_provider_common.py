@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from durable_dataflow.core.hashing import sha256_bytes
+from durable_dataflow.datasources import contract
 from durable_dataflow.datasources.contract import (
     Absent,
     AlreadyPublished,
@@ -126,13 +127,16 @@ def _postgres_sink(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Sink:
 
 @pytest.fixture(params=["parquet", "delta", "postgres"])
 def sink(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sink]:
-    """One real sink per provider; the PostgreSQL one gets a fresh database from `pg_url`."""
+    """One real sink per provider, prepared as the platform prepares it before authorizing dispatch; the
+    PostgreSQL one gets a fresh database from `pg_url`."""
     if request.param == "parquet":
-        yield _parquet_sink(tmp_path)
+        made = _parquet_sink(tmp_path)
     elif request.param == "delta":
-        yield _delta_sink(tmp_path)
+        made = _delta_sink(tmp_path)
     else:
-        yield _postgres_sink(request.getfixturevalue("pg_url"), monkeypatch)
+        made = _postgres_sink(request.getfixturevalue("pg_url"), monkeypatch)
+    contract.prepare(made.provider, made.target)
+    yield made
 
 
 def test_first_publish_then_replays_are_already_published(sink: Sink) -> None:

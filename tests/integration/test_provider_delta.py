@@ -91,6 +91,7 @@ def test_fence_encoding_in_the_log(tmp_path: Path) -> None:
     """A fence is a commit without rows, txns (K,0) and (K#fence,m), kind=fence; a publication has txn (K,t)."""
     provider = DeltaProvider()
     path = tmp_path / "t"
+    provider.prepare(target(path))
     assert provider.inspect("K", target(path), fence=3) == Absent(3)
     published = provider.publish("K", 4, table(), sha256_bytes(b"k"), target(path))
     assert isinstance(published, Published)
@@ -106,9 +107,11 @@ def test_fence_encoding_in_the_log(tmp_path: Path) -> None:
 
 
 def test_fence_on_missing_table_creates_placeholder_and_publication_replaces_schema(tmp_path: Path) -> None:
-    """A fence on a missing table creates it with the placeholder column; the first publication sets the schema."""
+    """A fence on a prepared folder without a table creates the table with the placeholder column; the first
+    publication sets the schema."""
     provider = DeltaProvider()
     path = tmp_path / "new"
+    provider.prepare(target(path))
     assert provider.inspect("K", target(path), fence=2) == Absent(2)
     assert [f.name for f in DeltaTable(str(path)).schema().fields] == [PLACEHOLDER_COLUMN]
     assert isinstance(provider.publish("K", 2, table(), sha256_bytes(b"k"), target(path)), Published)

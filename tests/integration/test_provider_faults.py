@@ -31,7 +31,9 @@ def rows() -> pa.Table:
 
 @pytest.fixture
 def target(tmp_path: Path) -> PublishTarget:
-    return PublishTarget("ds", str(tmp_path / "sink"), "append", {})
+    prepared = PublishTarget("ds", str(tmp_path / "sink"), "append", {})
+    ParquetFolderProvider().prepare(prepared)  # as the platform does before authorizing dispatch
+    return prepared
 
 
 def test_fail_before_send_never_reaches_the_sink(target: PublishTarget) -> None:

@@ -34,7 +34,8 @@ def test_data_file_without_manifest_is_not_published_and_is_replaced(tmp_path: P
     """A crash left data/<h>.parquet and a temp file but no manifest: Absent, and the next publish replaces them."""
     target = PublishTarget("d", str(tmp_path / "f"), "append", {})
     provider = ParquetFolderProvider()
-    provider.inspect("k", target, fence=1)  # creates the folder layout
+    provider.prepare(target)  # creates the folder layout, as before any dispatch
+    provider.inspect("k", target, fence=1)
     stem = key_hash("k")
     pq.write_table(rows(99), tmp_path / "f" / "data" / f"{stem}.parquet")
     (tmp_path / "f" / "data" / f".{stem}.dead.tmp").write_bytes(b"partial")

@@ -1,7 +1,8 @@
 """Forward recovery (DESIGN §6 steps 1-5): runs that publish to an external sink, never twice.
 
 1. Check the provider's publish and inspect capabilities, and its preflight of the target (what is
-   knowable without writing: location, secrets, table name), before anything else.
+   knowable without writing: location, secrets, table name), before anything else; then let it
+   prepare the sink location, so that a location missing later is never read as absence.
 2. Execute (recomputable).
 3. Pre-dispatch fenced commit: the bounded result and its digests, ``dispatch.authorized``.
    From this commit on, dispatch "may have started" and the attempt is never retried.
@@ -82,6 +83,22 @@ def preflight_target(service: RunService, run: Run, provider: Provider) -> None:
         raise ExecutionError(f"the target preflight failed with an unexpected {type(error).__name__}") from None
 
 
+def prepare_target(service: RunService, run: Run, provider: Provider) -> None:
+    """The provider's creation of the sink location, before dispatch can be authorized, so a location
+    missing at a later inspection is never taken for absence. Nothing is published here, so a failure
+    ends the attempt conclusively; its text is not repeated (it may quote a path)."""
+    try:
+        contract.prepare(provider, publish_target(run, service.run_workspace(run)[1]))
+    except InputError as error:
+        raise InputError(f"the target cannot be published to: {error.message}") from None
+    except DataflowError:
+        raise
+    except OSError as error:
+        raise ExecutionError(f"the sink location cannot be created: {contract.describe_exception(error)}") from None
+    except Exception as error:
+        raise ExecutionError(f"preparing the sink location failed with an unexpected {type(error).__name__}") from None
+
+
 def execute_forward(
     service: RunService, run: Run, attempt: int, progress_sink: progress.ProgressSink | None = None
 ) -> None:
@@ -92,6 +109,7 @@ def execute_forward(
         return
     try:
         preflight_target(service, run, provider)
+        prepare_target(service, run, provider)
     except DataflowError as error:
         service.fail_before_dispatch(run.run_id, attempt, error)
         return

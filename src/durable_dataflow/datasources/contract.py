@@ -23,6 +23,13 @@ A provider may also offer `preflight(target) -> None` (see `preflight` below): i
 `InputError` for what is knowable without writing, and the platform calls it before the
 pre-dispatch commit, so such a target fails the run with no external output instead of reaching
 dispatch. A provider without it is fine: its publish still raises `InputError` before any write.
+
+A provider of a sink with a location of its own (a folder, a table directory) also offers
+`prepare(target) -> None` (see `prepare` below): it creates the location, and the platform calls it
+after preflight and before the pre-dispatch commit. So a location that is missing when `inspect`
+looks existed before any dispatch was authorized: it was moved away or is not mounted here, and
+`inspect` answers `Undecided`, never `Absent`, and creates nothing (absence is never inferred from
+a missing location).
 """
 
 from __future__ import annotations
@@ -47,6 +54,11 @@ WriteMode = Literal["append", "overwrite"]
 KEY_CHARS_MAX = 512
 # Attempt numbers start at 1; 0 is reserved (the Delta provider uses it as a fence marker).
 TOKEN_MIN = 1
+# What `inspect` answers for a missing location (the platform prepares it before authorizing dispatch).
+LOCATION_MISSING = (
+    "the sink location is missing: it existed before dispatch was authorized, "
+    "so it may have been moved or not be mounted here"
+)
 
 
 class Inconclusive(DataflowError):
@@ -168,6 +180,16 @@ def preflight(provider: Provider, target: PublishTarget) -> None:
     check = getattr(provider, "preflight", None)
     if check is not None:
         check(target)
+
+
+def prepare(provider: Provider, target: PublishTarget) -> None:
+    """Run the provider's optional `prepare(target)`: create the sink location (a folder and what
+    publish needs inside it) before dispatch can be authorized, so that `inspect` can tell a location
+    where nothing was published from one it cannot see. It raises `InputError` for a target it
+    refuses and `OSError` when the location cannot be created; a provider without it passes."""
+    create = getattr(provider, "prepare", None)
+    if create is not None:
+        create(target)
 
 
 def check_key(key: str) -> None:

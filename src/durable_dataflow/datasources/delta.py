@@ -23,7 +23,9 @@ commit with no add actions but with the app transactions and the metadata (probe
 1.6.6): that is how a fence is written. A table that does not exist yet is created without rows
 first (a creation race is harmless because no data or txn is involved); a fence on a missing
 table creates it with the one-column placeholder schema PLACEHOLDER_COLUMN (Delta refuses a table
-without columns), and the first publication on such a table overwrites the schema.
+without columns), and the first publication on such a table overwrites the schema. The table's
+folder is created by `prepare` before dispatch is authorized; `inspect` never creates it, and a
+missing folder is `Undecided` (it may be moved away or not mounted), never `Absent`.
 
 Proof horizon: txn entries survive log cleanup through checkpoints (never pass `last_updated`,
 so `delta.setTransactionRetentionDuration` cannot expire them). The digest lives in the commit
@@ -43,6 +45,7 @@ from typing import Any
 import pyarrow as pa
 
 from durable_dataflow.datasources.contract import (
+    LOCATION_MISSING,
     Absent,
     AlreadyPublished,
     Capability,
@@ -206,6 +209,11 @@ class DeltaProvider:
         """What is knowable without writing: the table's location resolves inside its root."""
         resolve_location(target)
 
+    def prepare(self, target: PublishTarget) -> None:
+        """Create the table's folder before dispatch is authorized (`contract.prepare`); the table in
+        it is created by the first publication or fence, so an empty folder means nothing published."""
+        resolve_location(target).mkdir(parents=True, exist_ok=True)
+
     def publish(
         self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
     ) -> PublishOutcome:
@@ -269,12 +277,18 @@ class DeltaProvider:
         return Published(self._refs(where, key, int(dt.version())), digest)
 
     def inspect(self, key: str, target: PublishTarget, fence: int | None = None) -> InspectOutcome:
-        """Decide from the table's txn state; with a fence, commit it on the checked snapshot."""
+        """Decide from the table's txn state; with a fence, commit it on the checked snapshot.
+
+        A missing table folder is `Undecided` and is not created; a folder without a table yet holds
+        no publication (with a fence, the table is created to hold it)."""
         check_key(key)
         if fence is not None:
             check_token(fence, "fence")
         path = resolve_location(target)
         try:
+            if not path.exists():
+                # Prepared before dispatch was authorized, so missing now means unseen, never absent.
+                return Undecided(f"delta inspection of key {key!r}: {LOCATION_MISSING}")
             for _ in range(COMMIT_ATTEMPTS_MAX):
                 if fence is None and not (path / "_delta_log").is_dir():
                     return Absent(None)  # no table at all: no publication and no fence

@@ -10,7 +10,8 @@ Layout of a sink folder:
 The manifest is the commit point: data is written to a temp file, fsynced and renamed into
 `data/`, then the manifest is written the same way. A data file without a publication manifest
 is not published (an orphan of a crash) and is removed by the next publish of that key. A fence
-is a manifest of kind `fence`; only a publication manifest ever replaces it.
+is a manifest of kind `fence`; only a publication manifest ever replaces it. `prepare` creates the
+layout before dispatch is authorized; `inspect` creates nothing, and a missing folder is `Undecided`.
 Proof horizon: as long as nobody deletes the manifests (they are the only record).
 """
 
@@ -32,6 +33,7 @@ import pyarrow.parquet as pq
 
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.datasources.contract import (
+    LOCATION_MISSING,
     Absent,
     AlreadyPublished,
     Capability,
@@ -58,6 +60,7 @@ MANIFEST_BYTES_MAX = 64 * 1024
 READ_FILES_MAX = 100_000
 ORPHANS_MAX = 1_000
 MANIFEST_VERSION = 1
+SUBFOLDERS = ("_locks", "data", "_manifests")
 
 
 def key_hash(key: str) -> str:
@@ -116,8 +119,12 @@ class ParquetFolderProvider:
     capabilities: frozenset[Capability] = frozenset({"read", "publish", "inspect"})
 
     def _prepare(self, folder: Path) -> None:
-        for sub in ("_locks", "data", "_manifests"):
+        for sub in SUBFOLDERS:
             (folder / sub).mkdir(parents=True, exist_ok=True)
+
+    def prepare(self, target: PublishTarget) -> None:
+        """Create the folder and its subfolders before dispatch is authorized (`contract.prepare`)."""
+        self._prepare(resolve_location(target))
 
     def _refs(self, where: str, manifest: dict[str, Any]) -> PublicationRefs:
         """`where` names the folder as `resolve_location_named` does: relative to the sink root."""
@@ -226,16 +233,18 @@ class ParquetFolderProvider:
         return Published(self._refs(where, manifest), digest)
 
     def inspect(self, key: str, target: PublishTarget, fence: int | None = None) -> InspectOutcome:
-        """Read the key's manifest under its lock; with a fence, raise the fence before Absent."""
+        """Read the key's manifest under its lock; with a fence, raise the fence before Absent.
+
+        A folder (or its `_locks`/`_manifests`) that is missing is `Undecided` and is not created."""
         check_key(key)
         if fence is not None:
             check_token(fence, "fence")
         failed = f"parquet inspection of key {key!r} failed"
         try:
             folder, where = resolve_location_named(target)
-            if fence is None and not (folder / "_manifests").is_dir():
-                return Absent(None)  # no sink folder yet: nothing was ever published or fenced here
-            self._prepare(folder)
+            if not all((folder / sub).is_dir() for sub in ("_locks", "_manifests")):
+                # Prepared before dispatch was authorized, so missing now means unseen, never absent.
+                return Undecided(f"{failed}: {LOCATION_MISSING}")
             with _key_lock(folder, key_hash(key)):
                 return self._inspect_locked(folder, where, key, fence)
         except ManifestError as exc:

@@ -91,6 +91,10 @@ class FaultInjectingProvider:
         """The inner provider's preflight, unfaulted (it never touches the sink)."""
         contract.preflight(self.inner, target)
 
+    def prepare(self, target: PublishTarget) -> None:
+        """The inner provider's prepare, unfaulted (it runs before dispatch is authorized)."""
+        contract.prepare(self.inner, target)
+
     def publish(
         self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
     ) -> PublishOutcome:
