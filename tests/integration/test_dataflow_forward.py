@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from durable_dataflow.core import checkpoints, ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.schema import ledger_entries
 from durable_dataflow.dataflow import crashpoints, evidence, forward, reconcile, sweeper
+from durable_dataflow.dataflow.requests import AccessContext, Provenance
 from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.datasources import contract, registry
 from durable_dataflow.datasources.contract import PublicationRefs, PublishTarget
@@ -43,6 +45,13 @@ def _run(platform: Platform, tmp_path: Path, provider: str = "delta", key: str =
 
 def _sink(tmp_path: Path) -> Path:
     return tmp_path / "sink"
+
+
+def _reconcile(platform: Platform, run_id: str, *, resume: bool = False) -> reconcile.Reconciliation:
+    """Reconcile as the tenant's operator who submitted the test runs."""
+    access = AccessContext("acme", "tester", ("operator",), (), "test")
+    provenance = Provenance("tester", "cli")
+    return reconcile.reconcile(platform.runs, run_id, access=access, provenance=provenance, resume=resume)
 
 
 def test_publishes_once_and_replays_add_nothing(platform: Platform, tmp_path: Path) -> None:
@@ -139,7 +148,7 @@ def test_reconcile_present_commits_refs_and_success(platform: Platform, tmp_path
     reconciled_present with refs and a verified checkpoint; the sink still holds one publication."""
     _faulty("timeout_after_commit")
     run = _run(platform, tmp_path, "faulty")
-    result = reconcile.reconcile(platform.runs, run.run_id)
+    result = _reconcile(platform, run.run_id)
     assert result.finding == "present"
     assert (result.run.status, result.run.recovery_status) == ("succeeded", "reconciled_present")
     assert result.run.publication_ref and result.run.attempt == 2
@@ -154,7 +163,7 @@ def test_reconcile_absent_fences_and_resume_publishes_once(platform: Platform, t
     resume publishes the stored bytes once under a newer attempt with the same key."""
     _faulty("fail_before_send")
     run = _run(platform, tmp_path, "faulty")
-    result = reconcile.reconcile(platform.runs, run.run_id)
+    result = _reconcile(platform, run.run_id)
     assert result.finding == "absent"
     assert (result.run.status, result.run.recovery_status) == ("failed", "reconciled_absent")
     stored = platform.runs.result_bytes(run.run_id)
@@ -166,7 +175,7 @@ def test_reconcile_absent_fences_and_resume_publishes_once(platform: Platform, t
     assert type(late).__name__ == "Fenced"
     assert flows.delta_publications(_sink(tmp_path)) == []
     registry.register_provider("faulty", DeltaProvider)  # the sink is reachable again
-    resumed = reconcile.reconcile(platform.runs, run.run_id, resume=True)
+    resumed = _reconcile(platform, run.run_id, resume=True)
     assert resumed.resumed and resumed.run.status == "succeeded"
     publications = flows.delta_publications(_sink(tmp_path))
     assert len(publications) == 1 and publications[0]["dataflow_token"] == 3
@@ -177,7 +186,7 @@ def test_reconcile_mismatch_and_undecided_leave_the_run_unresolved(platform: Pla
     """A mismatching digest keeps the run unresolved with its warning; an undecided inspection changes nothing."""
     provider = _faulty("fail_before_send", inspect_fault="undecided")
     run = _run(platform, tmp_path, "faulty")
-    undecided = reconcile.reconcile(platform.runs, run.run_id)
+    undecided = _reconcile(platform, run.run_id)
     assert undecided.finding == "undecided"
     assert undecided.run.status == "outcome_unknown"
     provider.inspect_fault = "none"
@@ -190,7 +199,7 @@ def test_reconcile_mismatch_and_undecided_leave_the_run_unresolved(platform: Pla
     DeltaProvider().publish(
         forward.publication_key(run), 9, foreign.table, foreign.output_digest, forward.publish_target(run)
     )
-    mismatch = reconcile.reconcile(platform.runs, run.run_id)
+    mismatch = _reconcile(platform, run.run_id)
     assert mismatch.finding == "mismatch"
     assert mismatch.run.status == "outcome_unknown" and mismatch.run.warning and "differs" in mismatch.run.warning
     assert "run.succeeded" not in flows.kinds(platform, run.run_id)
@@ -258,7 +267,7 @@ def test_terminal_commit_after_lease_expiry_is_refused(platform: Platform, tmp_p
     assert run.status == "running" and run.recovery_status == "dispatch_authorized"
     assert "run.succeeded" not in flows.kinds(platform, run.run_id)
     assert [d.decision for d in sweeper.sweep(platform.db)] == ["outcome_unknown"]
-    settled = reconcile.reconcile(platform.runs, run.run_id)
+    settled = _reconcile(platform, run.run_id)
     assert settled.finding == "present" and settled.run.status == "succeeded" and settled.run.attempt == 2
     assert len(flows.delta_publications(_sink(tmp_path))) == 1
 
@@ -281,7 +290,7 @@ def test_runs_recorded_with_absolute_refs_still_verify_and_reconcile(platform: P
     unknown = _run(platform, tmp_path, "faulty", key="unknown")
     assert unknown.status == "outcome_unknown"
     registry.register_provider("faulty", DeltaProvider)
-    settled = reconcile.reconcile(platform.runs, unknown.run_id)
+    settled = _reconcile(platform, unknown.run_id)
     assert (settled.finding, settled.run.status) == ("present", "succeeded")
     assert settled.run.publication_ref == f"delta://sink#txn={unknown.publication_idempotency_key}"
     assert platform.runs.get(old.run_id).publication_ref == old.publication_ref
@@ -304,7 +313,7 @@ def test_an_inspection_that_raises_is_undecided_without_its_text(platform: Platf
     _faulty("fail_before_send")
     run = _run(platform, tmp_path, "faulty")
     registry.register_provider("faulty", Raising)
-    result = reconcile.reconcile(platform.runs, run.run_id)
+    result = _reconcile(platform, run.run_id)
     assert (result.finding, result.run.status) == ("undecided", "outcome_unknown")
     assert result.detail == (
         "preparing the run's target or inspecting the sink failed (PermissionError): nothing was proven"
@@ -350,7 +359,8 @@ def test_location_escaping_its_root_at_dispatch_is_rejected_not_unknown(platform
     outside.mkdir()
 
     def swap(point: str) -> None:
-        if point == crashpoints.BEFORE_PREDISPATCH_COMMIT:
+        if point == crashpoints.BEFORE_PREDISPATCH_COMMIT:  # after the sink folder was prepared
+            shutil.rmtree(base / "sink")
             (base / "sink").symlink_to(outside, target_is_directory=True)
 
     crashpoints.set_hook(swap)

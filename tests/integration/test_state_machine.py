@@ -73,6 +73,9 @@ FLAVOURS = {"fwd-a": (Mode.FORWARD_RECOVERY, "2026-11-02"), "fwd-b": (Mode.FORWA
 # inspections of the same absent run add nothing.
 BUDGET = {"submit": 6, "heartbeat": 3, "abandon": 2, "execute_whole_attempt": 2, "pause": 2, "reconcile": 4}
 SUBMIT_CLOCK_STEP_S = 0.005
+# The one reconciler of the model (docs/model.md): who its reconcile and resume attempts record.
+RECONCILER = AccessContext(tenant="t1", principal="reconciler", roles=("operator",))
+RECONCILER_PROVENANCE = Provenance(actor="reconciler", trigger="cli", host="test")
 CLAIM_THEN = ("stop", "compute", "authorize")
 # "keep" twice: holding an answer while the lease runs out is the window the fenced terminal commit guards.
 RESPONSES = ("commit", "keep", "keep", "lost", "unknown", "in_flight")
@@ -316,7 +319,12 @@ class RecoveryMachine(RuleBasedStateMachine):
 
     def do_compute(self, held: Held) -> None:
         svc = self.svc(held.worker)
-        held.result = svc.compute(svc.get(held.run_id))
+        run = svc.get(held.run_id)
+        if held.mode == Mode.FORWARD_RECOVERY:  # execute_forward prepares the sink before computing
+            provider = forward.load_capable_provider(run)
+            forward.preflight_target(svc, run, provider)
+            forward.prepare_target(svc, run, provider)
+        held.result = svc.compute(run)
 
     @precondition(lambda self: self.within_budget("execute_whole_attempt") and self.has(needs_compute))
     @rule(data=st.data())
@@ -536,7 +544,9 @@ class RecoveryMachine(RuleBasedStateMachine):
         before = self.read()
         finding, resumed = expected_reconcile(before, run_id, resume)
         try:
-            result = reconciliation.reconcile(self.svc(worker), run_id, resume=resume)
+            result = reconciliation.reconcile(
+                self.svc(worker), run_id, access=RECONCILER, provenance=RECONCILER_PROVENANCE, resume=resume
+            )
         except Conflict:
             assert finding == "conflict", f"reconcile refused run {run_id}; expected {finding!r}: {describe(before)}"
             after = self.read()

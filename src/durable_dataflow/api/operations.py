@@ -247,8 +247,16 @@ def evidence_of(platform: Platform, caller: Caller, run_id: str) -> Evidence:
 
 
 def reconcile_run(platform: Platform, caller: Caller, run_id: str, resume: bool) -> reconcile.Reconciliation:
-    """Dataflow's reconciliation, for a run of the caller's tenant (the role is checked by the caller)."""
-    return reconcile.reconcile(platform.runs, run_id, tenant=caller.tenant, resume=resume)
+    """Dataflow's reconciliation, for a run of the caller's tenant (the role is checked by the caller); the
+    attempts it starts record the caller's access context digest and provenance, as a submit does."""
+    return reconcile.reconcile(
+        platform.runs,
+        run_id,
+        access=caller.access(),
+        provenance=caller.provenance(),
+        tenant=caller.tenant,
+        resume=resume,
+    )
 
 
 def public_run(run: Run, now_us: int) -> dict[str, Any]:

@@ -144,8 +144,16 @@ def reconcile_command(
     with common.open_platform(ctx) as platform:
         with platform.db.read() as conn:
             full_id = catalog.resolve_run_id(conn, run_id)
+            # The local user at a terminal, acting for the run's tenant: recorded with each attempt started.
+            access = AccessContext.local(runs.get(conn, full_id).tenant)
         with common.spinner(f"inspecting the sink for run {full_id}"):
-            outcome = reconcile.reconcile(platform.runs, full_id, resume=resume)
+            outcome = reconcile.reconcile(
+                platform.runs,
+                full_id,
+                access=access,
+                provenance=Provenance(actor=access.principal, trigger="cli"),
+                resume=resume,
+            )
     code = _reconcile_exit_code(outcome)
     if as_json:
         common.emit_json(

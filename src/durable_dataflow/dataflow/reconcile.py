@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection
 from durable_dataflow.core import fencing, leases, ledger
 from durable_dataflow.core.errors import Conflict, DataflowError
 from durable_dataflow.dataflow import crashpoints, evidence, forward, runs
+from durable_dataflow.dataflow.requests import AccessContext, Provenance
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.service import RunService
 from durable_dataflow.datasources.contract import Absent, InspectOutcome, Present, Undecided
@@ -35,21 +36,33 @@ class Reconciliation:
     resumed: bool = False
 
 
-def reconcile(service: RunService, run_id: str, *, tenant: str | None = None, resume: bool = False) -> Reconciliation:
-    """Inspect the sink for an ``outcome_unknown`` run (or resume a ``reconciled_absent`` one)."""
+def reconcile(
+    service: RunService,
+    run_id: str,
+    *,
+    access: AccessContext,
+    provenance: Provenance,
+    tenant: str | None = None,
+    resume: bool = False,
+) -> Reconciliation:
+    """Inspect the sink for an ``outcome_unknown`` run (or resume a ``reconciled_absent`` one).
+
+    ``access`` and ``provenance`` are who asked and how: each attempt this starts records them in its
+    start entry, as ``run.recorded`` does for a submit, so an operator's dispatch names its operator."""
     run = service.get(run_id, tenant)
+    asked_by = _asked_by(access, provenance)
     if run.mode != Mode.FORWARD_RECOVERY or run.publication_idempotency_key is None:
         raise Conflict(f"run {run_id} never authorized a publication: there is nothing at a sink to reconcile")
     if run.recovery_status == RecoveryStatus.RECONCILED_ABSENT:
         if not resume:
             return Reconciliation(run, "absent", "already reconciled: absent; pass --resume to publish it")
-        return _resume(service, run)
+        return _resume(service, run, asked_by)
     if run.status != RunStatus.OUTCOME_UNKNOWN:
         raise Conflict(
             f"run {run_id} is {run.status} ({run.recovery_status}), not outcome_unknown: nothing to reconcile"
         )
     provider = forward.load_capable_provider(run)
-    attempt = _take_lease(service, run, evidence.RECONCILE_STARTED)
+    attempt = _take_lease(service, run, evidence.RECONCILE_STARTED, asked_by)
     try:
         target = forward.publish_target(run, service.run_workspace(run)[1])
         finding = provider.inspect(forward.publication_key(run), target, fence=attempt)
@@ -60,11 +73,22 @@ def reconcile(service: RunService, run_id: str, *, tenant: str | None = None, re
         )
     result = _apply(service, run, attempt, finding)
     if resume and result.finding == "absent":
-        return _resume(service, service.get(run_id))
+        return _resume(service, service.get(run_id), asked_by)
     return result
 
 
-def _take_lease(service: RunService, run: Run, kind: str, *, redispatch: bool = False) -> int:
+def _asked_by(access: AccessContext, provenance: Provenance) -> dict[str, Any]:
+    """Who asked for an operator's attempt, in the fields ``run.recorded`` uses for a submit: never a credential."""
+    return {
+        "provenance": provenance.as_json(),
+        "principal": access.principal,
+        "access_context_digest": access.digest(),
+    }
+
+
+def _take_lease(
+    service: RunService, run: Run, kind: str, asked_by: Mapping[str, Any], *, redispatch: bool = False
+) -> int:
     """A new fenced attempt for an operator action; with ``redispatch`` it is authorized at once to
     re-dispatch the stored result under the original authorization's digests and key."""
     db = service.db
@@ -73,7 +97,7 @@ def _take_lease(service: RunService, run: Run, kind: str, *, redispatch: bool = 
             conn, db, MODULE, run.run_id, service.config.holder, service.config.lease_ttl_s,
             expected_attempt=run.attempt,
         )  # fmt: skip
-        items: list[tuple[int, str, Mapping[str, Any]]] = [(lease.attempt, kind, {"holder": lease.holder})]
+        items: list[tuple[int, str, Mapping[str, Any]]] = [(lease.attempt, kind, {"holder": lease.holder, **asked_by})]
         projection: dict[str, Any] = {"attempt": lease.attempt}
         if redispatch:
             items.append((lease.attempt, evidence.DISPATCH_AUTHORIZED, _authorization_of(conn, run)))
@@ -124,10 +148,10 @@ def _record_undecided(service: RunService, run: Run, attempt: int, reason: str) 
         leases.release(conn, db, MODULE, run.run_id, attempt)
 
 
-def _resume(service: RunService, run: Run) -> Reconciliation:
+def _resume(service: RunService, run: Run, asked_by: Mapping[str, Any]) -> Reconciliation:
     """Re-dispatch the stored result with the same key under a new fenced attempt."""
     provider = forward.load_capable_provider(run)
-    attempt = _take_lease(service, run, evidence.RESUME_STARTED, redispatch=True)
+    attempt = _take_lease(service, run, evidence.RESUME_STARTED, asked_by, redispatch=True)
     crashpoints.reach(crashpoints.AFTER_PREDISPATCH_COMMIT)
     with contextlib.suppress(DataflowError):  # the lease then expires; the sweeper records outcome_unknown
         forward.dispatch(service, run, attempt, provider)
