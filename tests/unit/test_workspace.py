@@ -171,13 +171,17 @@ def test_a_run_recorded_before_workspaces_keeps_its_rules_but_an_api_run_gets_no
     assert cli_run.base_dir == api_run.base_dir == tmp_path and cli_run.absolute_locations
 
 
-def test_the_platform_database_files_are_known_for_a_uri_filename(tmp_path: Path) -> None:
+def test_the_platform_database_files_are_known_for_a_uri_filename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Proves the SQLite files no source may read are found for `sqlite:///file:/…?uri=true` too (read
     as a plain path, `file:/…` named nothing, so the guard on the database files silently lapsed)."""
     path = tmp_path / "platform.db"
+    monkeypatch.chdir(tmp_path)
     for url in (f"sqlite:///{path}", f"sqlite:///file:{path}?uri=true"):
         database = Database(url)
         try:
             assert database.files()[:2] == (path.resolve(), path.resolve().with_name("platform.db-wal")), url
         finally:
             database.dispose()
+    assert not (tmp_path / "file:").exists(), "a URI filename was created as a folder relative to the working directory"

@@ -89,14 +89,10 @@ class Database:
         """The files that hold this database on this host (SQLite: the file and its journals)."""
         if self.dialect != "sqlite":
             return ()
-        url = sa.engine.make_url(self.url)
-        database = url.database
-        if database and database.startswith("file:") and str(url.query.get("uri", "")).lower() in ("true", "1"):
-            # sqlite:///file:/path/db?uri=true: SQLite's URI filename, whose path is the file.
-            database = urllib.parse.urlparse(database).path or None
-        if not database or database == ":memory:":
+        database = _sqlite_file(self.url)
+        if database is None:
             return ()
-        main = Path(database).resolve()
+        main = database.resolve()
         return (main, *(main.with_name(main.name + suffix) for suffix in ("-wal", "-shm", "-journal")))
 
     @property
@@ -162,10 +158,22 @@ def _first_line(error: exc.DBAPIError) -> str:
     return text.strip().splitlines()[0] if text.strip() else type(error).__name__
 
 
+def _sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL names, or None for an in-memory database."""
+    parsed = sa.engine.make_url(url)
+    database = parsed.database
+    if database and database.startswith("file:") and str(parsed.query.get("uri", "")).lower() in ("true", "1"):
+        # sqlite:///file:/path/db?uri=true: SQLite's URI filename, whose path is the file.
+        database = urllib.parse.urlparse(database).path or None
+    if not database or database == ":memory:":
+        return None
+    return Path(database)
+
+
 def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
-    database = sa.engine.make_url(url).database
-    if database and database != ":memory:":
-        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    database = _sqlite_file(url)
+    if database is not None:
+        database.parent.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
 
     @event.listens_for(engine, "connect")
