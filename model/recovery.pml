@@ -11,8 +11,13 @@
    exists only so that a model without the replay lookup can create the duplicate run it would
    create in the code; its publication key differs (the key is derived from the run id).
 
-   Checked in every reachable state (Monitor): invariants 4, 6, 7, 8, 9, 11, 14 of DESIGN §7 (see
-   model/README.md for the list), plus the LTL property no_retry_after_unknown (inv 8).
+   The target (forward mode) is chosen nondeterministically at record time: valid, refused by the
+   provider's preflight, or refused only by publish (before the sink is touched). The sink location
+   may be moved away or unmounted at any moment after a publication, and come back (Mount).
+
+   Checked in every reachable state (Monitor): invariants 4, 6, 7, 8, 9, 11, 14 of DESIGN §7 and the
+   preflight and honest-absence rules (see docs/model.md for the list), plus the LTL property
+   no_retry_after_unknown (inv 8).
    model/check runs it and the mutants. Change the protocol and this model together. */
 
 #define NR 2              /* run slots (see above) */
@@ -22,9 +27,19 @@
 
 mtype = { NONE, QUEUED, RUNNING, SUCCEEDED, UNKNOWN, REC_ABSENT, FAILED };  /* dataflow_runs.status */
 mtype = { ATOMIC, FORWARD };                                               /* dataflow_runs.mode */
-mtype = { PUBLISHED, ALREADY, FENCED, REJECTED };                          /* provider answers */
+mtype = { PUBLISHED, ALREADY, FENCED, REJECTED, REFUSED, INCONCLUSIVE };  /* publish answers */
+mtype = { PRESENT, ABSENT, UNDECIDED };                                    /* inspect answers */
+mtype = { VALID, KNOWN_BAD, LATE_BAD };                                    /* the request's target */
 
 mtype req_mode;                /* the mode of the submitted request (its definition has a target or not) */
+/* the target, fixed at record time. KNOWN_BAD: the provider's preflight refuses it (a location
+   outside its root, a secret that does not resolve, a table name that does not parse). LATE_BAD:
+   only publish refuses it, with an InputError before touching the sink (a provider without
+   preflight, or a target changed after preflight: a folder swapped for a symlink out of the root). */
+mtype target;
+/* the sink location is missing (moved away, unmounted). prepare created it before dispatch could be
+   authorized, so missing means unseen, never "nothing published". */
+bool loc_missing = false;
 
 /* dataflow_runs, unique (tenant, idempotency_key) */
 byte key_run = 0;              /* run slot + 1 registered for the client's key; 0: none yet */
@@ -83,10 +98,15 @@ inline publish(r, tok, res) {
   atomic {
     closed_attempt_writes_nothing(r, tok);     /* inv 9: an attempt proven absent never reaches the sink */
     if
-    :: sink_pubs[r] > 0 -> res = ALREADY
-    :: sink_pubs[r] == 0 && below_fence(r, tok) -> res = FENCED
-    :: sink_pubs[r] == 0 && !below_fence(r, tok) -> sink_pubs[r]++; sink_pub_token[r] = tok; res = PUBLISHED
-    :: sink_pubs[r] == 0 && !below_fence(r, tok) -> res = REJECTED   /* the sink proves nothing was created */
+    :: target != VALID -> res = REFUSED        /* InputError, raised before the sink is touched */
+    :: else ->
+         if
+         :: loc_missing -> res = INCONCLUSIVE  /* a missing location is not re-created: nothing written, nothing proven */
+         :: !loc_missing && sink_pubs[r] > 0 -> res = ALREADY
+         :: !loc_missing && sink_pubs[r] == 0 && below_fence(r, tok) -> res = FENCED
+         :: !loc_missing && sink_pubs[r] == 0 && !below_fence(r, tok) -> sink_pubs[r]++; sink_pub_token[r] = tok; res = PUBLISHED
+         :: !loc_missing && sink_pubs[r] == 0 && !below_fence(r, tok) -> res = REJECTED   /* the sink proves nothing was created */
+         fi
     fi
   }
 }
@@ -95,8 +115,11 @@ inline publish(r, tok, res) {
 inline inspect(r, m, found) {
   atomic {
     if
-    :: sink_pubs[r] > 0 -> found = true
-    :: sink_pubs[r] == 0 -> found = false; if :: sink_fence[r] < m -> sink_fence[r] = m :: else -> skip fi
+    :: loc_missing -> found = UNDECIDED        /* honest absence: a missing location is never Absent */
+    :: target != VALID -> found = UNDECIDED    /* the target does not resolve: the inspection fails, decides nothing */
+    :: !loc_missing && target == VALID && sink_pubs[r] > 0 -> found = PRESENT
+    :: !loc_missing && target == VALID && sink_pubs[r] == 0 ->
+         found = ABSENT; if :: sink_fence[r] < m -> sink_fence[r] = m :: else -> skip fi
     fi
   }
 }
@@ -109,9 +132,11 @@ inline terminal_after_publish(r, tok, res, received) {
          closed_attempt_writes_nothing(r, tok);        /* inv 9 */
          if
          :: received && (res == PUBLISHED || res == ALREADY) -> record_succeeded(r); lease_valid[r] = false
-         :: received && res == REJECTED -> record_failed(r); lease_valid[r] = false
+         :: received && (res == REJECTED || res == REFUSED) -> record_failed(r); lease_valid[r] = false
          :: received && res == FENCED -> skip            /* stale: records nothing */
-         :: !received -> record_unknown(r); lease_valid[r] = false
+         :: !received || res == INCONCLUSIVE ->
+              assert(res != REFUSED);   /* outcome_unknown only when the sink may have been touched */
+              record_unknown(r); lease_valid[r] = false
          fi
     :: else -> skip                                      /* StaleAttempt */
     fi
@@ -172,7 +197,16 @@ proctype Worker() {
             fi
           }
      :: mode[r] == FORWARD ->
-          atomic {                   /* pre-dispatch fenced commit: result stored, dispatch.authorized */
+          atomic {                   /* preflight, then the pre-dispatch fenced commit: result stored, dispatch.authorized */
+            if
+            :: target == KNOWN_BAD -> /* preflight */
+                 if                  /* service.fail_before_dispatch: fenced, failed / no_external_output */
+                 :: fenced_ok(r, my) -> closed_attempt_writes_nothing(r, my); record_failed(r); lease_valid[r] = false
+                 :: else -> skip     /* StaleAttempt: records nothing */
+                 fi;
+                 goto stale
+            :: else -> skip          /* preflight passes; prepare creates the sink location */
+            fi;
             if
             :: fenced_ok(r, my) -> /* pre-dispatch */
                  closed_attempt_writes_nothing(r, my);   /* inv 9 */
@@ -183,7 +217,8 @@ proctype Worker() {
           crash_point;               /* crash after authorization */
           heartbeat(r, my);
           publish(r, my, res);
-          if :: received = true :: received = false :: goto crashed fi;   /* response lost, or crash */
+          /* the response is lost (never an InputError's: it is raised before the sink is called), or a crash */
+          if :: received = true :: received = (res == REFUSED) :: goto crashed fi;
           terminal_after_publish(r, my, res, received)
      fi;
 stale:
@@ -211,6 +246,14 @@ proctype Sweeper() {
   od
 }
 
+/* the sink location is moved away or unmounted at any moment after a publication, and comes back */
+proctype Mount() {
+  do
+  :: atomic { !loc_missing && sink_pubs[0] + sink_pubs[1] > 0 -> loc_missing = true }
+  :: atomic { loc_missing -> loc_missing = false }
+  od
+}
+
 proctype Expirer() {
   byte r;
   do
@@ -221,18 +264,18 @@ proctype Expirer() {
 /* dataflow/reconcile.py, driven by an operator; it may crash, get Undecided, or lose its lease,
    and the operator may run it again. */
 proctype Reconciler() {
-  byte r; byte m; bool found; mtype res; bool received;
+  byte r; byte m; mtype found; mtype res; bool received;
   do
   :: atomic { pick_run(reconcilable); attempt[r]++; m = attempt[r]; lease_valid[r] = true }
      if :: skip :: goto next fi;                  /* crash, or inspect answers Undecided: nothing changes */
      inspect(r, m, found);
-     if :: skip :: goto next fi;                  /* crash before the commit */
+     if :: found != UNDECIDED :: goto next fi;    /* Undecided changes nothing; or a crash before the commit */
      atomic {
        if
        :: fenced_ok(r, m) ->
             if
-            :: found -> record_succeeded(r)      /* reconciled_present */
-            :: !found -> status[r] = REC_ABSENT; ever_absent[r] = true; absent_fence[r] = m; absent_pubs[r] = sink_pubs[r]
+            :: found == PRESENT -> record_succeeded(r)      /* reconciled_present */
+            :: found == ABSENT -> status[r] = REC_ABSENT; ever_absent[r] = true; absent_fence[r] = m; absent_pubs[r] = sink_pubs[r]
             fi;
             unknown_open[r] = false; lease_valid[r] = false
        :: else -> skip
@@ -242,10 +285,10 @@ proctype Reconciler() {
        pick_run(resumable); attempt[r]++; m = attempt[r]; lease_valid[r] = true; status[r] = RUNNING;
        authorized[AI(r, m)] = true }
      publish(r, m, res);
-     if :: received = true :: received = false :: goto next fi;
+     if :: received = true :: received = (res == REFUSED) :: goto next fi;
      terminal_after_publish(r, m, res, received)
 next:
-     atomic { r = 0; m = 0; found = false; res = 0; received = false }
+     atomic { r = 0; m = 0; found = 0; res = 0; received = false }
   od
 }
 
@@ -260,7 +303,11 @@ next:
 #define inv4(r)   (mode[r] != ATOMIC || (sink_pubs[r] == 0 && (status[r] == SUCCEEDED) == (results[r] == 1)))
 #define one_result(r) (results[r] <= 1)
 #define ckpt(r)   ((status[r] == SUCCEEDED) == checkpoint[r])
-#define failed_nothing_published(r) (status[r] != FAILED || sink_pubs[r] == 0)
+/* failed / no_external_output, and reconciled_absent (status failed in the code): nothing at the
+   sink, even where the location is missing (sink_pubs counts the publications it holds) */
+#define failed_nothing_published(r) ((status[r] != FAILED && status[r] != REC_ABSENT) || sink_pubs[r] == 0)
+#define preflight_refuses(r) (target != KNOWN_BAD || results[r] == 0)
+#define refused_publishes_nothing(r) (target == VALID || sink_pubs[r] == 0)
 
 active proctype Monitor() {
   do
@@ -276,6 +323,8 @@ active proctype Monitor() {
   :: assert(inv4(0) && inv4(1))                         /* inv 4: atomic result and success together */
   :: assert(ckpt(0) && ckpt(1))                         /* success and verified checkpoint together */
   :: assert(failed_nothing_published(0) && failed_nothing_published(1))   /* Rejected is conclusive */
+  :: assert(preflight_refuses(0) && preflight_refuses(1))   /* a target preflight refuses is never authorized */
+  :: assert(refused_publishes_nothing(0) && refused_publishes_nothing(1))   /* a refused target is never published */
   od
 }
 
@@ -285,9 +334,15 @@ ltl no_retry_after_unknown { [] (unknown_seen[0] -> [] (status[0] != QUEUED)) }
 init {
   atomic {
     if :: req_mode = ATOMIC :: req_mode = FORWARD fi;
+    if                              /* the target, fixed at record time (an atomic run has none) */
+    :: req_mode == ATOMIC -> target = VALID
+    :: req_mode == FORWARD -> target = VALID
+    :: req_mode == FORWARD -> target = KNOWN_BAD
+    :: req_mode == FORWARD -> target = LATE_BAD
+    fi;
     submit();                       /* the first submission of the key */
     run Replayer();
     run Worker(); run Worker(); run Worker();
-    run Sweeper(); run Expirer(); run Reconciler()
+    run Sweeper(); run Expirer(); run Mount(); run Reconciler()
   }
 }
