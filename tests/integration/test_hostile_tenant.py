@@ -92,9 +92,12 @@ OWN_CSV = {"t": {"kind": "csv", "path": "mine.csv", "schema": {"s": "string"}}}
 
 
 def sink(
-    location: str, provider: str = "parquet", mode: str = "append", datasource: str = "b.attack"
+    location: str, provider: str = "parquet", mode: str = "append", datasource: str | None = None
 ) -> dict[str, Any]:
-    return {"type": "datasources.publication", "provider": provider, "datasource": datasource,
+    """B's target. By default each provider and location is its own datasource: a tenant's datasource name
+    registers one provider and location with its first publication, and another location is refused."""
+    name = datasource or f"b.attack.{label(provider + chr(0) + location)}"
+    return {"type": "datasources.publication", "provider": provider, "datasource": name,
             "location": location, "mode": mode}  # fmt: skip
 
 
@@ -560,16 +563,16 @@ def test_b_cannot_write_outside_its_sink_tree(
 @pytest.mark.parametrize(
     ("provider", "location", "mode", "token", "datasource"),
     [
-        pytest.param("parquet", "orders", "append", "b_submitter", "b.attack", id="same-name-as-A-parquet"),
-        pytest.param("delta", "orders_delta", "overwrite", "b_operator", "b.attack", id="operator-overwrite-own-delta"),
+        pytest.param("parquet", "orders", "append", "b_submitter", None, id="same-name-as-A-parquet"),
+        pytest.param("delta", "orders_delta", "overwrite", "b_operator", None, id="operator-overwrite-own-delta"),
         pytest.param("delta", "orders_delta", "overwrite", "b_submitter", "a.replaceable",
                      id="overwrite-through-an-overwritable-datasource"),
-        pytest.param("parquet", "..\\tenant_a\\orders", "append", "b_submitter", "b.attack", id="backslashes"),
-        pytest.param("parquet", "%2e%2e/tenant_a/orders", "append", "b_submitter", "b.attack", id="percent-encoded"),
+        pytest.param("parquet", "..\\tenant_a\\orders", "append", "b_submitter", None, id="backslashes"),
+        pytest.param("parquet", "%2e%2e/tenant_a/orders", "append", "b_submitter", None, id="percent-encoded"),
     ],
 )
 def test_b_writes_within_its_tree_never_reach_a(
-    arena: Arena, provider: str, location: str, mode: str, token: str, datasource: str
+    arena: Arena, provider: str, location: str, mode: str, token: str, datasource: str | None
 ) -> None:
     """Proves what B may publish lands under <sink-root>/tenant_b only: A's location names, an operator's
     overwrite, an overwrite through a datasource the platform declared overwritable, backslashes and

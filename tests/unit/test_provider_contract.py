@@ -31,12 +31,14 @@ from durable_dataflow.datasources.schema import metadata
     [("delta", DeltaProvider), ("postgres", PostgresTableProvider), ("parquet", ParquetFolderProvider)],
 )
 def test_builtin_providers_load_through_entry_points(name: str, cls: type) -> None:
-    """Each built-in provider is found by its entry point and satisfies the Provider protocol."""
+    """Each built-in provider is found by its entry point, satisfies the Provider protocol and declares
+    exactly the capabilities forward recovery requires (publish and inspect: there is no other)."""
     provider = registry.load_provider(name)
     assert isinstance(provider, cls)
     assert isinstance(provider, Provider)
     assert provider.name == name
-    registry.require_capabilities(provider, {"read", "publish", "inspect"})
+    registry.require_capabilities(provider, {"publish", "inspect"})
+    assert provider.capabilities == frozenset({"publish", "inspect"})
     assert name in registry.available_providers()
 
 

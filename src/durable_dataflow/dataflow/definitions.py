@@ -28,6 +28,7 @@ from durable_dataflow.core import hashing, strictjson
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.secrets import SECRET_NAME_PATTERN
 from durable_dataflow.dataflow import parameters as parameters_mod
+from durable_dataflow.datasources.contract import is_credential_option
 
 IDENTIFIER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
 DEFINITION_BYTES_MAX = 1024 * 1024
@@ -51,8 +52,6 @@ THREADS_CEILING = 256
 TIME_LIMIT_S_CEILING = 7 * 24 * 3600.0
 ERRORS_SHOWN_MAX = 10
 
-# Option keys that name a credential must hold a secret reference, never the value itself.
-CREDENTIAL_OPTION_WORDS = ("password", "passwd", "dsn", "secret", "token", "credential", "api_key")
 
 _SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$")
 _SIZE_UNITS = {
@@ -359,8 +358,8 @@ class TargetSpec(_Model):
             return value
         options: dict[Any, Any] = {}
         for key, item in value.items():
-            lowered = str(key).lower()
-            if isinstance(item, str) and any(word in lowered for word in CREDENTIAL_OPTION_WORDS):
+            # Option keys that name a credential must hold a secret reference, never the value itself.
+            if isinstance(item, str) and is_credential_option(str(key)):
                 raise ValueError(f"option {key!r} looks like a credential: use a secret reference {{secret: NAME}}")
             if isinstance(item, dict) and set(item) == {"secret"}:
                 # Built here so the union below cannot mistake the reference for a plain mapping.

@@ -24,11 +24,14 @@ from durable_dataflow.datasources.contract import (
 from durable_dataflow.datasources.contract import Provider as Provider
 from durable_dataflow.datasources.registry import (
     Datasource,
+    Registration,
+    explain_undecided,
     get_datasource,
     list_datasources,
     load_provider,
     register_datasource,
     register_provider,
+    register_target,
     require_capabilities,
     unregister_provider,
 )
@@ -48,13 +51,16 @@ __all__ = [
     "PublishOutcome",
     "PublishTarget",
     "Published",
+    "Registration",
     "Rejected",
     "Undecided",
+    "explain_undecided",
     "get_datasource",
     "list_datasources",
     "load_provider",
     "register_datasource",
     "register_provider",
+    "register_target",
     "require_capabilities",
     "unregister_provider",
 ]

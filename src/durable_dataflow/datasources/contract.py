@@ -46,7 +46,8 @@ from durable_dataflow.core.secrets import SecretScope
 if TYPE_CHECKING:
     import pyarrow as pa
 
-Capability = Literal["read", "publish", "inspect"]
+# What a provider offers the platform; forward recovery needs both (`registry.require_capabilities`).
+Capability = Literal["publish", "inspect"]
 WriteMode = Literal["append", "overwrite"]
 
 # Idempotency keys are stable run-derived strings; a generous bound keeps them storable as a
@@ -55,10 +56,16 @@ KEY_CHARS_MAX = 512
 # Attempt numbers start at 1; 0 is reserved (the Delta provider uses it as a fence marker).
 TOKEN_MIN = 1
 # What `inspect` answers for a missing location (the platform prepares it before authorizing dispatch).
+# A provider's Undecided reason for a missing location contains it: the platform recognizes it by it
+# and adds whether the datasource was registered (`registry.explain_undecided`).
 LOCATION_MISSING = (
     "the sink location is missing: it existed before dispatch was authorized, "
     "so it may have been moved or not be mounted here"
 )
+# Words that make an option name a credential's: its value must be a `{"secret": NAME}` reference,
+# never the value itself. The one list, for datasource options (registry) and a definition's target
+# options (dataflow.definitions); matched case-insensitively anywhere in the name.
+CREDENTIAL_OPTION_WORDS = ("password", "passwd", "dsn", "secret", "token", "credential", "api_key", "apikey")
 
 
 class Inconclusive(DataflowError):
@@ -190,6 +197,12 @@ def prepare(provider: Provider, target: PublishTarget) -> None:
     create = getattr(provider, "prepare", None)
     if create is not None:
         create(target)
+
+
+def is_credential_option(name: str) -> bool:
+    """Whether an option of this name holds a credential (see CREDENTIAL_OPTION_WORDS)."""
+    lowered = name.lower()
+    return any(word in lowered for word in CREDENTIAL_OPTION_WORDS)
 
 
 def check_key(key: str) -> None:

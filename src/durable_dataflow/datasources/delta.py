@@ -170,7 +170,7 @@ class DeltaProvider:
     """Publishes to a Delta table; the key is an app-transaction id, the token its version."""
 
     name = "delta"
-    capabilities: frozenset[Capability] = frozenset({"read", "publish", "inspect"})
+    capabilities: frozenset[Capability] = frozenset({"publish", "inspect"})
 
     def __init__(self) -> None:
         # Fail at construction, so the registry reports the missing extra as a capability.
@@ -326,6 +326,9 @@ class DeltaProvider:
         return Absent(fence)
 
     def read(self, target: PublishTarget) -> pa.Table:
-        """The table's current rows (all publications)."""
+        """The table's current rows (all publications).
+
+        Not part of the contract (no capability; the platform never reads a sink): the tests read
+        the sink with it."""
         table: pa.Table = self._dl.DeltaTable(str(resolve_location(target))).to_pyarrow_table()
         return table

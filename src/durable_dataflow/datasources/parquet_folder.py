@@ -116,7 +116,7 @@ class ParquetFolderProvider:
     """Publishes each key's rows as one Parquet file in a folder, committed by a manifest."""
 
     name = "parquet"
-    capabilities: frozenset[Capability] = frozenset({"read", "publish", "inspect"})
+    capabilities: frozenset[Capability] = frozenset({"publish", "inspect"})
 
     def _prepare(self, folder: Path) -> None:
         for sub in SUBFOLDERS:
@@ -268,7 +268,10 @@ class ParquetFolderProvider:
         return Absent(fence)
 
     def read(self, target: PublishTarget) -> pa.Table:
-        """Every published key's rows (publication manifests only; orphans and fences ignored)."""
+        """Every published key's rows (publication manifests only; orphans and fences ignored).
+
+        Not part of the contract (no capability; the platform never reads a sink): the tests read
+        the sink with it."""
         folder = resolve_location(target)
         manifests = sorted((folder / "_manifests").glob("*.json"))[:READ_FILES_MAX]
         tables = []

@@ -144,7 +144,7 @@ class PostgresTableProvider:
     """Publishes rows into a PostgreSQL table with a keyed publication record in the same transaction."""
 
     name = "postgres"
-    capabilities: frozenset[Capability] = frozenset({"read", "publish", "inspect"})
+    capabilities: frozenset[Capability] = frozenset({"publish", "inspect"})
 
     @contextmanager
     def _connect(self, dsn: str) -> Iterator[psycopg.Connection[Any]]:
@@ -340,7 +340,10 @@ class PostgresTableProvider:
         return Absent(int(raised[0]))
 
     def read(self, target: PublishTarget) -> pa.Table:
-        """The target table's rows (at most READ_ROWS_MAX), without the key column."""
+        """The target table's rows (at most READ_ROWS_MAX), without the key column.
+
+        Not part of the contract (no capability; the platform never reads a sink): the tests read
+        the sink with it."""
         table_name = _TableName.parse(target.location)
         dsn = _resolve_dsn(target)
         failed = f"reading postgres table {table_name.text()} failed"

@@ -3,7 +3,11 @@
 Providers are found through the entry-point group `durable_dataflow.providers`, so another
 package can add one; tests may register factories in-process. A provider whose optional package
 is not installed is a *missing capability*, reported with the extra to install, never an import
-crash. Named datasources live in the platform database (`schema.datasources`).
+crash. Named datasources live in the platform database (`schema.datasources`), per tenant: the
+platform's declarations (`register_datasource`, tenant `PLATFORM_DECLARED`) and the registrations
+that a tenant's first publication to a datasource records before its dispatch can be authorized
+(`register_target`), which let an inspection that finds the location missing say whether the
+platform created it (`explain_undecided`).
 """
 
 from __future__ import annotations
@@ -17,23 +21,32 @@ from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from typing import Any
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, Insert, insert, or_, select
 
 from durable_dataflow.core.errors import Conflict, InputError, NotFound
 from durable_dataflow.core.hashing import canonical_json
-from durable_dataflow.datasources.contract import Capability, MissingCapability, Provider
+from durable_dataflow.datasources.contract import (
+    LOCATION_MISSING,
+    Capability,
+    InspectOutcome,
+    MissingCapability,
+    Provider,
+    Undecided,
+    is_credential_option,
+)
 from durable_dataflow.datasources.schema import (
     DATASOURCE_NAME_CHARS_MAX,
     LOCATION_CHARS_MAX,
+    PLATFORM_DECLARED,
     PROVIDER_NAME_CHARS_MAX,
+    RUN_ID_CHARS_MAX,
+    TENANT_CHARS_MAX,
     datasources,
 )
 
 ENTRY_POINT_GROUP = "durable_dataflow.providers"
 # The optional extra that brings each built-in provider's package, for the error message.
 PROVIDER_EXTRAS: Mapping[str, str] = {"delta": "delta", "postgres": "postgres"}
-# Option keys that name a credential: their value must be a {"secret": NAME} reference.
-SENSITIVE_OPTION = re.compile(r"password|passwd|dsn|token|secret|credential|api_?key", re.IGNORECASE)
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 LIST_DATASOURCES_MAX = 10_000
 OPTIONS_NESTING_MAX = 8
@@ -100,15 +113,41 @@ def require_capabilities(provider: Provider, needed: Iterable[Capability]) -> No
         raise MissingCapability(f"provider {provider.name!r} lacks the capabilities {', '.join(missing)}")
 
 
+# What explain_undecided adds to a provider's LOCATION_MISSING reason; fixed texts, never a path.
+LOCATION_REGISTERED = (
+    "the datasource is registered: run {run} recorded it when the platform created this location, "
+    "before its dispatch could be authorized, so the location existed and cannot be seen now "
+    "(restore or mount it; see docs/operations.md)"
+)
+LOCATION_NOT_REGISTERED = (
+    "the datasource has no registration for this location: it may never have existed, but a run "
+    "from before registrations were recorded may have created it, so nothing is concluded "
+    "(see docs/operations.md)"
+)
+
+
 @dataclass(frozen=True)
 class Datasource:
-    """A named datasource: which provider, where, and options (secrets only by reference)."""
+    """A named datasource: which provider, where, and options (secrets only by reference).
+
+    `tenant` is PLATFORM_DECLARED for a datasource the platform declared for every tenant, else the
+    tenant whose run `created_by_run` registered it with its first publication."""
 
     name: str
     provider: str
     location: str
     options: Mapping[str, Any]
     registered_at: datetime
+    tenant: str = PLATFORM_DECLARED
+    created_by_run: str | None = None
+
+
+@dataclass(frozen=True)
+class Registration:
+    """The answer of `register_target`: the registered datasource, and whether this call recorded it."""
+
+    datasource: Datasource
+    created: bool
 
 
 def _check_options(options: Mapping[str, Any], depth: int = 0) -> None:
@@ -122,7 +161,7 @@ def _check_options(options: Mapping[str, Any], depth: int = 0) -> None:
             if not isinstance(value["secret"], str):
                 raise InputError(f"option {key!r}: a secret reference names the secret as a string")
             continue
-        if SENSITIVE_OPTION.search(key):
+        if is_credential_option(key):
             raise InputError(
                 f"option {key!r} looks like a credential: give it as {{'secret': NAME}}, not a plain value"
             )
@@ -130,15 +169,26 @@ def _check_options(options: Mapping[str, Any], depth: int = 0) -> None:
             _check_options(value, depth + 1)
 
 
-def _check_text(what: str, value: str, chars_max: int) -> None:
-    if not value or len(value) > chars_max:
+def _check_text(what: str, value: object, chars_max: int) -> str:
+    if not isinstance(value, str) or not value or len(value) > chars_max:
         raise InputError(f"datasource {what} must have 1..{chars_max} characters")
+    if "\x00" in value:  # PostgreSQL cannot store it; no name or location needs it
+        raise InputError(f"datasource {what} must not contain NUL")
+    return value
 
 
 def register_datasource(
-    conn: Connection, name: str, provider: str, location: str, options: Mapping[str, Any]
+    conn: Connection,
+    name: str,
+    provider: str,
+    location: str,
+    options: Mapping[str, Any],
+    *,
+    tenant: str = PLATFORM_DECLARED,
 ) -> Datasource:
-    """Insert a named datasource; the same name again is a Conflict. Runs in the caller's transaction."""
+    """Declare a named datasource, for every tenant (PLATFORM_DECLARED) or for one; the same name
+    again for that tenant is a Conflict. Runs in the caller's transaction."""
+    _check_text("tenant", tenant, TENANT_CHARS_MAX)
     _check_text("name", name, DATASOURCE_NAME_CHARS_MAX)
     if not NAME_PATTERN.match(name):
         raise InputError(f"datasource name {name!r} may use letters, digits, '_', '.', '-' only")
@@ -146,11 +196,12 @@ def register_datasource(
     _check_text("location", location, LOCATION_CHARS_MAX)
     _check_options(options)
     options_json = canonical_json(dict(options)).decode("utf-8")
-    if get_datasource_or_none(conn, name) is not None:
+    if get_datasource_or_none(conn, name, tenant=tenant) is not None:
         raise Conflict(f"datasource {name!r} is already registered")
     registered_at = datetime.now(UTC)
     conn.execute(
         insert(datasources).values(
+            tenant=tenant,
             name=name,
             provider=provider,
             location=location,
@@ -158,7 +209,104 @@ def register_datasource(
             registered_at=registered_at,
         )
     )
-    return Datasource(name, provider, location, json.loads(options_json), registered_at)
+    return Datasource(name, provider, location, json.loads(options_json), registered_at, tenant)
+
+
+def _insert_if_absent(conn: Connection, values: Mapping[str, Any]) -> bool:
+    """INSERT ... ON CONFLICT (tenant, name) DO NOTHING; True when this statement inserted the row."""
+    statement: Insert
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        statement = pg_insert(datasources).values(**values).on_conflict_do_nothing(index_elements=["tenant", "name"])
+    elif conn.dialect.name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        statement = sqlite_insert(datasources).values(**values).on_conflict_do_nothing(
+            index_elements=["tenant", "name"]
+        )
+    else:
+        raise InputError(f"datasource registrations need PostgreSQL or SQLite, not {conn.dialect.name}")
+    # RETURNING, not rowcount: the row comes back only when this statement inserted it, on both engines.
+    return conn.execute(statement.returning(datasources.c.name)).first() is not None
+
+
+def register_target(conn: Connection, tenant: str, target: Mapping[str, Any], run_id: str) -> Registration:
+    """Record the registration of the target's datasource for ``tenant``: the explicit step by which a
+    run's first publication to a datasource creates it, recorded (with the run) before the run's
+    dispatch can be authorized. Runs in the caller's transaction.
+
+    The same name, provider and location again (another run, a retry, a concurrent worker) is a no-op
+    that returns the stored registration. The name registered for this tenant with another provider or
+    location is an InputError naming the conflict; another tenant's datasources are never consulted
+    (names are per tenant), so nothing here tells one tenant about another's.
+    """
+    _check_text("tenant", tenant, TENANT_CHARS_MAX)
+    if tenant == PLATFORM_DECLARED:
+        raise InputError("a run's datasource is registered for its tenant, never for the platform")
+    name = _check_text("name", target.get("datasource"), DATASOURCE_NAME_CHARS_MAX)
+    provider = _check_text("provider", target.get("provider"), PROVIDER_NAME_CHARS_MAX)
+    location = _check_text("location", target.get("location"), LOCATION_CHARS_MAX)
+    _check_text("run", run_id, RUN_ID_CHARS_MAX)
+    created = _insert_if_absent(
+        conn,
+        {
+            "tenant": tenant,
+            "name": name,
+            "provider": provider,
+            "location": location,
+            "options_json": "{}",  # never the run's options: they could declare allow_overwrite
+            "registered_at": datetime.now(UTC),
+            "created_by_run": run_id,
+        },
+    )
+    stored = get_datasource_or_none(conn, name, tenant=tenant)
+    if stored is None:  # the row inserted or found above is gone: a concurrent delete, never ours
+        raise Conflict("the datasource registration could not be read back; nothing was published")
+    if (stored.provider, stored.location) != (provider, location):
+        by = f" by run {stored.created_by_run}" if stored.created_by_run else ""
+        raise InputError(
+            f"the datasource {name!r} is already registered{by} with provider {stored.provider!r} and location "
+            f"{stored.location!r}, not {provider!r} at {location!r}: publish to it there, or name another datasource"
+        )
+    return Registration(stored, created)
+
+
+def _target_of(target: Mapping[str, Any] | None) -> tuple[str, str, str] | None:
+    if target is None:
+        return None
+    fields = (target.get("datasource"), target.get("provider"), target.get("location"))
+    if not all(isinstance(value, str) and value for value in fields):
+        return None
+    return str(fields[0]), str(fields[1]), str(fields[2])
+
+
+def registration_of(conn: Connection, tenant: str, target: Mapping[str, Any] | None) -> Datasource | None:
+    """The tenant's registration of exactly this target's datasource (name, provider and location),
+    or None: never registered, registered with another provider or location, or only declared by
+    the platform (a declaration does not create a location)."""
+    named = _target_of(target)
+    if named is None or tenant == PLATFORM_DECLARED:
+        return None
+    stored = get_datasource_or_none(conn, named[0], tenant=tenant)
+    if stored is None or (stored.provider, stored.location) != named[1:]:
+        return None
+    return stored
+
+
+def explain_undecided(
+    conn: Connection, tenant: str, target: Mapping[str, Any] | None, finding: InspectOutcome
+) -> InspectOutcome:
+    """The inspection's answer, with a missing location's reason saying whether the datasource was
+    registered: registered, the platform created the location, so it exists and cannot be seen now;
+    not registered, it may never have existed. Either way it stays Undecided (a run from before
+    registrations may have created the location without one); any other answer is returned as is."""
+    if not isinstance(finding, Undecided) or LOCATION_MISSING not in finding.reason:
+        return finding
+    registered = registration_of(conn, tenant, target)
+    if registered is None:
+        return Undecided(f"{finding.reason}; {LOCATION_NOT_REGISTERED}")
+    return Undecided(f"{finding.reason}; {LOCATION_REGISTERED.format(run=registered.created_by_run)}")
 
 
 def _row_to_datasource(row: Any) -> Datasource:
@@ -166,24 +314,39 @@ def _row_to_datasource(row: Any) -> Datasource:
     if registered_at.tzinfo is None:
         # SQLite returns naive datetimes; the column is stored in UTC.
         registered_at = registered_at.replace(tzinfo=UTC)
-    return Datasource(row.name, row.provider, row.location, json.loads(row.options_json), registered_at)
+    return Datasource(
+        row.name,
+        row.provider,
+        row.location,
+        json.loads(row.options_json),
+        registered_at,
+        row.tenant,
+        row.created_by_run,
+    )
 
 
-def get_datasource_or_none(conn: Connection, name: str) -> Datasource | None:
-    """The named datasource, or None."""
-    row = conn.execute(select(datasources).where(datasources.c.name == name)).first()
+def get_datasource_or_none(conn: Connection, name: str, *, tenant: str = PLATFORM_DECLARED) -> Datasource | None:
+    """The datasource of that name for ``tenant`` (by default: the platform's declaration), or None."""
+    row = conn.execute(
+        select(datasources).where(datasources.c.tenant == tenant, datasources.c.name == name)
+    ).first()
     return None if row is None else _row_to_datasource(row)
 
 
-def get_datasource(conn: Connection, name: str) -> Datasource:
-    """The named datasource; NotFound when it is not registered."""
-    found = get_datasource_or_none(conn, name)
+def get_datasource(conn: Connection, name: str, *, tenant: str = PLATFORM_DECLARED) -> Datasource:
+    """The datasource of that name for ``tenant`` (by default: the platform's declaration); NotFound
+    when there is none."""
+    found = get_datasource_or_none(conn, name, tenant=tenant)
     if found is None:
         raise NotFound(f"datasource {name!r} is not registered")
     return found
 
 
-def list_datasources(conn: Connection) -> list[Datasource]:
-    """Every registered datasource by name, at most LIST_DATASOURCES_MAX."""
-    rows = conn.execute(select(datasources).order_by(datasources.c.name).limit(LIST_DATASOURCES_MAX))
+def list_datasources(conn: Connection, tenant: str | None = None) -> list[Datasource]:
+    """What ``tenant`` may see: its own registrations and the platform's declarations; with None,
+    every tenant's (the platform operator). By name, at most LIST_DATASOURCES_MAX."""
+    query = select(datasources)
+    if tenant is not None:
+        query = query.where(or_(datasources.c.tenant == tenant, datasources.c.tenant == PLATFORM_DECLARED))
+    rows = conn.execute(query.order_by(datasources.c.name, datasources.c.tenant).limit(LIST_DATASOURCES_MAX))
     return [_row_to_datasource(row) for row in rows]

@@ -2,26 +2,43 @@
 
 The integrator builds the Alembic migrations from this `metadata`; it is the one place the
 `datasources` table is defined.
+
+A row is either a datasource the platform declared (`register_datasource`, tenant
+`PLATFORM_DECLARED`: every tenant may name it, and its options may declare `allow_overwrite`) or the
+registration a tenant's first publication to a datasource recorded before its dispatch could be
+authorized (`register_target`: the run's tenant, `created_by_run`, empty options). Names are per
+tenant: two tenants' `analytics.totals` are two rows, and neither can see or block the other's.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Column, DateTime, MetaData, String, Table, Text
+from sqlalchemy import Column, DateTime, MetaData, PrimaryKeyConstraint, String, Table, Text
 
 # Bounds for the registry's text columns; a named datasource is an identifier, not a document.
 DATASOURCE_NAME_CHARS_MAX = 200
 PROVIDER_NAME_CHARS_MAX = 100
 LOCATION_CHARS_MAX = 2000
+TENANT_CHARS_MAX = 128  # as dataflow_runs.tenant
+RUN_ID_CHARS_MAX = 36  # as dataflow_runs.run_id
+# The tenant of a datasource the platform declared for every tenant, and of every row recorded before
+# registrations had a tenant (migration 0006). No real tenant can be named so (api.tokens.TENANT_PATTERN
+# refuses it; it is the platform operator token's PLATFORM_TENANT).
+PLATFORM_DECLARED = "*"
 
 metadata = MetaData()
 
 datasources = Table(
     "datasources",
     metadata,
-    Column("name", String(DATASOURCE_NAME_CHARS_MAX), primary_key=True),
+    Column("tenant", String(TENANT_CHARS_MAX), nullable=False),
+    Column("name", String(DATASOURCE_NAME_CHARS_MAX), nullable=False),
     Column("provider", String(PROVIDER_NAME_CHARS_MAX), nullable=False),
     Column("location", String(LOCATION_CHARS_MAX), nullable=False),
     # Canonical JSON of the options; secret values never appear here, only {"secret": NAME}.
     Column("options_json", Text, nullable=False),
+    # When the row was recorded: the declaration, or the registration of the first publication.
     Column("registered_at", DateTime(timezone=True), nullable=False),
+    # The run whose first publication registered the datasource; None for a declaration.
+    Column("created_by_run", String(RUN_ID_CHARS_MAX), nullable=True),
+    PrimaryKeyConstraint("tenant", "name", name="pk_datasources"),
 )
