@@ -8,6 +8,9 @@ import pytest
 
 from durable_dataflow import migrations
 from durable_dataflow.core.db import Database
+from durable_dataflow.dataflow import crashpoints
+from durable_dataflow.datasources import registry
+from durable_dataflow.platform import Platform
 
 
 @pytest.fixture
@@ -26,3 +29,13 @@ def pg_db(pg_url: str) -> Iterator[Database]:
     migrations.upgrade(database)
     yield database
     database.dispose()
+
+
+@pytest.fixture
+def platform(db_url: str) -> Iterator[Platform]:
+    """A platform with a 5 s lease; afterwards no crash hook and no "faulty" provider stay installed.
+    (Test modules that need another platform define their own ``platform``.)"""
+    with Platform(db_url, lease_ttl_s=5) as opened:
+        yield opened
+    crashpoints.set_hook(None)
+    registry.unregister_provider("faulty")

@@ -227,7 +227,9 @@ def test_evidence_shows_entries_verification_and_checkpoint(world: World) -> Non
     assert atomic["checkpoint"]["status"] == "succeeded"
     unknown = world.call("GET", "/v1/runs/{run}/evidence", world.tokens.viewer).json()
     assert "dispatch.authorized" in [e["kind"] for e in unknown["entries"]]
-    assert unknown["run"]["status"] == "outcome_unknown" and unknown["checkpoint"] is None
+    assert unknown["run"]["status"] == "outcome_unknown"
+    assert unknown["checkpoint"]["status"] == "outcome_unknown"  # every terminal state is checkpointed
+    assert unknown["checkpoint"]["head_seq"] == unknown["entries"][-1]["seq"]
 
 
 def test_operator_reconciles_an_outcome_unknown_run(world: World) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import sqlalchemy as sa
 from durable_dataflow.core import checkpoints, ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.schema import ledger_entries
-from durable_dataflow.dataflow import crashpoints, evidence, forward, reconcile, sweeper
+from durable_dataflow.dataflow import crashpoints, forward, reconcile, sweeper, transitions
 from durable_dataflow.dataflow.requests import AccessContext, Provenance
 from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.datasources import contract, registry
@@ -22,14 +21,6 @@ from durable_dataflow.datasources.delta import DeltaProvider
 from durable_dataflow.datasources.testing import FaultInjectingProvider
 from durable_dataflow.platform import Platform
 from support import flows
-
-
-@pytest.fixture
-def platform(db_url: str) -> Iterator[Platform]:
-    with Platform(db_url, lease_ttl_s=5) as opened:
-        yield opened
-    crashpoints.set_hook(None)
-    registry.unregister_provider("faulty")
 
 
 def _faulty(fault: str, inspect_fault: str = "none", inner: Any = None) -> FaultInjectingProvider:
@@ -297,7 +288,7 @@ def test_runs_recorded_with_absolute_refs_still_verify_and_reconcile(platform: P
     with platform.db.read() as conn:
         for run in (platform.runs.get(old.run_id), settled.run):
             key = platform.runs.config.evidence_key
-            verification = evidence.verify_run(conn, run.run_id, str(run.mode), str(run.status), run.attempt, key)
+            verification = transitions.verify_run(conn, run, key)
             assert verification.ok, verification.reason
 
 

@@ -3,7 +3,6 @@ authorizes dispatch, and an inspection of a missing location is Undecided and cr
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +23,6 @@ FILE_PROVIDERS: dict[str, type[ParquetFolderProvider | DeltaProvider]] = {
     "parquet": ParquetFolderProvider,
     "delta": DeltaProvider,
 }
-
-
-@pytest.fixture
-def platform(db_url: str) -> Iterator[Platform]:
-    with Platform(db_url, lease_ttl_s=5) as opened:
-        yield opened
-    crashpoints.set_hook(None)
-    registry.unregister_provider("faulty")
 
 
 def _run(platform: Platform, tmp_path: Path, provider: str) -> Run:

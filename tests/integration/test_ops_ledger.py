@@ -46,7 +46,8 @@ def test_projection_counts_unresolved_and_ages(platform: Platform, tmp_path: Pat
     assert view.runs_by_status == {"outcome_unknown": 1, "succeeded": 2}
     assert view.runs_by_recovery_status == {"outcome_unknown": 1, "verified": 2}
     [module] = view.modules
-    assert (module.module, module.subjects, module.checkpoints) == ("dataflow", 3, 2)
+    # Every terminal state is checkpointed, the unresolved one too.
+    assert (module.module, module.subjects, module.checkpoints) == ("dataflow", 3, 3)
     assert module.entries is None, "entries are counted only on request (a full ledger scan)"
     [counted] = ledger.read_projection(platform.db, count_entries=True).modules
     with platform.db.read() as conn:

@@ -38,7 +38,7 @@ from hypothesis.stateful import (
 
 from durable_dataflow.core import fencing, leases
 from durable_dataflow.core.errors import Conflict, LeaseUnavailable, StaleAttempt
-from durable_dataflow.dataflow import evidence, forward, results, sweeper
+from durable_dataflow.dataflow import evidence, forward, results, sweeper, transitions
 from durable_dataflow.dataflow import reconcile as reconciliation
 from durable_dataflow.dataflow.execution import ExecutionResult
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
@@ -178,7 +178,9 @@ class RecoveryMachine(RuleBasedStateMachine):
         """Nothing but a submit can move: nothing held, deliverable, queued, leased or unresolved."""
         world = self.world
         return not (
-            self.held or self.overtaken() or any(r.released_at_us is None for r in world.leases.values())
+            self.held
+            or self.overtaken()
+            or any(r.released_at_us is None for r in world.leases.values())
             or any(r.status == RunStatus.QUEUED for r in world.runs.values())
             or (reconcilable(world) and self.within_budget("reconcile"))
         )
@@ -454,7 +456,9 @@ class RecoveryMachine(RuleBasedStateMachine):
         result = held.result
         assert result is not None
         refused = self.fenced_write(
-            held, "the atomic terminal commit", lambda: svc.commit_atomic_success(held.run_id, held.attempt, result)
+            held,
+            "the atomic terminal commit",
+            lambda: svc.commit_atomic_success(svc.get(held.run_id), held.attempt, result),
         )
         if not refused:
             assert svc.get(held.run_id).status == RunStatus.SUCCEEDED
@@ -621,13 +625,19 @@ def reconcilable(world: World) -> list[str]:
 
 
 def expected_reconcile(world: World, run_id: str, resume: bool) -> tuple[str, bool]:
-    """What reconcile must find, from the run's projection and the sink's manifest."""
+    """What reconcile must find, from the run's projection and the sink's manifest. An authorized
+    attempt whose lease expired is swept to outcome_unknown by the reconcile itself first."""
     run = world.runs[run_id]
     if run.mode != Mode.FORWARD_RECOVERY or run.publication_idempotency_key is None:
         return "conflict", False
     if run.recovery_status == RecoveryStatus.RECONCILED_ABSENT:
         return "absent", resume
-    if run.status != RunStatus.OUTCOME_UNKNOWN:
+    lease = world.leases.get(run_id)
+    swept = (
+        run.status == RunStatus.RUNNING and run.recovery_status == RecoveryStatus.DISPATCH_AUTHORIZED
+        and lease is not None and lease.released_at_us is None and lease.expires_at_us <= world.now_us
+    )  # fmt: skip
+    if not swept and run.status not in (RunStatus.OUTCOME_UNKNOWN, RunStatus.EVIDENCE_FAILED):
         return "conflict", False
     manifest = world.manifest_for(run)
     if manifest is not None and manifest["kind"] == "publication":
@@ -643,9 +653,7 @@ def check_chains(bench: Bench, world: World, verified: dict[str, tuple[int, str]
             head = (len(world.ledgers[run.run_id]), str(run.status))
             if verified.get(run.run_id) == head:
                 continue
-            verification = evidence.verify_run(
-                conn, run.run_id, str(run.mode), str(run.status), run.attempt, platform.runs.config.evidence_key
-            )
+            verification = transitions.verify_run(conn, run, platform.runs.config.evidence_key)
             assert verification.ok, f"evidence of run {run.run_id} ({run.status}) fails: {verification.reason}"
             verified[run.run_id] = head
 

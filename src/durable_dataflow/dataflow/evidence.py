@@ -10,15 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import pyarrow as pa
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import checkpoints, ledger
+from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import EvidenceError
-from durable_dataflow.core.secrets import Secret
 from durable_dataflow.dataflow import arrowdigest, results
-from durable_dataflow.dataflow.runs import MODULE
-from durable_dataflow.dataflow.schema import run_results
 
 RUN_RECORDED = "run.recorded"
 ATTEMPT_STARTED = "attempt.started"
@@ -53,12 +49,10 @@ _DIGEST_OF_FORMAT: dict[str, Callable[[pa.Table], str]] = {
 def stored_result_digest(conn: Connection, run_id: str) -> str | None:
     """The digest recomputed from the stored result bytes (not the digest stored beside them), in the
     digest format named by the stored format; EvidenceError when this version cannot verify that format."""
-    row = conn.execute(
-        sa.select(run_results.c.format, run_results.c.bytes).where(run_results.c.run_id == run_id)
-    ).one_or_none()
-    if row is None:
+    found = results.stored(conn, run_id)
+    if found is None:
         return None
-    stored_format, data = row
+    stored_format, data = found
     digest_of = _DIGEST_OF_FORMAT.get(stored_format)
     if digest_of is None:
         known = ", ".join(sorted(_DIGEST_OF_FORMAT))
@@ -66,7 +60,7 @@ def stored_result_digest(conn: Connection, run_id: str) -> str | None:
             f"the stored result of run {run_id} has format {stored_format!r}, which this version cannot "
             f"verify (it knows {known})"
         )
-    return digest_of(results.decode_ipc(bytes(data)))
+    return digest_of(results.decode_ipc(data))
 
 
 def _last(entries: Sequence[ledger.Entry], kind: str) -> ledger.Entry | None:
@@ -119,22 +113,3 @@ def forward_success_problem(entries: Sequence[ledger.Entry], attempt: int, resul
     if result_digest != recorded_digest:
         return "the stored result bytes do not hash to the recorded output digest"
     return ""
-
-
-def verify_run(
-    conn: Connection, run_id: str, mode: str, status: str, attempt: int, key: Secret | None
-) -> ledger.Verification:
-    """Verify a run's chain and, for a succeeded run, the facts of its success (``dataflow verify``)."""
-
-    def facts(entries: Sequence[ledger.Entry]) -> str:
-        if status != "succeeded":
-            return ""
-        try:
-            digest = stored_result_digest(conn, run_id)
-        except EvidenceError as error:
-            return error.message  # verify reports the problem, as for every other fact
-        if mode == "atomic":
-            return atomic_success_problem(entries, attempt, digest)
-        return forward_success_problem(entries, attempt, digest)
-
-    return checkpoints.verify_subject(conn, MODULE, run_id, evidence_key=key, facts_check=facts)

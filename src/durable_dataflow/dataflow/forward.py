@@ -13,13 +13,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from durable_dataflow.core import checkpoints, fencing, hashing, leases
+from durable_dataflow.core import checkpoints, fencing, hashing
+from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import DataflowError, EvidenceError, ExecutionError, InputError, StaleAttempt
-from durable_dataflow.core.secrets import SecretScope
-from durable_dataflow.dataflow import crashpoints, evidence, progress, results, runs, workspace
-from durable_dataflow.dataflow.runs import MODULE, RecoveryStatus, Run, RunStatus
+from durable_dataflow.core.secrets import Secret, SecretScope
+from durable_dataflow.dataflow import crashpoints, progress, results, transitions, workspace
+from durable_dataflow.dataflow.execution import ExecutionResult
+from durable_dataflow.dataflow.runs import MODULE, Run
+from durable_dataflow.dataflow.transitions import Outcome
+from durable_dataflow.dataflow.workspace import Workspace
 from durable_dataflow.datasources import contract, registry
 from durable_dataflow.datasources.contract import (
     AlreadyPublished,
@@ -34,11 +38,22 @@ from durable_dataflow.datasources.contract import (
     Rejected,
 )
 
-if TYPE_CHECKING:
-    from durable_dataflow.dataflow.execution import ExecutionResult
-    from durable_dataflow.dataflow.service import RunService
-
 REQUIRED_CAPABILITIES: tuple[Capability, ...] = ("publish", "inspect")
+
+
+class Attempts(Protocol):
+    """What a forward attempt needs of the run service (dataflow.service.RunService), without importing it."""
+
+    db: Database
+
+    @property
+    def evidence_key(self) -> Secret | None: ...
+    def get(self, run_id: str, tenant: str | None = None) -> Run: ...
+    def result_bytes(self, run_id: str) -> bytes: ...
+    def run_workspace(self, run: Run) -> tuple[Workspace, SecretScope]: ...
+    def compute(self, run: Run, progress_sink: progress.ProgressSink | None = None) -> ExecutionResult: ...
+    def fail(self, run: Run, attempt: int, error: DataflowError, **facts: Any) -> Run | None: ...
+    def record_evidence_failure(self, run: Run, attempt: int, reason: str) -> Run | None: ...
 
 
 def publication_key(run: Run) -> str:
@@ -70,7 +85,7 @@ def load_capable_provider(run: Run) -> Provider:
     return provider
 
 
-def preflight_target(service: RunService, run: Run, provider: Provider) -> None:
+def preflight_target(service: Attempts, run: Run, provider: Provider) -> None:
     """The provider's checks of the target that need no write; InputError, or ExecutionError naming
     the type of anything unexpected (its text may quote a path or a value)."""
     try:
@@ -83,11 +98,15 @@ def preflight_target(service: RunService, run: Run, provider: Provider) -> None:
         raise ExecutionError(f"the target preflight failed with an unexpected {type(error).__name__}") from None
 
 
-def prepare_target(service: RunService, run: Run, provider: Provider) -> None:
+def prepare_target(service: Attempts, run: Run, provider: Provider) -> None:
     """The provider's creation of the sink location, before dispatch can be authorized, so a location
-    missing at a later inspection is never taken for absence. Nothing is published here, so a failure
-    ends the attempt conclusively; its text is not repeated (it may quote a path)."""
+    missing at a later inspection is never taken for absence. First the datasource's registration is
+    recorded (a no-op after its first publication; its name at another location is an InputError), so
+    an inspection can tell a location the platform created from one it never did. Nothing is published
+    here, so a failure ends the attempt conclusively; its text is not repeated (it may quote a path)."""
     try:
+        with service.db.begin() as conn:
+            registry.register_target(conn, run.tenant, run.target or {}, run.run_id)
         contract.prepare(provider, publish_target(run, service.run_workspace(run)[1]))
     except InputError as error:
         raise InputError(f"the target cannot be published to: {error.message}") from None
@@ -100,23 +119,23 @@ def prepare_target(service: RunService, run: Run, provider: Provider) -> None:
 
 
 def execute_forward(
-    service: RunService, run: Run, attempt: int, progress_sink: progress.ProgressSink | None = None
+    service: Attempts, run: Run, attempt: int, progress_sink: progress.ProgressSink | None = None
 ) -> None:
     try:
         provider = load_capable_provider(run)
     except MissingCapability as error:
-        service.fail_before_dispatch(run.run_id, attempt, error, missing_capability=True)
+        service.fail(run, attempt, error, missing_capability=True)
         return
     try:
         preflight_target(service, run, provider)
         prepare_target(service, run, provider)
     except DataflowError as error:
-        service.fail_before_dispatch(run.run_id, attempt, error)
+        service.fail(run, attempt, error)
         return
     try:
         result = service.compute(run, progress_sink)
     except DataflowError as error:
-        service.fail_before_dispatch(run.run_id, attempt, error)
+        service.fail(run, attempt, error)
         return
     progress.report(progress_sink, progress.Progress(
         progress.Phase.COMMITTING, None, result.row_count, len(result.ipc_bytes)
@@ -126,15 +145,18 @@ def execute_forward(
         authorize_dispatch(service, run, attempt, result)
     except StaleAttempt:
         return  # never authorized: the sweeper proves this attempt absent and retries the run
+    except EvidenceError as error:  # the chain did not verify: nothing is dispatched on it
+        service.record_evidence_failure(run, attempt, error.message)
+        return
     crashpoints.reach(crashpoints.AFTER_PREDISPATCH_COMMIT)
     progress.report(progress_sink, progress.Progress(progress.Phase.PUBLISHING, None, result.row_count))
     dispatch(service, run, attempt, provider)
 
 
-def authorize_dispatch(service: RunService, run: Run, attempt: int, result: ExecutionResult) -> None:
-    """The pre-dispatch fenced commit: result, digests, ``dispatch.authorized``."""
-    from durable_dataflow.dataflow.service import result_facts, store_result
-
+def authorize_dispatch(service: Attempts, run: Run, attempt: int, result: ExecutionResult) -> None:
+    """The pre-dispatch fenced commit: result, digests, ``dispatch.authorized``. The chain it extends
+    must verify first (EvidenceError otherwise): a publication is never authorized on evidence that
+    could not later prove its success, such as entries written under another evidence-key setting."""
     key = publication_key(run)
     target = run.target or {}
     idem_digest = hashing.digest(
@@ -142,23 +164,28 @@ def authorize_dispatch(service: RunService, run: Run, attempt: int, result: Exec
     )
     db = service.db
     with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
-        store_result(conn, run.run_id, attempt, result)
+        verification = checkpoints.verify_subject(conn, MODULE, run.run_id, evidence_key=service.evidence_key)
+        if not verification.ok:
+            where = f" at seq {verification.broken_seq}" if verification.broken_seq is not None else ""
+            raise EvidenceError(f"the run's evidence failed verification{where} before dispatch: {verification.reason}")
+        results.store(conn, run.run_id, attempt, result)
         payload = {
-            **result_facts(result),
+            **results.facts(result),
             "publication_idempotency_key": key,
             "publication_idempotency_digest": idem_digest,
             "target": target,
         }
-        service._append(conn, run.run_id, attempt, evidence.DISPATCH_AUTHORIZED, payload)
-        runs.update(
-            conn, run.run_id, db.now_us_expr(),
-            recovery_status=RecoveryStatus.DISPATCH_AUTHORIZED, row_count=result.row_count,
-            output_digest=result.output_digest, source_fingerprint_digest=result.source_fingerprint_digest,
-            publication_idempotency_key=key, publication_idempotency_digest=idem_digest,
+        transitions.apply(
+            conn, db, run, attempt, Outcome.DISPATCH_AUTHORIZED, [payload], evidence_key=service.evidence_key,
+            projection={
+                "row_count": result.row_count, "output_digest": result.output_digest,
+                "source_fingerprint_digest": result.source_fingerprint_digest,
+                "publication_idempotency_key": key, "publication_idempotency_digest": idem_digest,
+            },
         )  # fmt: skip
 
 
-def dispatch(service: RunService, run: Run, attempt: int, provider: Provider) -> None:
+def dispatch(service: Attempts, run: Run, attempt: int, provider: Provider) -> None:
     """Steps 4 and 5: publish the *stored* bytes under the stable key with fence ``attempt``."""
     run = service.get(run.run_id)
     recorded_digest = str(run.output_digest)
@@ -185,7 +212,7 @@ def dispatch(service: RunService, run: Run, attempt: int, provider: Provider) ->
 
 
 def apply_publish_outcome(
-    service: RunService, run: Run, attempt: int, outcome: PublishOutcome, recorded_digest: str
+    service: Attempts, run: Run, attempt: int, outcome: PublishOutcome, recorded_digest: str
 ) -> None:
     crashpoints.reach(crashpoints.BEFORE_TERMINAL_COMMIT)
     try:
@@ -194,14 +221,14 @@ def apply_publish_outcome(
         if isinstance(outcome, Rejected):
             reject(service, run, attempt, outcome.reason)
         elif outcome.digest != recorded_digest:
-            mismatch(service, run, attempt, evidence.PUBLICATION_MISMATCH, outcome)
+            mismatch(service, run, attempt, Outcome.PUBLICATION_MISMATCH, outcome)
         else:
-            kind = "published" if isinstance(outcome, Published) else "already_published"
-            commit_success(service, run, attempt, evidence.PUBLICATION_CONFIRMED, outcome, kind)
+            how = "published" if isinstance(outcome, Published) else "already_published"
+            commit_success(service, run, attempt, Outcome.PUBLISHED, outcome, how)
     except StaleAttempt:
         return  # the lease was lost: the sweeper marks this authorized attempt outcome_unknown
     except EvidenceError as error:
-        service.record_evidence_failure(run.run_id, attempt, str(error))
+        service.record_evidence_failure(run, attempt, error.message)
     crashpoints.reach(crashpoints.AFTER_TERMINAL_COMMIT)
 
 
@@ -213,84 +240,43 @@ def _refs(outcome: Published | AlreadyPublished | Any) -> dict[str, str]:
     }
 
 
-def commit_success(service: RunService, run: Run, attempt: int, kind: str, outcome: Any, how: str) -> None:
-    """Refs, ``run.succeeded`` and the verified checkpoint commit together, or not at all."""
-    db = service.db
-    refs = _refs(outcome)
-    with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
-        service._append_many(
-            conn, run.run_id,
-            [(attempt, kind, {"outcome": how, "digest": outcome.digest, **refs}),
-             (attempt, evidence.RUN_SUCCEEDED, {"output_digest": outcome.digest})],
-        )  # fmt: skip
-
-        def facts(entries: Any) -> str:
-            stored = evidence.stored_result_digest(conn, run.run_id)
-            return evidence.forward_success_problem(entries, attempt, stored)
-
-        checkpoints.write_verified(
-            conn, db, MODULE, run.run_id, attempt, RunStatus.SUCCEEDED,
-            {"output_digest": outcome.digest, **refs},
-            evidence_key=service.config.evidence_key, facts_check=facts,
-        )  # fmt: skip
-        recovery = RecoveryStatus.RECONCILED_PRESENT if kind == evidence.RECONCILE_PRESENT else RecoveryStatus.VERIFIED
-        runs.update(
-            conn, run.run_id, db.now_us_expr(), status=RunStatus.SUCCEEDED, recovery_status=recovery,
-            warning=None, error_code=None, error_message=None, **refs,
-        )  # fmt: skip
-        leases.release(conn, db, MODULE, run.run_id, attempt)
+def commit_success(service: Attempts, run: Run, attempt: int, outcome: Outcome, found: Any, how: str) -> Run:
+    """Refs, ``run.succeeded`` and the verified checkpoint commit together, or not at all
+    (``outcome``: PUBLISHED or RECONCILED_PRESENT; ``found``: the sink's answer with its refs)."""
+    refs = _refs(found)
+    return transitions.terminate(
+        service.db, run, attempt, outcome,
+        [{"outcome": how, "digest": found.digest, **refs}, {"output_digest": found.digest}],
+        evidence_key=service.evidence_key, projection={**refs, "error_code": None, "error_message": None},
+    )  # fmt: skip
 
 
-def reject(service: RunService, run: Run, attempt: int, reason: str) -> None:
+def reject(service: Attempts, run: Run, attempt: int, reason: str) -> Run:
     """The sink proved nothing was created: the run failed, with that evidence."""
-    db = service.db
-    with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
-        service._append_many(
-            conn, run.run_id,
-            [(attempt, evidence.PUBLICATION_REJECTED, {"reason": reason}),
-             (attempt, evidence.RUN_FAILED,
-              {"code": "publication_rejected", "message": reason, "no_external_output": True})],
-        )  # fmt: skip
-        runs.update(
-            conn, run.run_id, db.now_us_expr(), status=RunStatus.FAILED,
-            recovery_status=RecoveryStatus.NO_EXTERNAL_OUTPUT,
-            error_code="publication_rejected", error_message=reason,
-        )  # fmt: skip
-        leases.release(conn, db, MODULE, run.run_id, attempt)
+    return transitions.terminate(
+        service.db, run, attempt, Outcome.REJECTED,
+        [{"reason": reason}, {"code": "publication_rejected", "message": reason, "no_external_output": True}],
+        evidence_key=service.evidence_key,
+        projection={"error_code": "publication_rejected", "error_message": reason},
+    )  # fmt: skip
 
 
-def mismatch(service: RunService, run: Run, attempt: int, kind: str, outcome: Any) -> None:
+def mismatch(service: Attempts, run: Run, attempt: int, outcome: Outcome, found: Any) -> Run:
     """The key exists with another digest: unresolved, with a loud warning; never success."""
-    db = service.db
-    refs = _refs(outcome)
-    with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
-        service._append(conn, run.run_id, attempt, kind, {"digest": outcome.digest, **refs})
-        warning = (
-            "UNRESOLVED: the sink holds a publication under idempotency key "
-            f"{run.publication_idempotency_key} whose digest {outcome.digest} differs from the recorded "
-            f"output digest {run.output_digest}. External output exists but is not this run's result; "
-            "investigate the sink before acting. Nothing was re-published."
-        )
-        runs.update(
-            conn, run.run_id, db.now_us_expr(), status=RunStatus.OUTCOME_UNKNOWN,
-            recovery_status=RecoveryStatus.OUTCOME_UNKNOWN, warning=warning, **refs,
-        )  # fmt: skip
-        leases.release(conn, db, MODULE, run.run_id, attempt)
+    refs = _refs(found)
+    return transitions.terminate(
+        service.db, run, attempt, outcome, [{"digest": found.digest, **refs}],
+        evidence_key=service.evidence_key, projection=refs,
+    )  # fmt: skip
 
 
-def record_unknown(service: RunService, run: Run, attempt: int, reason: str) -> None:
+def record_unknown(service: Attempts, run: Run, attempt: int, reason: str) -> None:
     """No conclusive response: ``outcome_unknown``; no automatic retry, ever."""
-    db = service.db
     try:
-        with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
-            service._append(conn, run.run_id, attempt, evidence.PUBLICATION_UNKNOWN, {"reason": reason})
-            current = runs.get(conn, run.run_id)
-            unknown = current.model_copy(update={"recovery_status": RecoveryStatus.OUTCOME_UNKNOWN})
-            runs.update(
-                conn, run.run_id, db.now_us_expr(), status=RunStatus.OUTCOME_UNKNOWN,
-                recovery_status=RecoveryStatus.OUTCOME_UNKNOWN, warning=runs.unresolved_warning(unknown),
-                error_code=Inconclusive.code, error_message=reason,
-            )  # fmt: skip
-            leases.release(conn, db, MODULE, run.run_id, attempt)
-    except (StaleAttempt, DataflowError):
-        return  # lease lost or database down: the sweeper will find the authorized attempt expired
+        transitions.conclude(
+            service.db, run, attempt, Outcome.PUBLICATION_UNKNOWN, [{"reason": reason}],
+            evidence_key=service.evidence_key,
+            projection={"error_code": Inconclusive.code, "error_message": reason},
+        )  # fmt: skip
+    except DataflowError:
+        return  # the database is down: the sweeper will find the authorized attempt expired

@@ -13,25 +13,40 @@ There is no path that marks a run absent without a conclusive, fenced inspection
 from __future__ import annotations
 
 import contextlib
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import fencing, leases, ledger
-from durable_dataflow.core.errors import Conflict, DataflowError
-from durable_dataflow.dataflow import crashpoints, evidence, forward, runs
+from durable_dataflow.core import leases, ledger
+from durable_dataflow.core.errors import Conflict, DataflowError, EvidenceError, StaleAttempt
+from durable_dataflow.dataflow import crashpoints, evidence, forward, sweeper, transitions
 from durable_dataflow.dataflow.requests import AccessContext, Provenance
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.service import RunService
+from durable_dataflow.dataflow.transitions import Outcome
+from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.contract import Absent, InspectOutcome, Present, Undecided
+
+RECONCILABLE = frozenset({RunStatus.OUTCOME_UNKNOWN, RunStatus.EVIDENCE_FAILED})
+UNDECIDED_REASON_CHARS_MAX = 1000
+
+
+class Finding(enum.StrEnum):
+    """What an inspection (or a resume) concluded."""
+
+    PRESENT = "present"
+    MISMATCH = "mismatch"
+    ABSENT = "absent"
+    UNDECIDED = "undecided"
 
 
 @dataclass(frozen=True)
 class Reconciliation:
     run: Run
-    finding: str  # "present" | "mismatch" | "absent" | "undecided"
+    finding: Finding
     detail: str
     resumed: bool = False
 
@@ -53,26 +68,35 @@ def reconcile(
     asked_by = _asked_by(access, provenance)
     if run.mode != Mode.FORWARD_RECOVERY or run.publication_idempotency_key is None:
         raise Conflict(f"run {run_id} never authorized a publication: there is nothing at a sink to reconcile")
+    if run.status == RunStatus.RUNNING and run.recovery_status == RecoveryStatus.DISPATCH_AUTHORIZED:
+        # An authorized attempt whose lease expired with nobody sweeping (the embedded default):
+        # decide it first, which makes it outcome_unknown. A live attempt is left alone (nothing is
+        # written), and the run, still running, has nothing to reconcile yet.
+        sweeper.sweep_run(service.db, run.run_id, evidence_key=service.evidence_key)
+        run = service.get(run_id, tenant)
     if run.recovery_status == RecoveryStatus.RECONCILED_ABSENT:
         if not resume:
-            return Reconciliation(run, "absent", "already reconciled: absent; pass --resume to publish it")
+            return Reconciliation(run, Finding.ABSENT, "already reconciled: absent; pass --resume to publish it")
         return _resume(service, run, asked_by)
-    if run.status != RunStatus.OUTCOME_UNKNOWN:
+    if run.status not in RECONCILABLE:
         raise Conflict(
-            f"run {run_id} is {run.status} ({run.recovery_status}), not outcome_unknown: nothing to reconcile"
+            f"run {run_id} is {run.status} ({run.recovery_status}), not outcome_unknown or evidence_failed: "
+            "nothing to reconcile"
         )
     provider = forward.load_capable_provider(run)
-    attempt = _take_lease(service, run, evidence.RECONCILE_STARTED, asked_by)
+    attempt = _take_lease(service, run, Outcome.RECONCILE_STARTED, asked_by)
     try:
         target = forward.publish_target(run, service.run_workspace(run)[1])
         finding = provider.inspect(forward.publication_key(run), target, fence=attempt)
+        with service.db.read() as conn:  # "cannot see it" told apart from "never registered"
+            finding = registry.explain_undecided(conn, run.tenant, run.target, finding)
     except Exception as error:  # an inspection that fails decides nothing
         # Its text is not ours to repeat: library and OS messages quote absolute paths and values.
         finding = Undecided(
             f"preparing the run's target or inspecting the sink failed ({type(error).__name__}): nothing was proven"
         )
-    result = _apply(service, run, attempt, finding)
-    if resume and result.finding == "absent":
+    result = _apply(service, run.model_copy(update={"attempt": attempt}), attempt, finding)
+    if resume and result.finding == Finding.ABSENT:
         return _resume(service, service.get(run_id), asked_by)
     return result
 
@@ -86,77 +110,71 @@ def _asked_by(access: AccessContext, provenance: Provenance) -> dict[str, Any]:
     }
 
 
-def _take_lease(
-    service: RunService, run: Run, kind: str, asked_by: Mapping[str, Any], *, redispatch: bool = False
-) -> int:
-    """A new fenced attempt for an operator action; with ``redispatch`` it is authorized at once to
-    re-dispatch the stored result under the original authorization's digests and key."""
+def _take_lease(service: RunService, run: Run, outcome: Outcome, asked_by: Mapping[str, Any]) -> int:
+    """A new fenced attempt for an operator action: RECONCILE_STARTED to inspect, or
+    RESUME_AUTHORIZED to re-dispatch the stored result under the original authorization's digests
+    and key (never recomputed)."""
     db = service.db
     with db.begin() as conn:
         lease = leases.acquire(
             conn, db, MODULE, run.run_id, service.config.holder, service.config.lease_ttl_s,
             expected_attempt=run.attempt,
         )  # fmt: skip
-        items: list[tuple[int, str, Mapping[str, Any]]] = [(lease.attempt, kind, {"holder": lease.holder, **asked_by})]
-        projection: dict[str, Any] = {"attempt": lease.attempt}
-        if redispatch:
-            items.append((lease.attempt, evidence.DISPATCH_AUTHORIZED, _authorization_of(conn, run)))
-            projection.update(
-                status=RunStatus.RUNNING, recovery_status=RecoveryStatus.DISPATCH_AUTHORIZED, warning=None
-            )
-        service._append_many(conn, run.run_id, items)
-        runs.update(conn, run.run_id, db.now_us_expr(), **projection)
+        payloads: list[Mapping[str, Any]] = [{"holder": lease.holder, **asked_by}]
+        if outcome == Outcome.RESUME_AUTHORIZED:
+            payloads.append(_authorization_of(conn, run))
+        transitions.apply(
+            conn, db, run, lease.attempt, outcome, payloads,
+            evidence_key=service.evidence_key, projection={"attempt": lease.attempt}, row_attempt=run.attempt,
+        )  # fmt: skip
     return lease.attempt
 
 
 def _apply(service: RunService, run: Run, attempt: int, finding: InspectOutcome) -> Reconciliation:
+    """Record what the inspection found; evidence that does not verify ends it ``evidence_failed``."""
+    try:
+        return _record(service, run, attempt, finding)
+    except EvidenceError as error:
+        service.record_evidence_failure(run, attempt, error.message)
+    except StaleAttempt:
+        pass  # the inspection's lease was lost: the sweeper returns the run to outcome_unknown
+    final = service.get(run.run_id)
+    return Reconciliation(final, Finding.UNDECIDED, f"nothing was recorded: the run is {final.status}")
+
+
+def _record(service: RunService, run: Run, attempt: int, finding: InspectOutcome) -> Reconciliation:
     recorded = str(run.output_digest)
     if isinstance(finding, Present) and finding.digest == recorded:
-        forward.commit_success(service, run, attempt, evidence.RECONCILE_PRESENT, finding, "present")
-        return Reconciliation(service.get(run.run_id), "present", f"found with the recorded digest {recorded}")
+        forward.commit_success(service, run, attempt, Outcome.RECONCILED_PRESENT, finding, "present")
+        return Reconciliation(service.get(run.run_id), Finding.PRESENT, f"found with the recorded digest {recorded}")
     if isinstance(finding, Present):
-        forward.mismatch(service, run, attempt, evidence.RECONCILE_MISMATCH, finding)
-        return Reconciliation(service.get(run.run_id), "mismatch", f"found with another digest {finding.digest}")
+        forward.mismatch(service, run, attempt, Outcome.RECONCILE_MISMATCH, finding)
+        detail = f"found with another digest {finding.digest}"
+        return Reconciliation(service.get(run.run_id), Finding.MISMATCH, detail)
     if isinstance(finding, Absent) and finding.fenced_at is not None and finding.fenced_at >= attempt:
-        _record_absent(service, run, attempt, finding.fenced_at)
-        return Reconciliation(service.get(run.run_id), "absent", f"proven absent and fenced at {finding.fenced_at}")
-    reason = finding.reason if isinstance(finding, Undecided) else "the sink reported absence without a durable fence"
-    _record_undecided(service, run, attempt, reason)
-    return Reconciliation(service.get(run.run_id), "undecided", reason)
-
-
-def _record_absent(service: RunService, run: Run, attempt: int, fenced_at: int) -> None:
-    db = service.db
-    with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
-        service._append(conn, run.run_id, attempt, evidence.RECONCILE_ABSENT, {"fenced_at": fenced_at})
-        warning = (
-            f"No external output: the sink proved key {run.publication_idempotency_key} absent and fenced it at "
-            f"attempt {fenced_at}, so no earlier attempt can publish. Resume to publish the stored result: "
-            f"`dataflow reconcile {run.run_id} --resume`."
-        )
-        runs.update(
-            conn, run.run_id, db.now_us_expr(), status=RunStatus.FAILED,
-            recovery_status=RecoveryStatus.RECONCILED_ABSENT, warning=warning,
+        transitions.terminate(
+            service.db, run, attempt, Outcome.RECONCILED_ABSENT, [{"fenced_at": finding.fenced_at}],
+            evidence_key=service.evidence_key,
         )  # fmt: skip
-        leases.release(conn, db, MODULE, run.run_id, attempt)
-
-
-def _record_undecided(service: RunService, run: Run, attempt: int, reason: str) -> None:
-    db = service.db
-    with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
-        service._append(conn, run.run_id, attempt, evidence.RECONCILE_UNDECIDED, {"reason": reason[:1000]})
-        leases.release(conn, db, MODULE, run.run_id, attempt)
+        detail = f"proven absent and fenced at {finding.fenced_at}"
+        return Reconciliation(service.get(run.run_id), Finding.ABSENT, detail)
+    reason = finding.reason if isinstance(finding, Undecided) else "the sink reported absence without a durable fence"
+    transitions.terminate(
+        service.db, run, attempt, Outcome.RECONCILE_UNDECIDED, [{"reason": reason[:UNDECIDED_REASON_CHARS_MAX]}],
+        evidence_key=service.evidence_key,
+    )  # fmt: skip
+    return Reconciliation(service.get(run.run_id), Finding.UNDECIDED, reason)
 
 
 def _resume(service: RunService, run: Run, asked_by: Mapping[str, Any]) -> Reconciliation:
     """Re-dispatch the stored result with the same key under a new fenced attempt."""
     provider = forward.load_capable_provider(run)
-    attempt = _take_lease(service, run, evidence.RESUME_STARTED, asked_by, redispatch=True)
+    attempt = _take_lease(service, run, Outcome.RESUME_AUTHORIZED, asked_by)
     crashpoints.reach(crashpoints.AFTER_PREDISPATCH_COMMIT)
     with contextlib.suppress(DataflowError):  # the lease then expires; the sweeper records outcome_unknown
         forward.dispatch(service, run, attempt, provider)
     final = service.get(run.run_id)
-    return Reconciliation(final, "absent", f"resumed under attempt {attempt}: {final.status}", resumed=True)
+    return Reconciliation(final, Finding.ABSENT, f"resumed under attempt {attempt}: {final.status}", resumed=True)
 
 
 def _authorization_of(conn: Connection, run: Run) -> dict[str, object]:

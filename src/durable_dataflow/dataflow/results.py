@@ -1,4 +1,5 @@
-"""Result bytes: the Arrow IPC stream that is stored, and exports to CSV, Parquet and JSON."""
+"""Result bytes: the Arrow IPC stream that is stored (this module owns ``run_results``), and exports
+to CSV, Parquet and JSON."""
 
 from __future__ import annotations
 
@@ -6,12 +7,16 @@ import datetime as dt
 import decimal
 import json
 import math
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
-from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.errors import InputError, NotFound
+from durable_dataflow.dataflow.schema import run_results
 
 ExportFormat = Literal["csv", "parquet", "json"]
 EXPORT_FORMATS: tuple[ExportFormat, ...] = ("csv", "parquet", "json")
@@ -20,6 +25,59 @@ EXPORT_FORMATS: tuple[ExportFormat, ...] = ("csv", "parquet", "json")
 # IPC stream in both; the name says which output digest format verifies them (arrowdigest).
 FORMAT_IPC_DIGEST_V2 = "arrow-ipc-stream"  # stored before digest v3: verified by output_digest_v2
 FORMAT_IPC_DIGEST_V3 = "arrow-ipc-stream+digest-v3"  # stored from digest v3 on: verified by output_digest
+STORED_FORMAT = FORMAT_IPC_DIGEST_V3  # what this version stores
+
+
+class Computed(Protocol):
+    """What an execution produced (dataflow.execution.ExecutionResult has this shape)."""
+
+    @property
+    def row_count(self) -> int: ...
+    @property
+    def output_digest(self) -> str: ...
+    @property
+    def ipc_bytes(self) -> bytes: ...
+    @property
+    def source_fingerprint_digest(self) -> str: ...
+    @property
+    def sources(self) -> Sequence[tuple[str, str, str]]: ...
+
+
+def store(conn: Connection, run_id: str, attempt: int, result: Computed) -> None:
+    """Store the bounded result, once per run: it is stored only by the commit that ends execution
+    (atomic terminal or forward pre-dispatch), which never happens twice for a run."""
+    conn.execute(
+        run_results.insert().values(
+            run_id=run_id, attempt=attempt, output_digest=result.output_digest, format=STORED_FORMAT,
+            row_count=result.row_count, bytes=result.ipc_bytes,
+        )
+    )  # fmt: skip
+
+
+def facts(result: Computed) -> dict[str, Any]:
+    """What ``result.committed`` and ``dispatch.authorized`` record of a result."""
+    return {
+        "output_digest": result.output_digest,
+        "row_count": str(result.row_count),
+        "source_fingerprint_digest": result.source_fingerprint_digest,
+        "sources": [{"source": n, "kind": k, "fingerprint": f} for n, k, f in result.sources],
+        "format": STORED_FORMAT,
+    }
+
+
+def stored(conn: Connection, run_id: str) -> tuple[str, bytes] | None:
+    """The stored result's format and bytes, or None."""
+    row = conn.execute(
+        sa.select(run_results.c.format, run_results.c.bytes).where(run_results.c.run_id == run_id)
+    ).one_or_none()
+    return (str(row.format), bytes(row.bytes)) if row is not None else None
+
+
+def stored_bytes(conn: Connection, run_id: str) -> bytes:
+    found = stored(conn, run_id)
+    if found is None:
+        raise NotFound(f"run {run_id} has no stored result")
+    return found[1]
 
 
 def encode_ipc(table: pa.Table) -> bytes:

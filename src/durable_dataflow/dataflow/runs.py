@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core.errors import NotFound
+from durable_dataflow.core.errors import NotFound, StaleAttempt
 from durable_dataflow.dataflow.schema import dataflow_runs
 
 MODULE = "dataflow"
@@ -57,9 +57,6 @@ class Mode(enum.StrEnum):
 UNRESOLVED_RECOVERY = frozenset({RecoveryStatus.OUTCOME_UNKNOWN, RecoveryStatus.EVIDENCE_FAILED})
 # Fields that hold the server's local paths: never in the JSON form scripts and tenants read.
 LOCAL_FIELDS = frozenset({"base_dir", "workspace"})
-TERMINAL_STATUSES = frozenset(
-    {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.OUTCOME_UNKNOWN, RunStatus.EVIDENCE_FAILED}
-)
 
 
 class Run(BaseModel):
@@ -73,9 +70,9 @@ class Run(BaseModel):
     definition_name: str
     definition_hash: str
     request_hash: str
-    mode: str
-    status: str
-    recovery_status: str
+    mode: Mode
+    status: RunStatus
+    recovery_status: RecoveryStatus
     attempt: int
     max_attempts: int
     parameters: dict[str, Any]
@@ -98,14 +95,18 @@ class Run(BaseModel):
     error_message: str | None
     created_at_us: int
     updated_at_us: int
+    # Set only when the stored row could not be read as a run (which columns); see from_row.
+    corrupt: str | None = None
 
     @property
     def unresolved(self) -> bool:
-        return self.recovery_status in UNRESOLVED_RECOVERY
+        return self.corrupt is not None or self.recovery_status in UNRESOLVED_RECOVERY
 
     def public(self) -> dict[str, Any]:
         """The documented JSON form (no local paths)."""
-        data = self.model_dump(exclude=set(LOCAL_FIELDS))
+        data = self.model_dump(
+            mode="json", exclude=set(LOCAL_FIELDS) | ({"corrupt"} if self.corrupt is None else set())
+        )
         data["unresolved"] = self.unresolved
         return data
 
@@ -129,15 +130,38 @@ def new_run_id() -> str:
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
+_JSON_COLUMNS = (
+    ("parameters_json", "parameters", True),
+    ("provenance_json", "provenance", True),
+    ("target_json", "target", False),
+    ("workspace_json", "workspace", False),
+)
+
+
 def from_row(row: sa.Row[Any]) -> Run:
+    """The run a stored row holds. A row that cannot be read as one (a column edited by hand, a
+    damaged page) is still returned, marked ``corrupt`` with the columns at fault and unresolved,
+    so listings and ``show`` survive it and ``dataflow verify`` can say what the ledger implies."""
     data = dict(row._mapping)
-    data["parameters"] = json.loads(data.pop("parameters_json"))
-    data["provenance"] = json.loads(data.pop("provenance_json"))
-    target_json = data.pop("target_json")
-    data["target"] = json.loads(target_json) if target_json else None
-    workspace_json = data.pop("workspace_json", None)
-    data["workspace"] = json.loads(workspace_json) if workspace_json else None
-    return Run.model_validate(data)
+    problems: list[str] = []
+    for column, name, required in _JSON_COLUMNS:
+        raw = data.pop(column, None)
+        value: Any = {} if required else None
+        if raw:
+            try:
+                value = json.loads(raw)
+            except (TypeError, ValueError):
+                problems.append(column)
+        data[name] = value
+    try:
+        run = Run.model_validate(data)
+    except ValidationError as error:
+        problems.extend(str(e["loc"][0]) for e in error.errors() if e["loc"])
+    else:
+        if not problems:
+            return run
+    known: dict[str, Any] = {name: data.get(name) for name in Run.model_fields if name != "corrupt"}
+    return Run.model_construct(**known, corrupt=", ".join(sorted(set(problems))) or "unreadable")
 
 
 def insert(conn: Connection, values: Mapping[str, Any]) -> int:
@@ -168,15 +192,27 @@ def find_by_key(conn: Connection, tenant: str, idempotency_key: str) -> Run | No
     return from_row(row) if row is not None else None
 
 
-def update(conn: Connection, run_id: str, now_us: int | sa.ColumnElement[int], **values: Any) -> Run:
-    """Update the projection of one run and return it; the caller's transaction is fenced or guarded."""
-    row = conn.execute(
-        dataflow_runs.update()
-        .where(dataflow_runs.c.run_id == run_id)
-        .values(updated_at_us=now_us, **values)
-        .returning(*dataflow_runs.c)
-    ).one_or_none()
+def update(
+    conn: Connection,
+    run_id: str,
+    now_us: int | sa.ColumnElement[int],
+    *,
+    expected_attempt: int | None = None,
+    **values: Any,
+) -> Run:
+    """Update the projection of one run and return it; the caller's transaction is fenced or guarded.
+
+    With ``expected_attempt`` the row changes only while it still names that attempt (StaleAttempt
+    otherwise): a projection is never written for an attempt the row has moved past."""
+    statement = dataflow_runs.update().where(dataflow_runs.c.run_id == run_id)
+    if expected_attempt is not None:
+        statement = statement.where(dataflow_runs.c.attempt == expected_attempt)
+    row = conn.execute(statement.values(updated_at_us=now_us, **values).returning(*dataflow_runs.c)).one_or_none()
     if row is None:
+        if expected_attempt is not None:
+            raise StaleAttempt(
+                f"run {run_id} no longer names attempt {expected_attempt}: its projection is not written"
+            )
         raise NotFound(_missing(run_id))
     return from_row(row)
 
@@ -217,12 +253,24 @@ def list_page(
 
 def unresolved_warning(run: Run) -> str:
     """The operator's warning for an unresolved run: what it means and what to do. Never 'failed'."""
+    if run.corrupt is not None:
+        return (
+            f"UNRESOLVED: the stored row of run {run.run_id} cannot be read ({run.corrupt}), so its state is not "
+            f"known from it. `dataflow verify {run.run_id}` says what its ledger implies; do not act on this row."
+        )
+    if run.recovery_status == RecoveryStatus.EVIDENCE_FAILED and run.mode == Mode.ATOMIC:
+        return (
+            "UNRESOLVED: the evidence for this run did not verify, so success was not recorded and no result "
+            "was stored. An atomic run writes nothing outside the platform database, so no external output "
+            f"exists. Find the broken entry with `dataflow verify {run.run_id}` before running it again."
+        )
     if run.recovery_status == RecoveryStatus.EVIDENCE_FAILED:
         return (
             "UNRESOLVED: the evidence for this run did not verify, so success was not recorded. "
             f"Output may exist under idempotency key {run.publication_idempotency_key or run.idempotency_key} "
             f"with output digest {run.output_digest}. Inspect the ledger with `dataflow verify {run.run_id}` "
-            "and the sink before acting; do not assume the output is absent."
+            "and the sink before acting (`dataflow reconcile "
+            f"{run.run_id}` inspects it); do not assume the output is absent."
         )
     return (
         "UNRESOLVED: external output may exist. The publication may have reached the sink under "

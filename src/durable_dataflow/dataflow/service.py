@@ -24,7 +24,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import checkpoints, fencing, hashing, leases, ledger
+from durable_dataflow.core import fencing, hashing, leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import (
     Conflict,
@@ -40,25 +40,25 @@ from durable_dataflow.core.heartbeat import KeepAlive
 from durable_dataflow.core.secrets import Secret, SecretScope
 from durable_dataflow.dataflow import (
     crashpoints,
-    evidence,
     execution,
+    forward,
     limits,
     parameters,
     progress,
     results,
     runs,
     sources,
+    transitions,
     workspace,
 )
 from durable_dataflow.dataflow.definitions import Definition, canonical_body, definition_hash
 from durable_dataflow.dataflow.requests import RunRequest, check_request, request_hash
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
-from durable_dataflow.dataflow.schema import dataflow_runs, definitions, run_results
+from durable_dataflow.dataflow.schema import dataflow_runs, definitions
+from durable_dataflow.dataflow.transitions import Outcome
 from durable_dataflow.dataflow.workspace import Grants, Workspace
 from durable_dataflow.datasources import registry
 
-RESULT_FORMAT = results.FORMAT_IPC_DIGEST_V3
-ERROR_MESSAGE_CHARS_MAX = 2000
 LEASE_TTL_ENV = "DATAFLOW_LEASE_TTL"
 DEFINITIONS_CACHED_MAX = 256
 
@@ -118,6 +118,10 @@ class RunService:
             while len(self._definitions) > DEFINITIONS_CACHED_MAX:
                 self._definitions.popitem(last=False)
 
+    @property
+    def evidence_key(self) -> Secret | None:
+        return self.config.evidence_key
+
     def limits_for(self, defn: Definition) -> limits.ExecutionLimits:
         """The platform's limits narrowed by what the definition asks; asking for more is InputError."""
         return limits.effective(self.config.limits, defn.limits, defn.output.max_bytes_int)
@@ -145,12 +149,7 @@ class RunService:
 
     def result_bytes(self, run_id: str) -> bytes:
         with self.db.read() as conn:
-            data = conn.execute(
-                sa.select(run_results.c.bytes).where(run_results.c.run_id == run_id)
-            ).scalar_one_or_none()
-        if data is None:
-            raise NotFound(f"run {run_id} has no stored result")
-        return bytes(data)
+            return results.stored_bytes(conn, run_id)
 
     # ---- submit ----------------------------------------------------------------------------
 
@@ -237,27 +236,21 @@ class RunService:
         now = self.db.now_us_expr()
         created_at_us = runs.insert(conn, {**values, "created_at_us": now, "updated_at_us": now})
         run_id = values["run_id"]
-        recorded = (0, evidence.RUN_RECORDED, _recorded_payload(values))
+        recorded = transitions.items(Outcome.RECORDED, 0, [_recorded_payload(values)])
         if claim:
-            return self._start_attempt(conn, run_id, expected_attempt=0, before=[recorded], new_at_us=created_at_us)
+            return self._start_attempt(conn, run_id, expected_attempt=0, before=recorded, new_at_us=created_at_us)
         ledger.append_many(
-            conn, self.db, MODULE, run_id, [recorded],
+            conn, self.db, MODULE, run_id, recorded,
             evidence_key=self.config.evidence_key, new_subject_at_us=created_at_us,
         )  # fmt: skip
         return None
-
-    def _append(self, conn: Connection, run_id: str, attempt: int, kind: str, payload: Mapping[str, Any]) -> None:
-        ledger.append(conn, self.db, MODULE, run_id, attempt, kind, payload, evidence_key=self.config.evidence_key)
-
-    def _append_many(self, conn: Connection, run_id: str, items: list[tuple[int, str, Mapping[str, Any]]]) -> None:
-        ledger.append_many(conn, self.db, MODULE, run_id, items, evidence_key=self.config.evidence_key)
 
     def _start_attempt(
         self,
         conn: Connection,
         run_id: str,
         expected_attempt: int,
-        before: list[tuple[int, str, Mapping[str, Any]]] | None = None,
+        before: list[transitions.Item] | None = None,
         new_at_us: int | None = None,
     ) -> Run:
         lease = leases.acquire(
@@ -269,19 +262,16 @@ class RunService:
             self.config.lease_ttl_s,
             expected_attempt=expected_attempt,
         )
-        started = (lease.attempt, evidence.ATTEMPT_STARTED, {"holder": lease.holder})
+        started = transitions.items(Outcome.STARTED, lease.attempt, [{"holder": lease.holder}])
         ledger.append_many(
-            conn, self.db, MODULE, run_id, [*(before or []), started],
+            conn, self.db, MODULE, run_id, [*(before or []), *started],
             evidence_key=self.config.evidence_key, new_subject_at_us=new_at_us,
         )  # fmt: skip
+        projected = transitions.TABLE[Outcome.STARTED]
         return runs.update(
-            conn,
-            run_id,
-            self.db.now_us_expr(),
-            attempt=lease.attempt,
-            status=RunStatus.RUNNING,
-            recovery_status=RecoveryStatus.LEASED,
-        )
+            conn, run_id, self.db.now_us_expr(),
+            attempt=lease.attempt, status=projected.status, recovery_status=projected.recovery,
+        )  # fmt: skip
 
     # ---- claim -----------------------------------------------------------------------------
 
@@ -316,8 +306,6 @@ class RunService:
             if run.mode == Mode.ATOMIC:
                 final = self._execute_atomic(run, attempt, progress_sink)
             else:
-                from durable_dataflow.dataflow import forward
-
                 forward.execute_forward(self, run, attempt, progress_sink)
         return final if final is not None else self.get(run.run_id)
 
@@ -354,7 +342,7 @@ class RunService:
         try:
             result = self.compute(run, progress_sink)
         except DataflowError as error:
-            self.fail_before_dispatch(run.run_id, attempt, error)
+            self.fail(run, attempt, error)
             return None
         progress.report(progress_sink, progress.Progress(
             progress.Phase.COMMITTING, None, result.row_count, len(result.ipc_bytes)
@@ -362,73 +350,43 @@ class RunService:
         crashpoints.reach(crashpoints.BEFORE_TERMINAL_COMMIT)
         final: Run | None = None
         try:
-            final = self.commit_atomic_success(run.run_id, attempt, result)
+            final = self.commit_atomic_success(run, attempt, result)
         except EvidenceError as error:
-            self.record_evidence_failure(run.run_id, attempt, str(error))
+            self.record_evidence_failure(run, attempt, error.message)
         crashpoints.reach(crashpoints.AFTER_TERMINAL_COMMIT)
         return final
 
-    def commit_atomic_success(self, run_id: str, attempt: int, result: execution.ExecutionResult) -> Run:
+    def commit_atomic_success(self, run: Run, attempt: int, result: execution.ExecutionResult) -> Run:
         """ONE fenced transaction: result, ledger, verification, checkpoint, projection, release."""
-        with fencing.fenced(self.db, MODULE, run_id, attempt) as conn:
-            store_result(conn, run_id, attempt, result)
-            self._append_many(
-                conn, run_id,
-                [(attempt, evidence.RESULT_COMMITTED, result_facts(result)),
-                 (attempt, evidence.RUN_SUCCEEDED, {"output_digest": result.output_digest})],
+        with fencing.fenced(self.db, MODULE, run.run_id, attempt) as conn:
+            results.store(conn, run.run_id, attempt, result)
+            return transitions.apply(
+                conn, self.db, run, attempt, Outcome.ATOMIC_SUCCEEDED,
+                [results.facts(result), {"output_digest": result.output_digest}],
+                evidence_key=self.config.evidence_key,
+                projection={
+                    "row_count": result.row_count, "output_digest": result.output_digest,
+                    "source_fingerprint_digest": result.source_fingerprint_digest,
+                },
             )  # fmt: skip
 
-            def facts(entries: Any) -> str:
-                return evidence.atomic_success_problem(entries, attempt, evidence.stored_result_digest(conn, run_id))
+    def fail(self, run: Run, attempt: int, error: DataflowError, **facts: Any) -> Run | None:
+        """Terminal failure with nothing dispatched: no external output was created (None: fenced off)."""
+        message = error.message[: transitions.MESSAGE_CHARS_MAX]
+        return transitions.conclude(
+            self.db, run, attempt, Outcome.FAILED_BEFORE_DISPATCH,
+            [{"code": error.code, "message": message, "no_external_output": True, **facts}],
+            evidence_key=self.config.evidence_key, projection={"error_code": error.code, "error_message": message},
+        )  # fmt: skip
 
-            checkpoints.write_verified(
-                conn, self.db, MODULE, run_id, attempt, RunStatus.SUCCEEDED,
-                {"output_digest": result.output_digest, "row_count": str(result.row_count)},
-                evidence_key=self.config.evidence_key, facts_check=facts,
-            )  # fmt: skip
-            final = runs.update(
-                conn, run_id, self.db.now_us_expr(),
-                status=RunStatus.SUCCEEDED, recovery_status=RecoveryStatus.VERIFIED,
-                row_count=result.row_count, output_digest=result.output_digest,
-                source_fingerprint_digest=result.source_fingerprint_digest, warning=None,
-            )  # fmt: skip
-            leases.release(conn, self.db, MODULE, run_id, attempt)
-        return final
-
-    def fail_before_dispatch(self, run_id: str, attempt: int, error: DataflowError, **facts: Any) -> None:
-        """Terminal failure with nothing dispatched: no external output was created."""
-        message = error.message[:ERROR_MESSAGE_CHARS_MAX]
-        payload = {"code": error.code, "message": message, "no_external_output": True, **facts}
+    def record_evidence_failure(self, run: Run, attempt: int, reason: str) -> Run | None:
+        """Verification refused a transition: the run is unresolved, with the reason (None: fenced off)."""
         try:
-            with fencing.fenced(self.db, MODULE, run_id, attempt) as conn:
-                self._append(conn, run_id, attempt, evidence.RUN_FAILED, payload)
-                runs.update(
-                    conn, run_id, self.db.now_us_expr(),
-                    status=RunStatus.FAILED, recovery_status=RecoveryStatus.NO_EXTERNAL_OUTPUT,
-                    error_code=error.code, error_message=message,
-                )  # fmt: skip
-                leases.release(conn, self.db, MODULE, run_id, attempt)
+            return transitions.record_evidence_failure(
+                self.db, run, attempt, reason, evidence_key=self.config.evidence_key
+            )
         except StaleAttempt:
-            return  # another attempt owns the run now; this one records nothing
-
-    def record_evidence_failure(self, run_id: str, attempt: int, reason: str) -> None:
-        """Verification refused success: leave the run unresolved, with the reason, loudly."""
-        try:
-            with fencing.fenced(self.db, MODULE, run_id, attempt) as conn:
-                self._append(
-                    conn, run_id, attempt, evidence.EVIDENCE_FAILED, {"reason": reason[:ERROR_MESSAGE_CHARS_MAX]}
-                )
-                run = runs.get(conn, run_id)
-                projection = {"status": RunStatus.EVIDENCE_FAILED, "recovery_status": RecoveryStatus.EVIDENCE_FAILED}
-                warned = run.model_copy(update=projection)
-                runs.update(
-                    conn, run_id, self.db.now_us_expr(), **projection,
-                    error_code=EvidenceError.code, error_message=reason[:ERROR_MESSAGE_CHARS_MAX],
-                    warning=runs.unresolved_warning(warned),
-                )  # fmt: skip
-                leases.release(conn, self.db, MODULE, run_id, attempt)
-        except StaleAttempt:
-            return
+            return None
 
     def run_inline(self, request: RunRequest, progress_sink: progress.ProgressSink | None = None) -> Submission:
         """Record, claim and execute in this process (``dataflow run``); a replay executes nothing."""
@@ -448,31 +406,6 @@ def context_for(
     return execution.ExecutionContext(
         base_dir=space.base_dir, allowed_roots=space.data_roots, limits=bounds, forbidden=forbidden, secrets=scope
     )
-
-
-def store_result(conn: Connection, run_id: str, attempt: int, result: execution.ExecutionResult) -> None:
-    """Store the bounded result, once per run: it is stored only by the commit that ends execution
-    (atomic terminal or forward pre-dispatch), which never happens twice for a run."""
-    conn.execute(
-        run_results.insert().values(
-            run_id=run_id,
-            attempt=attempt,
-            output_digest=result.output_digest,
-            format=RESULT_FORMAT,
-            row_count=result.row_count,
-            bytes=result.ipc_bytes,
-        )
-    )
-
-
-def result_facts(result: execution.ExecutionResult) -> dict[str, Any]:
-    return {
-        "output_digest": result.output_digest,
-        "row_count": str(result.row_count),
-        "source_fingerprint_digest": result.source_fingerprint_digest,
-        "sources": [{"source": n, "kind": k, "fingerprint": f} for n, k, f in result.sources],
-        "format": RESULT_FORMAT,
-    }
 
 
 def _store_definition(conn: Connection, db: Database, defn: Definition, d_hash: str) -> None:

@@ -5,110 +5,123 @@ For each expired lease of a dataflow run:
   the run is queued again under the next attempt, or failed once ``max_attempts`` is spent;
 - ``dispatch.authorized`` for that attempt and no terminal entry: ``outcome_unknown``, never retried.
 Exactly one sweeper decides each expired attempt: :func:`core.leases.close_expired` is a guarded
-update and the decision commits in the same transaction.
+update and the decision commits in the same transaction, through :func:`transitions.apply`.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.db import Database
+from durable_dataflow.core.errors import EvidenceError
 from durable_dataflow.core.secrets import Secret
-from durable_dataflow.dataflow import evidence, runs
-from durable_dataflow.dataflow.runs import MODULE, RecoveryStatus, RunStatus
+from durable_dataflow.dataflow import evidence, runs, transitions
+from durable_dataflow.dataflow.runs import MODULE
+from durable_dataflow.dataflow.transitions import Outcome
 
 SWEEP_BATCH_MAX = 100
+
+
+class Decision(enum.StrEnum):
+    RECOVERED = "recovered"  # proven absent, queued again
+    FAILED = "failed"  # proven absent, no attempt left
+    OUTCOME_UNKNOWN = "outcome_unknown"  # expired after dispatch authorization
+    EVIDENCE_FAILED = "evidence_failed"  # the decision's evidence did not verify
+    SKIPPED = "skipped"  # another sweeper or a heartbeat won
+
+
+_OUTCOME = {
+    Decision.RECOVERED: Outcome.SWEPT_RECOVERED,
+    Decision.FAILED: Outcome.SWEPT_EXHAUSTED,
+    Decision.OUTCOME_UNKNOWN: Outcome.SWEPT_UNKNOWN,
+}
+_PAYLOADS: dict[Decision, list[dict[str, object]]] = {
+    Decision.RECOVERED: [{"reason": "lease expired before dispatch authorization: proven absent"}],
+    Decision.OUTCOME_UNKNOWN: [{"reason": "the attempt's lease expired after dispatch authorization"}],
+}
 
 
 @dataclass(frozen=True)
 class SweepDecision:
     run_id: str
     attempt: int
-    decision: str  # "recovered" | "failed" | "outcome_unknown" | "skipped"
+    decision: Decision
 
 
-def decide(entries: list[ledger.Entry], attempt: int, max_attempts: int) -> str:
+def decide(entries: list[ledger.Entry], attempt: int, max_attempts: int) -> Decision:
     """Pure decision for one expired attempt, from its ledger.
 
     Any dispatch authorization in the run's history forbids a retry, not only this attempt's: an
     expired reconcile or resume attempt of an unresolved run returns it to ``outcome_unknown``.
     """
     if any(e.kind == evidence.DISPATCH_AUTHORIZED for e in entries):
-        return "outcome_unknown"
-    return "recovered" if attempt < max_attempts else "failed"
+        return Decision.OUTCOME_UNKNOWN
+    return Decision.RECOVERED if attempt < max_attempts else Decision.FAILED
 
 
 def sweep(db: Database, *, evidence_key: Secret | None = None, batch: int = SWEEP_BATCH_MAX) -> list[SweepDecision]:
     """Decide every expired dataflow attempt found now (bounded by ``batch``)."""
     with db.read() as conn:
         expired = leases.list_expired(conn, db, MODULE, limit=batch)
-    return [_sweep_one(db, lease, evidence_key) for lease in expired]
+    return [_sweep_one(db, lease.subject_id, lease.attempt, evidence_key) for lease in expired]
 
 
-def _sweep_one(db: Database, lease: leases.ExpiredLease, key: Secret | None) -> SweepDecision:
-    run_id, attempt = lease.subject_id, lease.attempt
-    with db.begin() as conn:
-        if not leases.close_expired(conn, db, MODULE, run_id, attempt):
-            return SweepDecision(run_id, attempt, "skipped")  # another sweeper or a heartbeat won
-        run = runs.get(conn, run_id)
-        entries = ledger.read(conn, MODULE, run_id)
-        decision = decide(entries, attempt, run.max_attempts)
-        now = db.now_us_expr()
-        if decision == "outcome_unknown":
-            ledger.append(
-                conn,
-                db,
-                MODULE,
-                run_id,
-                attempt,
-                evidence.ATTEMPT_OUTCOME_UNKNOWN,
-                {"reason": "the attempt's lease expired after dispatch authorization"},
-                evidence_key=key,
-            )
-            unknown = run.model_copy(update={"recovery_status": RecoveryStatus.OUTCOME_UNKNOWN})
-            runs.update(
-                conn,
-                run_id,
-                now,
-                status=RunStatus.OUTCOME_UNKNOWN,
-                recovery_status=RecoveryStatus.OUTCOME_UNKNOWN,
-                warning=runs.unresolved_warning(unknown),
-                error_code="inconclusive",
-                error_message="the worker's lease expired after dispatch authorization",
-            )
-        else:
-            ledger.append(
-                conn,
-                db,
-                MODULE,
-                run_id,
-                attempt,
-                evidence.ATTEMPT_RECOVERED,
-                {"reason": "lease expired before dispatch authorization: proven absent"},
-                evidence_key=key,
-            )
-            if decision == "recovered":
-                runs.update(conn, run_id, now, status=RunStatus.QUEUED, recovery_status=RecoveryStatus.RECOVERED)
-            else:
-                message = f"all {run.max_attempts} attempts expired before dispatch authorization"
-                ledger.append(
-                    conn,
-                    db,
-                    MODULE,
-                    run_id,
-                    attempt,
-                    evidence.RUN_FAILED,
-                    {"code": "attempts_exhausted", "message": message, "no_external_output": True},
-                    evidence_key=key,
-                )
-                runs.update(
-                    conn,
-                    run_id,
-                    now,
-                    status=RunStatus.FAILED,
-                    recovery_status=RecoveryStatus.NO_EXTERNAL_OUTPUT,
-                    error_code="attempts_exhausted",
-                    error_message=message,
-                )
+def sweep_run(db: Database, run_id: str, *, evidence_key: Secret | None = None) -> SweepDecision | None:
+    """Decide one run's attempt if its lease has expired (None when it holds no unreleased lease)."""
+    with db.read() as conn:
+        lease = leases.current(conn, MODULE, run_id)
+    if lease is None:
+        return None
+    return _sweep_one(db, run_id, lease.attempt, evidence_key)
+
+
+def _sweep_one(db: Database, run_id: str, attempt: int, key: Secret | None) -> SweepDecision:
+    try:
+        with db.begin() as conn:
+            if not leases.close_expired(conn, db, MODULE, run_id, attempt):
+                return SweepDecision(run_id, attempt, Decision.SKIPPED)
+            run = runs.get(conn, run_id)
+            decision = decide(ledger.read(conn, MODULE, run_id), attempt, run.max_attempts)
+            transitions.apply(
+                conn, db, run, attempt, _OUTCOME[decision], _payloads(decision, run.max_attempts),
+                evidence_key=key, projection=_projection(decision, run.max_attempts),
+            )  # fmt: skip
+    except EvidenceError as error:
+        # The chain did not verify: the decision is recorded as an evidence failure instead (the
+        # lease is closed by the same transaction, so again exactly one sweeper decides).
+        with db.begin() as conn:
+            if not leases.close_expired(conn, db, MODULE, run_id, attempt):
+                return SweepDecision(run_id, attempt, Decision.SKIPPED)
+            run = runs.get(conn, run_id)
+            transitions.apply(
+                conn, db, run, attempt, Outcome.EVIDENCE_FAILED, [{"reason": error.message}], evidence_key=key,
+                projection={"error_code": EvidenceError.code, "error_message": error.message},
+            )  # fmt: skip
+        return SweepDecision(run_id, attempt, Decision.EVIDENCE_FAILED)
     return SweepDecision(run_id, attempt, decision)
+
+
+def _payloads(decision: Decision, max_attempts: int) -> list[dict[str, object]]:
+    if decision == Decision.FAILED:
+        return [
+            *_PAYLOADS[Decision.RECOVERED],
+            {"code": "attempts_exhausted", "message": _exhausted(max_attempts), "no_external_output": True},
+        ]
+    return list(_PAYLOADS[decision])
+
+
+def _projection(decision: Decision, max_attempts: int) -> dict[str, object]:
+    if decision == Decision.FAILED:
+        return {"error_code": "attempts_exhausted", "error_message": _exhausted(max_attempts)}
+    if decision == Decision.OUTCOME_UNKNOWN:
+        return {
+            "error_code": "inconclusive",
+            "error_message": "the worker's lease expired after dispatch authorization",
+        }
+    return {}
+
+
+def _exhausted(max_attempts: int) -> str:
+    return f"all {max_attempts} attempts expired before dispatch authorization"

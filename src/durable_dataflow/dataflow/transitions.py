@@ -1,0 +1,438 @@
+"""The protocol's transitions as data (DESIGN §6; docs/model.md maps each one to the spin model).
+
+Every state change of a dataflow run is one row of :data:`TABLE`: the ledger entries it appends,
+the run status and recovery status it projects, whether it writes a verified checkpoint, whether it
+releases the lease, and which warning the run then carries. :func:`apply` is the one function that
+writes a transition, inside the caller's fenced (or sweep-guarded) transaction, always in the same
+order: append → checkpoint → projection (guarded by the expected attempt) → lease release.
+
+The same table read backwards is :func:`derive`: the state a verified ledger implies, which
+``dataflow verify`` compares with the run projection, so a flipped projection field is caught.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from durable_dataflow.core import checkpoints, fencing, leases, ledger
+from durable_dataflow.core.db import Database
+from durable_dataflow.core.errors import EvidenceError, StaleAttempt
+from durable_dataflow.core.secrets import Secret
+from durable_dataflow.dataflow import evidence, runs
+from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
+
+MESSAGE_CHARS_MAX = 2000
+Item = tuple[int, str, Mapping[str, Any]]  # (attempt, kind, payload), as core.ledger.append_many takes them
+
+
+class Outcome(enum.StrEnum):
+    """Each transition of a run; the terminal ones end an attempt."""
+
+    RECORDED = "recorded"  # run.recorded: queued
+    STARTED = "started"  # attempt.started: a worker holds the lease
+    DISPATCH_AUTHORIZED = "dispatch_authorized"  # the pre-dispatch commit
+    RECONCILE_STARTED = "reconcile_started"  # an operator's inspection holds the lease
+    RESUME_AUTHORIZED = "resume_authorized"  # an operator's re-dispatch of the stored result
+    ATOMIC_SUCCEEDED = "atomic_succeeded"
+    PUBLISHED = "published"  # the sink confirmed the publication with the recorded digest
+    RECONCILED_PRESENT = "reconciled_present"
+    FAILED_BEFORE_DISPATCH = "failed_before_dispatch"
+    REJECTED = "rejected"  # the sink proved nothing was created
+    PUBLICATION_MISMATCH = "publication_mismatch"
+    RECONCILE_MISMATCH = "reconcile_mismatch"
+    PUBLICATION_UNKNOWN = "publication_unknown"
+    EVIDENCE_FAILED = "evidence_failed"
+    RECONCILED_ABSENT = "reconciled_absent"
+    RECONCILE_UNDECIDED = "reconcile_undecided"
+    SWEPT_RECOVERED = "swept_recovered"  # an expired attempt proven absent; queued again
+    SWEPT_EXHAUSTED = "swept_exhausted"  # the same, with no attempt left
+    SWEPT_UNKNOWN = "swept_unknown"  # an expired attempt after dispatch authorization
+
+
+class Warning(enum.Enum):
+    """Which warning the run carries after a transition."""
+
+    KEEP = "keep"  # unchanged
+    CLEAR = "clear"
+    UNRESOLVED = "unresolved"  # runs.unresolved_warning
+    MISMATCH = "mismatch"
+    ABSENT = "absent"
+
+
+class Success(enum.Enum):
+    """The facts a success must show before its checkpoint is written."""
+
+    NONE = "none"
+    ATOMIC = "atomic"
+    FORWARD = "forward"
+
+
+@dataclass(frozen=True)
+class Transition:
+    kinds: tuple[str, ...]  # the ledger entries it appends, in order, all under the attempt
+    status: RunStatus | None  # None: unchanged
+    recovery: RecoveryStatus | None
+    terminal: bool  # ends the attempt
+    checkpoint: bool  # writes a verified checkpoint (every terminal state but a requeue)
+    releases_lease: bool  # the sweeper's transitions find the lease already closed
+    warning: Warning = Warning.KEEP
+    success: Success = Success.NONE
+
+
+_T = Transition
+TABLE: Mapping[Outcome, Transition] = MappingProxyType({
+    Outcome.RECORDED: _T((evidence.RUN_RECORDED,), RunStatus.QUEUED, RecoveryStatus.RECORDED, False, False, False),
+    Outcome.STARTED: _T((evidence.ATTEMPT_STARTED,), RunStatus.RUNNING, RecoveryStatus.LEASED, False, False, False),
+    Outcome.DISPATCH_AUTHORIZED: _T(
+        (evidence.DISPATCH_AUTHORIZED,), None, RecoveryStatus.DISPATCH_AUTHORIZED, False, False, False
+    ),
+    Outcome.RECONCILE_STARTED: _T((evidence.RECONCILE_STARTED,), None, None, False, False, False),
+    Outcome.RESUME_AUTHORIZED: _T(
+        (evidence.RESUME_STARTED, evidence.DISPATCH_AUTHORIZED), RunStatus.RUNNING,
+        RecoveryStatus.DISPATCH_AUTHORIZED, False, False, False, Warning.CLEAR,
+    ),
+    Outcome.ATOMIC_SUCCEEDED: _T(
+        (evidence.RESULT_COMMITTED, evidence.RUN_SUCCEEDED), RunStatus.SUCCEEDED, RecoveryStatus.VERIFIED,
+        True, True, True, Warning.CLEAR, Success.ATOMIC,
+    ),
+    Outcome.PUBLISHED: _T(
+        (evidence.PUBLICATION_CONFIRMED, evidence.RUN_SUCCEEDED), RunStatus.SUCCEEDED, RecoveryStatus.VERIFIED,
+        True, True, True, Warning.CLEAR, Success.FORWARD,
+    ),
+    Outcome.RECONCILED_PRESENT: _T(
+        (evidence.RECONCILE_PRESENT, evidence.RUN_SUCCEEDED), RunStatus.SUCCEEDED,
+        RecoveryStatus.RECONCILED_PRESENT, True, True, True, Warning.CLEAR, Success.FORWARD,
+    ),
+    Outcome.FAILED_BEFORE_DISPATCH: _T(
+        (evidence.RUN_FAILED,), RunStatus.FAILED, RecoveryStatus.NO_EXTERNAL_OUTPUT, True, True, True
+    ),
+    Outcome.REJECTED: _T(
+        (evidence.PUBLICATION_REJECTED, evidence.RUN_FAILED), RunStatus.FAILED, RecoveryStatus.NO_EXTERNAL_OUTPUT,
+        True, True, True,
+    ),
+    Outcome.PUBLICATION_MISMATCH: _T(
+        (evidence.PUBLICATION_MISMATCH,), RunStatus.OUTCOME_UNKNOWN, RecoveryStatus.OUTCOME_UNKNOWN,
+        True, True, True, Warning.MISMATCH,
+    ),
+    Outcome.RECONCILE_MISMATCH: _T(
+        (evidence.RECONCILE_MISMATCH,), RunStatus.OUTCOME_UNKNOWN, RecoveryStatus.OUTCOME_UNKNOWN,
+        True, True, True, Warning.MISMATCH,
+    ),
+    Outcome.PUBLICATION_UNKNOWN: _T(
+        (evidence.PUBLICATION_UNKNOWN,), RunStatus.OUTCOME_UNKNOWN, RecoveryStatus.OUTCOME_UNKNOWN,
+        True, True, True, Warning.UNRESOLVED,
+    ),
+    # Checkpointed only when the chain itself verifies (the failure may be of the facts, or of the chain).
+    Outcome.EVIDENCE_FAILED: _T(
+        (evidence.EVIDENCE_FAILED,), RunStatus.EVIDENCE_FAILED, RecoveryStatus.EVIDENCE_FAILED,
+        True, True, True, Warning.UNRESOLVED,
+    ),
+    Outcome.RECONCILED_ABSENT: _T(
+        (evidence.RECONCILE_ABSENT,), RunStatus.FAILED, RecoveryStatus.RECONCILED_ABSENT, True, True, True,
+        Warning.ABSENT,
+    ),
+    Outcome.RECONCILE_UNDECIDED: _T((evidence.RECONCILE_UNDECIDED,), None, None, True, True, True),
+    Outcome.SWEPT_RECOVERED: _T(
+        (evidence.ATTEMPT_RECOVERED,), RunStatus.QUEUED, RecoveryStatus.RECOVERED, True, False, False
+    ),
+    Outcome.SWEPT_EXHAUSTED: _T(
+        (evidence.ATTEMPT_RECOVERED, evidence.RUN_FAILED), RunStatus.FAILED, RecoveryStatus.NO_EXTERNAL_OUTPUT,
+        True, True, False,
+    ),
+    Outcome.SWEPT_UNKNOWN: _T(
+        (evidence.ATTEMPT_OUTCOME_UNKNOWN,), RunStatus.OUTCOME_UNKNOWN, RecoveryStatus.OUTCOME_UNKNOWN,
+        True, True, False, Warning.UNRESOLVED,
+    ),
+})  # fmt: skip
+# Longest first, so that derive() reads (attempt.recovered, run.failed) as one exhausted sweep.
+_BY_LENGTH = sorted(TABLE.items(), key=lambda item: -len(item[1].kinds))
+
+
+def warning_text(kind: Warning, run: Run, payloads: Sequence[Mapping[str, Any]]) -> str | None:
+    """The warning a run carries after a transition (``run`` already holds the new projection)."""
+    if kind == Warning.UNRESOLVED:
+        return runs.unresolved_warning(run)
+    if kind == Warning.MISMATCH:
+        return (
+            "UNRESOLVED: the sink holds a publication under idempotency key "
+            f"{run.publication_idempotency_key} whose digest {payloads[0].get('digest')} differs from the recorded "
+            f"output digest {run.output_digest}. External output exists but is not this run's result; "
+            "investigate the sink before acting. Nothing was re-published."
+        )
+    if kind == Warning.ABSENT:
+        return (
+            f"No external output: the sink proved key {run.publication_idempotency_key} absent and fenced it at "
+            f"attempt {payloads[0].get('fenced_at')}, so no earlier attempt can publish. Resume to publish the "
+            f"stored result: `dataflow reconcile {run.run_id} --resume`."
+        )
+    return None
+
+
+def apply(
+    conn: Connection,
+    db: Database,
+    run: Run,
+    attempt: int,
+    outcome: Outcome,
+    payloads: Sequence[Mapping[str, Any]],
+    *,
+    evidence_key: Secret | None,
+    projection: Mapping[str, Any] | None = None,
+    new_subject_at_us: int | None = None,
+    row_attempt: int | None = None,
+) -> Run:
+    """Write one transition in the caller's transaction: append → checkpoint → projection → release.
+
+    ``projection`` adds the transition's own columns (digests, refs, error code and message). A
+    checkpoint that does not verify raises EvidenceError before the projection is written, so the
+    caller's transaction carries nothing of this transition. The projection is written only while
+    the row names ``row_attempt`` (default: ``attempt``; a transition that starts an attempt names
+    the one it follows).
+    """
+    transition = TABLE[outcome]
+    ledger.append_many(
+        conn, db, MODULE, run.run_id, items(outcome, attempt, payloads),
+        evidence_key=evidence_key, new_subject_at_us=new_subject_at_us,
+    )  # fmt: skip
+    values: dict[str, Any] = dict(projection or {})
+    if transition.status is not None:
+        values["status"] = transition.status
+    if transition.recovery is not None:
+        values["recovery_status"] = transition.recovery
+    if transition.warning != Warning.KEEP:
+        values["warning"] = warning_text(transition.warning, run.model_copy(update=values), payloads)
+    if transition.checkpoint:
+        after = run.model_copy(update={**values, "attempt": attempt})
+        _checkpoint(conn, db, after, attempt, outcome, transition, evidence_key)
+    guard = attempt if row_attempt is None else row_attempt
+    final = runs.update(conn, run.run_id, db.now_us_expr(), expected_attempt=guard, **values)
+    if transition.releases_lease:
+        leases.release(conn, db, MODULE, run.run_id, attempt)
+    return final
+
+
+def terminate(
+    db: Database,
+    run: Run,
+    attempt: int,
+    outcome: Outcome,
+    payloads: Sequence[Mapping[str, Any]],
+    *,
+    evidence_key: Secret | None,
+    projection: Mapping[str, Any] | None = None,
+) -> Run:
+    """One fenced transaction that writes a terminal transition (StaleAttempt when fenced off)."""
+    with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
+        return apply(conn, db, run, attempt, outcome, payloads, evidence_key=evidence_key, projection=projection)
+
+
+def record_evidence_failure(db: Database, run: Run, attempt: int, reason: str, *, evidence_key: Secret | None) -> Run:
+    """Verification refused a transition: the run is unresolved, with the reason, loudly."""
+    reason = reason[:MESSAGE_CHARS_MAX]
+    return terminate(
+        db, run, attempt, Outcome.EVIDENCE_FAILED, [{"reason": reason}], evidence_key=evidence_key,
+        projection={"error_code": EvidenceError.code, "error_message": reason},
+    )  # fmt: skip
+
+
+def _checkpoint(
+    conn: Connection,
+    db: Database,
+    after: Run,
+    attempt: int,
+    outcome: Outcome,
+    transition: Transition,
+    evidence_key: Secret | None,
+) -> None:
+    """A verified checkpoint of the state this transition projects (``after``): the chain verifies,
+    the ledger implies exactly that state, and a success shows its facts (digest, evidence, bytes)."""
+
+    def facts(entries: Sequence[ledger.Entry]) -> str:
+        problem = projection_problem(entries, after)
+        if problem or transition.success == Success.NONE:
+            return problem
+        stored = evidence.stored_result_digest(conn, after.run_id)
+        if transition.success == Success.ATOMIC:
+            return evidence.atomic_success_problem(entries, attempt, stored)
+        return evidence.forward_success_problem(entries, attempt, stored)
+
+    if outcome == Outcome.EVIDENCE_FAILED:
+        # The failure may be the chain's own: then there is no verified head to checkpoint.
+        verification = checkpoints.verify_subject(conn, MODULE, after.run_id, evidence_key=evidence_key)
+        if not verification.ok:
+            return
+    checkpoints.write_verified(
+        conn, db, MODULE, after.run_id, attempt, str(after.status), checkpoint_facts(after),
+        evidence_key=evidence_key, facts_check=facts,
+    )  # fmt: skip
+
+
+def checkpoint_facts(run: Run) -> dict[str, Any]:
+    """What a checkpoint holds of a run's state."""
+    facts: dict[str, Any] = {"status": str(run.status), "recovery_status": str(run.recovery_status)}
+    for name in ("output_digest", "publication_ref", "datasource_ref", "materialization_ref"):
+        value = getattr(run, name)
+        if value is not None:
+            facts[name] = value
+    if run.row_count is not None:
+        facts["row_count"] = str(run.row_count)
+    return facts
+
+
+# ---- the table read backwards -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Derived:
+    """The projection a ledger implies; ``problem`` names the first entry that follows no transition."""
+
+    values: Mapping[str, Any]
+    problem: str = ""
+    problem_seq: int | None = None
+
+
+# The projection columns the ledger determines, compared by ``dataflow verify``.
+DERIVED_FIELDS = (
+    "status", "recovery_status", "attempt", "output_digest", "row_count", "source_fingerprint_digest",
+    "publication_idempotency_key", "publication_idempotency_digest",
+    "publication_ref", "datasource_ref", "materialization_ref",
+)  # fmt: skip
+_DIGEST_FIELDS = ("output_digest", "source_fingerprint_digest")
+_REF_FIELDS = ("publication_ref", "datasource_ref", "materialization_ref")
+
+
+def derive(entries: Sequence[ledger.Entry]) -> Derived:
+    """Fold the entries through :data:`TABLE`: the state a chain implies, or where it stops making sense."""
+    values: dict[str, Any] = dict.fromkeys(DERIVED_FIELDS)
+    i = 0
+    while i < len(entries):
+        match = _match(entries, i)
+        if match is None:
+            entry = entries[i]
+            return Derived(values, f"entry {entry.seq} ({entry.kind}) follows no transition of the protocol", entry.seq)
+        outcome, transition = match
+        group = entries[i : i + len(transition.kinds)]
+        problem = _fold(values, outcome, transition, group)
+        if problem:
+            return Derived(values, problem, group[0].seq)
+        i += len(transition.kinds)
+    return Derived(values)
+
+
+def _match(entries: Sequence[ledger.Entry], i: int) -> tuple[Outcome, Transition] | None:
+    for outcome, transition in _BY_LENGTH:
+        group = entries[i : i + len(transition.kinds)]
+        if tuple(e.kind for e in group) == transition.kinds and len({e.attempt for e in group}) == 1:
+            return outcome, transition
+    return None
+
+
+def _text(payload: Mapping[str, Any], name: str) -> str | None:
+    value = payload.get(name) if isinstance(payload, Mapping) else None
+    return value if isinstance(value, str) else None
+
+
+def _fold(values: dict[str, Any], outcome: Outcome, transition: Transition, group: Sequence[ledger.Entry]) -> str:
+    first = group[0]
+    if outcome == Outcome.RECORDED:
+        if first.seq != 1 or values["status"] is not None:
+            return f"entry {first.seq} records the run again"
+    elif values["status"] is None:
+        return f"entry {first.seq} ({first.kind}) comes before run.recorded"
+    values["attempt"] = first.attempt
+    if transition.status is not None:
+        values["status"] = str(transition.status)
+    if transition.recovery is not None:
+        values["recovery_status"] = str(transition.recovery)
+    for entry in group:
+        if entry.kind in (evidence.RESULT_COMMITTED, evidence.DISPATCH_AUTHORIZED):
+            for name in _DIGEST_FIELDS:
+                values[name] = _text(entry.payload, name)
+            row_count = _text(entry.payload, "row_count")
+            values["row_count"] = int(row_count) if row_count is not None and row_count.isdigit() else row_count
+        if entry.kind == evidence.DISPATCH_AUTHORIZED:
+            values["publication_idempotency_key"] = _text(entry.payload, "publication_idempotency_key")
+            values["publication_idempotency_digest"] = _text(entry.payload, "publication_idempotency_digest")
+        if entry.kind in (
+            evidence.PUBLICATION_CONFIRMED, evidence.RECONCILE_PRESENT,
+            evidence.PUBLICATION_MISMATCH, evidence.RECONCILE_MISMATCH,
+        ):  # fmt: skip
+            for name in _REF_FIELDS:
+                values[name] = _text(entry.payload, name)
+    return ""
+
+
+def projection_problem(entries: Sequence[ledger.Entry], run: Run) -> str:
+    """The empty string when the run projection equals what the entries imply, else the first difference."""
+    derived = derive(entries)
+    if derived.problem:
+        return derived.problem
+    for name in DERIVED_FIELDS:
+        implied, projected = derived.values[name], getattr(run, name, None)
+        if name in ("status", "recovery_status") and projected is not None:
+            projected = str(projected)
+        if implied != projected:
+            return f"the run projection says {name}={projected!r} but its ledger implies {implied!r}"
+    return ""
+
+
+def verify_run(conn: Connection, run: Run, key: Secret | None) -> ledger.Verification:
+    """``dataflow verify``: the chain against the latest checkpoint, the facts of the run's state
+    (success: digest, evidence and stored bytes), and the projection against what the ledger implies.
+    Every failure is a Verification naming the seq, never an exception."""
+
+    def facts(entries: Sequence[ledger.Entry]) -> str:
+        problem = projection_problem(entries, run)
+        if problem or run.status != RunStatus.SUCCEEDED:
+            return problem
+        try:
+            digest = evidence.stored_result_digest(conn, run.run_id)
+        except EvidenceError as error:
+            return error.message
+        if run.mode == Mode.ATOMIC:
+            return evidence.atomic_success_problem(entries, run.attempt, digest)
+        return evidence.forward_success_problem(entries, run.attempt, digest)
+
+    result = checkpoints.verify_subject(conn, MODULE, run.run_id, evidence_key=key, facts_check=facts)
+    if result.ok or result.broken_seq is not None:
+        return result
+    # A facts problem: name the entry it is about (or the head).
+    seq = derive(ledger.read(conn, MODULE, run.run_id)).problem_seq or result.head_seq
+    return ledger.Verification(False, result.head_seq, result.head_hash, result.entry_count, result.keyed, seq,
+                               result.reason)  # fmt: skip
+
+
+def items(outcome: Outcome, attempt: int, payloads: Sequence[Mapping[str, Any]]) -> list[Item]:
+    """The ledger items of a transition, for a caller that appends them with other statements of its own."""
+    kinds = TABLE[outcome].kinds
+    if len(payloads) != len(kinds):
+        raise ValueError(f"{outcome} appends {len(kinds)} entries, {len(payloads)} payloads were given")
+    return [(attempt, kind, payload) for kind, payload in zip(kinds, payloads, strict=True)]
+
+
+def conclude(
+    db: Database,
+    run: Run,
+    attempt: int,
+    outcome: Outcome,
+    payloads: Sequence[Mapping[str, Any]],
+    *,
+    evidence_key: Secret | None,
+    projection: Mapping[str, Any] | None = None,
+) -> Run | None:
+    """End an attempt with ``outcome``; when its evidence does not verify, end it ``evidence_failed``
+    instead (never a state the ledger cannot support). None when the attempt was fenced off: another
+    attempt owns the run, and this one records nothing."""
+    try:
+        try:
+            return terminate(db, run, attempt, outcome, payloads, evidence_key=evidence_key, projection=projection)
+        except EvidenceError as error:
+            return record_evidence_failure(db, run, attempt, error.message, evidence_key=evidence_key)
+    except StaleAttempt:
+        return None
