@@ -20,6 +20,7 @@ import typer
 
 from durable_dataflow.cli import common
 from durable_dataflow.cli import runs as cli_runs
+from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError, StorageUnavailable
 from durable_dataflow.dataflow import worker as worker_loop
 from durable_dataflow.dataflow.definitions import load_definition
@@ -66,10 +67,21 @@ def submit(
         int, typer.Option("--max-attempts", help="Attempts allowed before the run fails.")
     ] = MAX_ATTEMPTS_DEFAULT,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON.")] = False,
+    adopt_evidence_key: Annotated[
+        bool,
+        typer.Option(
+            "--adopt-evidence-key",
+            help="Record this run even though DATAFLOW_EVIDENCE_KEY (set or not) differs from the ledger's "
+            "newest entry: adopts, rotates or drops the key. Only with every run settled and every worker and "
+            "server stopped (docs/operations.md).",
+        ),
+    ] = False,
 ) -> None:
     """Record a run and queue it for a worker; nothing is executed here. A replay returns the run."""
     request = cli_runs.build_request(load_definition(file), param, idempotency_key, tenant, max_attempts)
     with common.open_platform(ctx) as platform:
+        if not adopt_evidence_key:
+            ledger.require_key_setting(platform.db, platform.runs.config.evidence_key)
         submission = platform.runs.submit(request)
     run, replayed = submission.run, not submission.created
     if as_json:
@@ -113,6 +125,8 @@ def worker(
         state.lease_ttl_s = lease_ttl
     platform = _open_platform(state, options)
     try:
+        # A worker extends the chains of runs others recorded: its key setting must be the ledger's.
+        ledger.require_key_setting(platform.db, platform.runs.config.evidence_key)
         loop = worker_loop.Worker(platform.runs, options)
         previous = worker_loop.install_signal_handlers(loop)
         try:

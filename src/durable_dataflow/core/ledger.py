@@ -4,7 +4,10 @@ Each entry's hash covers the previous entry's hash and the canonical JSON of the
 so an edited, deleted, inserted or reordered entry breaks the chain at a seq that verification
 names. The first entry chains from a per-subject genesis value. When an evidence key is
 configured, each entry also carries an HMAC of its hash: someone with database access but without
-the key can rebuild plain hashes, but not the MACs. The key itself is never stored.
+the key can rebuild plain hashes, but not the MACs. The key itself is never stored. A chain that
+carries MACs never verifies without the key (its MACs would go unchecked), and a process whose key
+setting differs from the ledger it would extend is refused before it writes
+(``check_key_setting``).
 
 Appends assume an open transaction whose caller already serializes writers of the subject (the
 lease row lock of a fenced transaction, or the insert of a new subject); the primary key
@@ -31,6 +34,9 @@ from durable_dataflow.core.secrets import Secret
 
 ENTRIES_PER_SUBJECT_MAX = 10_000
 PAYLOAD_BYTES_MAX = 256 * 1024
+MODULES_SAMPLED_MAX = 16  # check_key_setting reads one entry per module, for at most this many modules
+KEY_NAME = "DATAFLOW_EVIDENCE_KEY"
+KEYED_UNCHECKED_REASON = f"keyed entries not checked: set {KEY_NAME} to verify their MACs"
 
 
 @dataclass(frozen=True)
@@ -233,6 +239,19 @@ def read(conn: Connection, module: str, subject_id: str) -> list[Entry]:
     return [_entry_from_row(row) for row in rows]
 
 
+UNREADABLE_PAYLOAD = {"unreadable_payload": True}
+
+
+def _payload_of(text: str) -> Mapping[str, Any]:
+    """A stored payload; one that is not a JSON object (damaged or edited by hand) reads as
+    ``UNREADABLE_PAYLOAD``, whose hash matches no stored entry, so verification names its seq."""
+    try:
+        payload = json.loads(text)
+    except (TypeError, ValueError):
+        return dict(UNREADABLE_PAYLOAD)
+    return payload if isinstance(payload, dict) else dict(UNREADABLE_PAYLOAD)
+
+
 def _entry_from_row(row: sa.Row[Any]) -> Entry:
     return Entry(
         module=row.module,
@@ -240,7 +259,7 @@ def _entry_from_row(row: sa.Row[Any]) -> Entry:
         seq=int(row.seq),
         attempt=int(row.attempt),
         kind=row.kind,
-        payload=json.loads(row.payload_json),
+        payload=_payload_of(row.payload_json),
         prev_hash=row.prev_hash,
         entry_hash=row.entry_hash,
         entry_mac=row.entry_mac,
@@ -259,7 +278,9 @@ def verify_entries(
     """Recompute the chain from genesis and check contiguity, hashes, MACs and a known head.
 
     ``expected_head`` is a (seq, hash) pair recorded earlier (a checkpoint): the chain must still
-    contain it, which catches a deleted tail that the chain alone cannot show.
+    contain it, which catches a deleted tail that the chain alone cannot show. Without a key, a chain
+    holding any entry with a MAC does not verify (``KEYED_UNCHECKED_REASON``, no ``broken_seq``):
+    its MACs would go unchecked. With a key, every entry must carry a MAC that verifies.
     """
     prev_hash = genesis_hash(module, subject_id)
     keyed = evidence_key is not None
@@ -274,6 +295,10 @@ def verify_entries(
         if seq > head_seq or entries[seq - 1].entry_hash != expected_hash:
             reason = f"the chain no longer holds the checkpointed head at seq {seq}: entries were removed or replaced"
             return Verification(False, head_seq, prev_hash, len(entries), keyed, seq, reason)
+    if not keyed and any(entry.entry_mac is not None for entry in entries):
+        # The plain chain holds, but its MACs are what someone with database access cannot forge:
+        # without the key nothing proves the entries were not rebuilt, so this is not "verified".
+        return Verification(False, head_seq, prev_hash, len(entries), True, None, KEYED_UNCHECKED_REASON)
     return Verification(True, head_seq, prev_hash, len(entries), keyed)
 
 
@@ -308,3 +333,89 @@ def verify(
     """Read and verify one subject's chain inside the caller's transaction."""
     entries = read(conn, module, subject_id)
     return verify_entries(entries, module, subject_id, evidence_key=evidence_key, expected_head=expected_head)
+
+
+def newest_entries(conn: Connection) -> list[Entry]:
+    """The head entry of the last subject of each module (at most ``MODULES_SAMPLED_MAX`` modules).
+
+    Each is one backward step of the primary key ``(module, subject_id, seq)``: a bounded, indexed
+    read however large the ledger is. Dataflow's subjects are time-ordered UUIDv7 run ids, so its
+    last subject is its newest run.
+    """
+    found: list[Entry] = []
+    below: str | None = None
+    for _ in range(MODULES_SAMPLED_MAX):
+        query = sa.select(ledger_entries)
+        if below is not None:
+            query = query.where(ledger_entries.c.module < below)
+        row = conn.execute(
+            query.order_by(
+                ledger_entries.c.module.desc(), ledger_entries.c.subject_id.desc(), ledger_entries.c.seq.desc()
+            ).limit(1)
+        ).first()
+        if row is None:
+            break
+        found.append(_entry_from_row(row))
+        below = row.module
+    return found
+
+
+def _head_entry(conn: Connection, module: str, subject_id: str) -> list[Entry]:
+    row = conn.execute(
+        sa.select(ledger_entries)
+        .where(ledger_entries.c.module == module, ledger_entries.c.subject_id == subject_id)
+        .order_by(ledger_entries.c.seq.desc())
+        .limit(1)
+    ).first()
+    return [] if row is None else [_entry_from_row(row)]
+
+
+def check_key_setting(
+    conn: Connection, evidence_key: Secret | None, *, subject: tuple[str, str] | None = None
+) -> str:
+    """Why a process with this evidence-key setting must not extend the ledger, or "" when it may.
+
+    The ledger is keyed when its newest entry (``newest_entries``; or the head of ``subject``, a
+    ``(module, subject_id)`` chain the caller is about to extend) carries a MAC. Without a key, a
+    keyed ledger is refused; with a key, an unkeyed ledger is refused, and so is a keyed one whose
+    newest MAC this key does not reproduce (another key). An empty ledger accepts either setting.
+    Entries written under the other setting would make a run's chain fail verification, and a run
+    would end ``evidence_failed`` after it published. The message never contains the key.
+    """
+    sample = newest_entries(conn) if subject is None else _head_entry(conn, *subject)
+    if not sample:
+        return ""
+    newest = max(sample, key=lambda entry: entry.recorded_at_us)
+    scope = "the platform database's ledger" if subject is None else f"the chain of {subject[0]}/{subject[1]}"
+    where = f"its newest entry, {newest.module}/{newest.subject_id} seq {newest.seq}"
+    docs = 'docs/operations.md, "The evidence key"'
+    if evidence_key is None:
+        if newest.entry_mac is None:
+            return ""
+        return (
+            f"{scope} is keyed ({where}, carries a MAC) but {KEY_NAME} is not set: entries written without "
+            f"the key would not verify, and a run would end evidence_failed after publishing. Set {KEY_NAME} "
+            f"to the key {scope} is written with ({docs})"
+        )
+    if newest.entry_mac is None:
+        return (
+            f"{KEY_NAME} is set but {scope} is not keyed ({where}, carries no MAC): entries written with the "
+            f"key would not verify, and a run would end evidence_failed after publishing. Unset {KEY_NAME}, "
+            f"or adopt the key as {docs} describes"
+        )
+    if not hmac.compare_digest(newest.entry_mac, entry_mac(evidence_key, newest.entry_hash)):
+        return (
+            f"{KEY_NAME} does not reproduce the MAC of {scope} ({where}): it is not the key {scope} is "
+            f"written with. Set that key, or rotate keys as {docs} describes"
+        )
+    return ""
+
+
+def require_key_setting(
+    db: Database, evidence_key: Secret | None, *, subject: tuple[str, str] | None = None
+) -> None:
+    """Raise ``InputError`` (exit 2 in the CLI) with ``check_key_setting``'s problem, if any."""
+    with db.read() as conn:
+        problem = check_key_setting(conn, evidence_key, subject=subject)
+    if problem:
+        raise InputError(problem)
