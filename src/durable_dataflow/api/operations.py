@@ -18,11 +18,12 @@ from typing import Any
 from durable_dataflow.api.tokens import TokenInfo
 from durable_dataflow.core import checkpoints, ledger
 from durable_dataflow.core.errors import InputError, NotFound, PermissionDenied
-from durable_dataflow.dataflow import evidence, reconcile, runs
+from durable_dataflow.dataflow import reconcile, runs, transitions, views
 from durable_dataflow.dataflow.definitions import parse_definition
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.runs import MODULE, Run
 from durable_dataflow.dataflow.service import Submission
+from durable_dataflow.dataflow.views import RunView
 from durable_dataflow.dataflow.workspace import Tenancy
 from durable_dataflow.ops import ledger as ops_ledger
 from durable_dataflow.platform import Platform
@@ -33,7 +34,7 @@ CURSOR_CHARS_MAX = 200
 # A cursor's time is compared with a BIGINT column: a larger integer overflows in the database.
 CURSOR_US_MAX = 2**63 - 1
 CURSOR_RUN_ID_CHARS_MAX = 64
-US_PER_S = 1_000_000
+US_PER_S = views.US_PER_S
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ class RunPage:
     runs: list[Run]
     next_cursor: str | None
     now_us: int
+    views: list[RunView]  # the runs as shown (views.load), in the same order
 
 
 def list_runs(
@@ -186,14 +188,21 @@ def list_runs(
             before=before,
             limit=limit + 1,
         )
+        page = found[:limit]
+        shown = views.load(conn, platform.db, page)  # reads only: an expired lease is shown, never swept
         now_us = platform.db.now_us(conn)
-    page = found[:limit]
     next_cursor = encode_cursor(page[-1]) if len(found) > limit else None
-    return RunPage(page, next_cursor, now_us)
+    return RunPage(page, next_cursor, now_us, shown)
 
 
 def get_run(platform: Platform, caller: Caller, run_id: str) -> Run:
     return platform.runs.get(run_id, caller.tenant)
+
+
+def view_of(platform: Platform, run: Run) -> tuple[RunView, int]:
+    """The run as shown (its lease read on the database clock) and the database's now, in one read."""
+    with platform.db.read() as conn:
+        return views.load_one(conn, platform.db, run), platform.db.now_us(conn)
 
 
 # ---- evidence and reconciliation -------------------------------------------------------------
@@ -206,26 +215,15 @@ class Evidence:
     verification: dict[str, Any]
     checkpoint: dict[str, Any] | None
     now_us: int
+    view: RunView
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "run": public_run(self.run, self.now_us),
+            "run": public_run(self.view, self.now_us),
             "entries": self.entries,
             "verification": self.verification,
             "checkpoint": self.checkpoint,
         }
-
-
-def _entry_json(entry: ledger.Entry) -> dict[str, Any]:
-    return {
-        "seq": entry.seq,
-        "attempt": entry.attempt,
-        "kind": entry.kind,
-        "payload": dict(entry.payload),
-        "prev_hash": entry.prev_hash,
-        "entry_hash": entry.entry_hash,
-        "recorded_at_us": entry.recorded_at_us,
-    }
 
 
 def evidence_of(platform: Platform, caller: Caller, run_id: str) -> Evidence:
@@ -234,15 +232,17 @@ def evidence_of(platform: Platform, caller: Caller, run_id: str) -> Evidence:
     with platform.db.read() as conn:
         run = runs.get(conn, run_id, caller.tenant)
         entries = ledger.read(conn, MODULE, run_id)
-        verification = evidence.verify_run(conn, run_id, run.mode, run.status, run.attempt, key)
+        verification = transitions.verify_run(conn, run, key)
         checkpoint = checkpoints.latest(conn, MODULE, run_id)
+        view = views.load_one(conn, platform.db, run)
         now_us = platform.db.now_us(conn)
     return Evidence(
         run=run,
-        entries=[_entry_json(e) for e in entries],
+        entries=[views.entry_json(e) for e in entries],
         verification=asdict(verification),
         checkpoint=None if checkpoint is None else {**asdict(checkpoint), "facts": dict(checkpoint.facts)},
         now_us=now_us,
+        view=view,
     )
 
 
@@ -259,10 +259,9 @@ def reconcile_run(platform: Platform, caller: Caller, run_id: str, resume: bool)
     )
 
 
-def public_run(run: Run, now_us: int) -> dict[str, Any]:
-    """The documented run JSON, plus its age on the database clock and, if unresolved, its warning."""
-    data = run.public()
-    data["age_s"] = max(0, now_us - run.created_at_us) / US_PER_S
-    if run.unresolved and not data.get("warning"):
-        data["warning"] = runs.unresolved_warning(run)
+def public_run(view: RunView, now_us: int) -> dict[str, Any]:
+    """The documented run JSON as shown (``RunView.public``: the derived warning and ``unresolved``,
+    ``lease_expired``), plus its age on the database clock."""
+    data = view.public()
+    data["age_s"] = max(0, now_us - view.run.created_at_us) / US_PER_S
     return data

@@ -82,9 +82,8 @@ def submit_run(
     )
     request.app.state.metrics.observe_commit("submit", time.perf_counter() - started)
     response.status_code = 201 if submission.created else 200
-    with platform.db.read() as conn:
-        now_us = platform.db.now_us(conn)
-    return {"run": operations.public_run(submission.run, now_us), "created": submission.created}
+    view, now_us = operations.view_of(platform, submission.run)
+    return {"run": operations.public_run(view, now_us), "created": submission.created}
 
 
 @router.get("/runs", responses=ERROR_RESPONSES)
@@ -111,16 +110,14 @@ def list_runs(
         cursor=cursor,
         limit=limit,
     )
-    return {"runs": [operations.public_run(r, page.now_us) for r in page.runs], "next_cursor": page.next_cursor}
+    return {"runs": [operations.public_run(v, page.now_us) for v in page.views], "next_cursor": page.next_cursor}
 
 
 @router.get("/runs/{run_id}", responses=ERROR_RESPONSES)
 def get_run(request: Request, run_id: str, caller: Viewer) -> dict[str, Any]:
     platform = platform_of(request)
-    run = operations.get_run(platform, caller, run_id)
-    with platform.db.read() as conn:
-        now_us = platform.db.now_us(conn)
-    return {"run": operations.public_run(run, now_us)}
+    view, now_us = operations.view_of(platform, operations.get_run(platform, caller, run_id))
+    return {"run": operations.public_run(view, now_us)}
 
 
 @router.get("/runs/{run_id}/evidence", responses=ERROR_RESPONSES)
@@ -140,10 +137,9 @@ def reconcile_run(request: Request, run_id: str, caller: Operator, body: Reconci
     started = time.perf_counter()
     result = operations.reconcile_run(platform, caller, run_id, resume=body.resume)
     request.app.state.metrics.observe_commit("reconcile", time.perf_counter() - started)
-    with platform.db.read() as conn:
-        now_us = platform.db.now_us(conn)
+    view, now_us = operations.view_of(platform, result.run)
     return {
-        "run": operations.public_run(result.run, now_us),
+        "run": operations.public_run(view, now_us),
         "finding": result.finding,
         "detail": result.detail,
         "resumed": result.resumed,
@@ -160,9 +156,10 @@ def list_definitions(request: Request, caller: Viewer) -> dict[str, Any]:
 
 @router.get("/datasources", responses=ERROR_RESPONSES)
 def list_datasources(request: Request, caller: Viewer) -> dict[str, Any]:
-    """The platform's named datasources (their options hold secret references only, never values)."""
+    """The caller's tenant's datasources (registered by its runs' first publications) and the platform's
+    declarations (tenant "*"), never another tenant's; options hold secret references only, never values."""
     with platform_of(request).db.read() as conn:
-        found = registry.list_datasources(conn)
+        found = registry.list_datasources(conn, caller.tenant)
     return {
         "datasources": [
             {
@@ -171,6 +168,8 @@ def list_datasources(request: Request, caller: Viewer) -> dict[str, Any]:
                 "location": d.location,
                 "options": dict(d.options),
                 "registered_at": d.registered_at.isoformat(),
+                "tenant": d.tenant,
+                "created_by_run": d.created_by_run,
             }
             for d in found
         ],

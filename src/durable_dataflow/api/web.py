@@ -8,7 +8,6 @@ operator, whose token opens no other page). POST forms carry a CSRF token.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,8 @@ from durable_dataflow.api.errors import HTTP_STATUS_BY_CODE
 from durable_dataflow.api.tokens import Role
 from durable_dataflow.core.errors import DataflowError, Unauthenticated
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow.runs import RecoveryStatus, RunStatus, unresolved_warning
+from durable_dataflow.dataflow import views
+from durable_dataflow.dataflow.runs import RecoveryStatus, RunStatus
 from durable_dataflow.ops import ledger as ops_ledger
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
@@ -42,24 +42,14 @@ router = APIRouter(prefix="/ui", include_in_schema=False)
 
 def age_text(seconds: float) -> str:
     """A short human age: 42s, 3m 12s, 5h 2m, 3d 4h."""
-    total = int(seconds)
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes}m"
-    if minutes:
-        return f"{minutes}m {secs}s"
-    return f"{secs}s"
+    return views.age_text(seconds, parts=2)
 
 
 def time_text(us: int) -> str:
-    return datetime.fromtimestamp(us / 1_000_000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return views.time_text(us, "utc")
 
 
-TEMPLATES.env.globals.update(age_text=age_text, time_text=time_text, unresolved_warning=unresolved_warning)
+TEMPLATES.env.globals.update(age_text=age_text, time_text=time_text)
 
 
 def printable_output(value: Any) -> Any:
@@ -170,6 +160,7 @@ def run_page(request: Request, run_id: str, reconciled: str = "") -> HTMLRespons
         "caller": caller,
         "evidence": found,
         "run": found.run,
+        "view": found.view,
         "is_operator": caller.token.allows(Role.OPERATOR),
         "finding": finding,
         "finding_text": FINDING_TEXT.get(finding, ""),

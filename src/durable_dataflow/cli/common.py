@@ -11,7 +11,6 @@ masked where they are raised. Everything shown to a person goes through ``core.t
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import functools
 import inspect
 import json
@@ -31,8 +30,9 @@ from durable_dataflow.core.db import redact_url
 from durable_dataflow.core.errors import DataflowError, InputError
 from durable_dataflow.core.invariants import invariant
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import limits, runs
+from durable_dataflow.dataflow import limits, views
 from durable_dataflow.dataflow.runs import Run, RunStatus
+from durable_dataflow.dataflow.views import RunView
 from durable_dataflow.platform import Platform
 
 # Exit statuses of a run's outcome (``run``, ``reconcile``).
@@ -55,7 +55,7 @@ EXIT_INTERRUPTED = 130
 PIPE_WIDTH_COLUMNS = 200
 PAYLOAD_CHARS_SHOWN_MAX = 100
 RUN_ID_TAIL_CHARS = 12
-US_PER_S = 1_000_000
+US_PER_S = views.US_PER_S
 
 
 @dataclass
@@ -203,27 +203,32 @@ def emit_json(data: Any) -> None:
     sys.stdout.flush()
 
 
-def run_json(run: Run, **extra: Any) -> dict[str, Any]:
-    """``run.public()`` plus command-specific fields (only ever added, docs/cli.md)."""
+def run_json(run: Run | RunView, **extra: Any) -> dict[str, Any]:
+    """``run.public()`` plus command-specific fields (only ever added, docs/cli.md). A read view's run
+    (``runs``, ``show``) carries its derived ``warning`` and ``unresolved`` and adds ``lease_expired``."""
     return {**run.public(), **extra}
 
 
-def warning_of(run: Run) -> str | None:
+def view_of(run: Run | RunView) -> RunView:
+    """A run as shown: a read view as it is; a run a write returned, without its lease (``views.plain``)."""
+    return run if isinstance(run, RunView) else views.plain(run)
+
+
+def warning_of(run: Run | RunView) -> str | None:
     """The run's warning; an unresolved run always has one, even if the projection lacks it."""
-    if run.warning:
-        return run.warning
-    return runs.unresolved_warning(run) if run.unresolved else None
+    return view_of(run).warning
 
 
-def status_text(run: Run) -> Text:
+def status_text(run: Run | RunView) -> Text:
     """The status cell: unresolved runs say UNRESOLVED in bold yellow, never 'failed' (invariant 13).
 
     The recovery status is shown beside it, in its own column or row.
     """
-    if run.unresolved:
+    view = view_of(run)
+    if view.unresolved:
         return Text("UNRESOLVED", style="bold yellow")
-    style = {RunStatus.SUCCEEDED: "green", RunStatus.FAILED: "red"}.get(RunStatus(run.status), "cyan")
-    return Text(run.status, style=style)
+    style = {RunStatus.SUCCEEDED: "green", RunStatus.FAILED: "red"}.get(RunStatus(view.run.status), "cyan")
+    return Text(view.run.status, style=style)
 
 
 def short_id(run_id: str) -> str:
@@ -231,16 +236,11 @@ def short_id(run_id: str) -> str:
     return run_id[-RUN_ID_TAIL_CHARS:]
 
 
-def time_text(us: int) -> str:
-    return dt.datetime.fromtimestamp(us / US_PER_S, tz=dt.UTC).isoformat(timespec="milliseconds")
+time_text = views.time_text  # ISO 8601 with milliseconds, UTC
 
 
 def age_text(us: int, now_s: float | None = None) -> str:
-    seconds = max(0, int((now_s if now_s is not None else time.time()) - us / US_PER_S))
-    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+    return views.age_text((now_s if now_s is not None else time.time()) - us / US_PER_S)
 
 
 def short_payload(payload: Mapping[str, Any]) -> str:
@@ -250,18 +250,19 @@ def short_payload(payload: Mapping[str, Any]) -> str:
     return text[: PAYLOAD_CHARS_SHOWN_MAX - 1] + "…"
 
 
-def print_warning_block(console: Console, run: Run, ctx: typer.Context) -> None:
+def print_warning_block(console: Console, shown: Run | RunView, ctx: typer.Context) -> None:
     """The loud block an unresolved run gets wherever it is shown in detail."""
-    warning = warning_of(run)
-    if warning is None:
+    view = view_of(shown)
+    run = view.run
+    if view.warning is None:
         return
-    console.print(Text(printable(f"WARNING: {warning}"), style="bold yellow"))
-    if not run.unresolved:
+    console.print(Text(printable(f"WARNING: {view.warning}"), style="bold yellow"))
+    if not view.unresolved:
         return
     key = printable(run.publication_idempotency_key or run.idempotency_key, multiline=False)
     console.print(Text(f"  idempotency key:  {key}", style="yellow"))
     console.print(Text(printable(f"  output digest:    {run.output_digest}"), style="yellow"))
-    if run.status == RunStatus.OUTCOME_UNKNOWN:
+    if run.status == RunStatus.OUTCOME_UNKNOWN or view.reconcilable:
         command = f"dataflow {db_option_hint(ctx)}reconcile {run.run_id}"
         console.print(Text(f"  reconcile with:   {command}", style="bold yellow"))
     else:

@@ -16,18 +16,21 @@ from rich.text import Text
 from durable_dataflow.cli import common
 from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.views import RunView
 
 
-def _field_rows(run: Run) -> list[tuple[str, str | Text | None]]:
+def _field_rows(view: RunView) -> list[tuple[str, str | Text | None]]:
+    run = view.run
     return [
         ("run id", run.run_id),
         ("definition", f"{run.definition_name} ({run.definition_hash})"),
         ("tenant", run.tenant),
         ("idempotency key", run.idempotency_key),
         ("mode", run.mode),
-        ("status", common.status_text(run)),
+        ("status", common.status_text(view)),
         ("recovery status", run.recovery_status),
         ("attempt", f"{run.attempt} of at most {run.max_attempts}"),
+        ("lease", "expired, not yet swept" if view.lease_expired else None),
         ("parameters", common.short_payload(run.parameters)),
         ("rows", None if run.row_count is None else str(run.row_count)),
         ("output digest", run.output_digest),
@@ -46,16 +49,17 @@ def _field_rows(run: Run) -> list[tuple[str, str | Text | None]]:
     ]
 
 
-def run_panel(run: Run, *, title: str = "run") -> Panel:
+def run_panel(shown: Run | RunView, *, title: str = "run") -> Panel:
     """Every field of a run that is set, in a two-column grid."""
+    view = common.view_of(shown)
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column(overflow="fold")
-    for label, value in _field_rows(run):
+    for label, value in _field_rows(view):
         if value is None:
             continue
         grid.add_row(label, value if isinstance(value, Text) else Text(printable(value)))
-    border = "yellow" if run.unresolved else ("green" if run.status == "succeeded" else "red")
+    border = "yellow" if view.unresolved else ("green" if view.run.status == "succeeded" else "red")
     return Panel(grid, title=Text(title), border_style=border, expand=False)
 
 
@@ -64,21 +68,21 @@ def _one_line(value: str) -> str:
     return printable(value, multiline=False)
 
 
-def history_table(items: Sequence[Run], now_s: float) -> Table:
+def history_table(items: Sequence[Run | RunView], now_s: float) -> Table:
     """The run history: unresolved runs carry their warning, in bold yellow, never 'failed'."""
     table = Table(show_lines=False, expand=False)
     for column in ("run", "definition", "status", "recovery", "attempt", "rows", "age"):
         table.add_column(column, no_wrap=True)
     table.add_column("WARNING", overflow="fold")
-    for run in items:
-        warning = common.warning_of(run)
+    for view in map(common.view_of, items):
+        run = view.run
         # Shown whole, never truncated: its last sentence is the action to take.
-        warning_cell = Text(_one_line(warning or ""), style="bold yellow" if run.unresolved else "yellow")
+        warning_cell = Text(_one_line(view.warning or ""), style="bold yellow" if view.unresolved else "yellow")
         table.add_row(
             Text(_one_line(common.short_id(run.run_id))),
             Text(_one_line(run.definition_name)),
-            common.status_text(run),
-            Text(_one_line(run.recovery_status), style="bold yellow" if run.unresolved else ""),
+            common.status_text(view),
+            Text(_one_line(run.recovery_status), style="bold yellow" if view.unresolved else ""),
             Text(f"{run.attempt}/{run.max_attempts}"),
             Text("" if run.row_count is None else str(run.row_count)),
             Text(common.age_text(run.created_at_us, now_s)),

@@ -10,9 +10,10 @@ import typer
 from rich.text import Text
 
 from durable_dataflow.cli import common, progress_line, render
+from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import catalog, reconcile, runs
+from durable_dataflow.dataflow import catalog, reconcile, runs, views
 from durable_dataflow.dataflow.definitions import LoadedDefinition, load_definition
 from durable_dataflow.dataflow.requests import MAX_ATTEMPTS_DEFAULT, AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.runs import Run, RunStatus
@@ -89,6 +90,7 @@ def run_command(
     loaded = load_definition(file)
     request = build_request(loaded, param, idempotency_key, tenant, max_attempts)
     with common.open_platform(ctx) as platform, progress_line.run_progress(loaded.definition.name, as_json) as sink:
+        ledger.require_key_setting(platform.db, platform.runs.config.evidence_key)
         submission = platform.runs.run_inline(request, sink)
     _announce(submission.run, not submission.created, ctx, as_json)
     raise typer.Exit(common.run_exit_code(submission.run))
@@ -111,18 +113,19 @@ def runs_command(
     if not 1 <= limit <= runs.PAGE_SIZE_MAX:
         raise InputError(f"--limit must be between 1 and {runs.PAGE_SIZE_MAX}, got {limit}")
     with common.open_platform(ctx) as platform, platform.db.read() as conn:
-        items = runs.list_page(
+        found = runs.list_page(
             conn, tenant=tenant, status=status, recovery_status=recovery_status, definition_name=definition, limit=limit
         )
+        items = views.load(conn, platform.db, found)  # reads only: an expired lease is shown, never swept
     if as_json:
-        common.emit_json([common.run_json(run) for run in items])
+        common.emit_json([common.run_json(view) for view in items])
         return
     console = common.stdout_console()
     if not items:
         console.print("no runs")
         return
     console.print(render.history_table(items, time.time()))
-    unresolved = sum(1 for run in items if run.unresolved)
+    unresolved = sum(1 for view in items if view.unresolved)
     if unresolved:
         console.print(Text(f"{unresolved} unresolved run(s): see the WARNING column", style="bold yellow"))
 
@@ -146,6 +149,10 @@ def reconcile_command(
             full_id = catalog.resolve_run_id(conn, run_id)
             # The local user at a terminal, acting for the run's tenant: recorded with each attempt started.
             access = AccessContext.local(runs.get(conn, full_id).tenant)
+            # Reconcile extends this run's chain: it must carry the chain's own key setting.
+            problem = ledger.check_key_setting(conn, platform.runs.config.evidence_key, subject=(runs.MODULE, full_id))
+        if problem:
+            raise InputError(problem)
         with common.spinner(f"inspecting the sink for run {full_id}"):
             outcome = reconcile.reconcile(
                 platform.runs,

@@ -12,7 +12,11 @@ terminal's cursor nor be read as Rich markup.
 from __future__ import annotations
 
 import json
+import logging
+import signal
+import threading
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import typer
@@ -21,12 +25,66 @@ from rich.text import Text
 
 from durable_dataflow.api import tokens as api_tokens
 from durable_dataflow.cli import common
+from durable_dataflow.core import ledger
+from durable_dataflow.core.errors import InputError, StorageUnavailable
 from durable_dataflow.core.text import printable
+from durable_dataflow.dataflow import sweeper
+from durable_dataflow.dataflow.worker import SWEEP_INTERVAL_S_DEFAULT
+from durable_dataflow.platform import Platform
 
 DEFAULT_PORT = 8080
+SWEEPER_STOP_WAIT_S = 60.0  # a batch in progress finishes its decisions (one transaction each) first
+logger = logging.getLogger("durable_dataflow.serve")
 
 tokens_app = typer.Typer(help="Create, list and revoke API tokens (stored as hashes only).", no_args_is_help=True)
 ops_app = typer.Typer(help="Ops: the read-only, platform-wide ledger projection.", no_args_is_help=True)
+
+
+class ServeSweeper:
+    """The sweeper of `dataflow serve`: every ``interval_s`` it decides the expired attempts of the
+    platform database (``dataflow.sweeper.sweep``), as every worker does, so an embedded deployment
+    with no worker still turns a crashed attempt into ``outcome_unknown`` or a retry. Many sweepers at
+    once are safe (exactly one decides each attempt). A background thread; :meth:`stop` ends it
+    between two sweeps and waits for it."""
+
+    def __init__(self, platform: Platform, interval_s: float) -> None:
+        self.platform = platform
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dataflow-serve-sweeper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = SWEEPER_STOP_WAIT_S) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            full = self.sweep_once() >= sweeper.SWEEP_BATCH_MAX
+            if not full:  # a full batch: more expired leases may wait, sweep again at once
+                self._stop.wait(self.interval_s)
+
+    def sweep_once(self) -> int:
+        """One sweep; never raises (a down database or a bug is logged, the next sweep tries again)."""
+        key = self.platform.runs.config.evidence_key
+        try:
+            decisions = sweeper.sweep(self.platform.db, evidence_key=key, batch=sweeper.SWEEP_BATCH_MAX)
+        except StorageUnavailable as error:
+            logger.warning("sweep skipped, the platform database is unavailable: %s", error.message)
+            return 0
+        except Exception:
+            logger.exception("sweep failed unexpectedly; the next sweep tries again")
+            return 0
+        for decision in decisions:
+            if decision.decision != "skipped":
+                logger.warning(
+                    "sweep.decided run_id=%s attempt=%d outcome=%s",
+                    decision.run_id, decision.attempt, decision.decision,
+                )  # fmt: skip
+        return len(decisions)
 
 
 @common.with_limit_options
@@ -50,15 +108,39 @@ def serve(
         help="Largest request body in bytes (default: $DATAFLOW_API_BODY_BYTES_MAX, else 4 MiB)",
     ),
     log_level: str = typer.Option("info", help="uvicorn log level"),
+    sweep_interval: float = typer.Option(
+        SWEEP_INTERVAL_S_DEFAULT,
+        "--sweep-interval",
+        help="Seconds between sweeps of expired leases, as a worker does (0: never sweep)",
+    ),
 ) -> None:
-    """Serve the JSON API (/v1), the web operator view (/ui), /metrics and /healthz."""
+    """Serve the JSON API (/v1), the web operator view (/ui), /metrics and /healthz; sweep expired leases."""
+    if sweep_interval < 0:
+        raise InputError(f"--sweep-interval must be 0 (never sweep) or a positive number of seconds: {sweep_interval}")
     import uvicorn
 
     from durable_dataflow.api.app import create_app
 
     with common.open_platform(ctx) as platform:
+        # The server records, executes and reconciles runs: its key setting must be the ledger's.
+        ledger.require_key_setting(platform.db, platform.runs.config.evidence_key)
         application = create_app(platform, data_root=data_root, sink_root=sink_root, body_bytes_max=body_bytes_max)
-        uvicorn.run(application, host=host, port=port, log_level=log_level)
+        sweeping = ServeSweeper(platform, sweep_interval) if sweep_interval > 0 else None
+        if sweeping is not None:
+            sweeping.start()
+        previous = signal.signal(signal.SIGTERM, _stop_serving)
+        try:
+            uvicorn.run(application, host=host, port=port, log_level=log_level)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            if sweeping is not None:
+                sweeping.stop()
+
+
+def _stop_serving(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM outside uvicorn's own handler: before it starts, and when its graceful shutdown re-raises
+    the signal. Stop with exit 0 through the clean-up (the sweeper's stop, the platform's close)."""
+    raise typer.Exit(common.EXIT_OK)
 
 
 @tokens_app.command("create")

@@ -19,22 +19,11 @@ from durable_dataflow.cli import common, render
 from durable_dataflow.core import checkpoints, ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import catalog, evidence, results, runs
+from durable_dataflow.dataflow import catalog, results, runs, transitions, views
 from durable_dataflow.dataflow.results import EXPORT_FORMATS, ExportFormat
 from durable_dataflow.dataflow.runs import MODULE
 
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run id (or its tail as `runs` shows it).")]
-
-
-def _entry_json(entry: ledger.Entry) -> dict[str, Any]:
-    return {
-        "seq": entry.seq,
-        "attempt": entry.attempt,
-        "kind": entry.kind,
-        "recorded_at_us": entry.recorded_at_us,
-        "payload": dict(entry.payload),
-        "entry_hash": entry.entry_hash,
-    }
 
 
 def _checkpoint_json(checkpoint: checkpoints.Checkpoint | None) -> dict[str, Any] | None:
@@ -74,18 +63,20 @@ def show_command(
     """A run's fields, its ledger entries and latest checkpoint, and the warning if unresolved."""
     with common.open_platform(ctx) as platform, platform.db.read() as conn:
         full_id = catalog.resolve_run_id(conn, run_id)
-        run = runs.get(conn, full_id)
+        view = views.load_one(conn, platform.db, runs.get(conn, full_id))  # reads only, never sweeps
         entries = ledger.read(conn, MODULE, full_id)
         checkpoint = checkpoints.latest(conn, MODULE, full_id)
     if as_json:
         common.emit_json(
             common.run_json(
-                run, ledger=[_entry_json(e) for e in entries], checkpoint=_checkpoint_json(checkpoint)
+                view,
+                ledger=[views.entry_json(e, views.SHOW_ENTRY_FIELDS) for e in entries],
+                checkpoint=_checkpoint_json(checkpoint),
             )
         )
         return
     console = common.stdout_console()
-    console.print(render.run_panel(run))
+    console.print(render.run_panel(view))
     console.print(_ledger_table(entries))
     if checkpoint is None:
         console.print("checkpoint: none (no verified state yet)")
@@ -98,7 +89,7 @@ def show_command(
                 )
             )
         )
-    common.print_warning_block(console, run, ctx)
+    common.print_warning_block(console, view, ctx)
 
 
 def verify_command(
@@ -110,9 +101,7 @@ def verify_command(
     with common.open_platform(ctx) as platform, platform.db.read() as conn:
         full_id = catalog.resolve_run_id(conn, run_id)
         run = runs.get(conn, full_id)
-        result = evidence.verify_run(
-            conn, full_id, run.mode, run.status, run.attempt, platform.runs.config.evidence_key
-        )
+        result = transitions.verify_run(conn, run, platform.runs.config.evidence_key)
     code = common.EXIT_OK if result.ok else common.EXIT_ERROR
     if as_json:
         common.emit_json(

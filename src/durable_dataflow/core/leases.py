@@ -11,6 +11,7 @@ only the rows returned.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -27,6 +28,7 @@ LEASE_TTL_S_MIN = 0.05
 LEASE_TTL_S_MAX = 24 * 3600.0
 LEASE_TTL_S_DEFAULT = 30.0
 EXPIRED_BATCH_MAX = 500
+EXPIRY_SUBJECTS_MAX = 1000  # subjects one expiry_of statement may name (a read view's page is at most 500)
 HOLDER_LENGTH_MAX = 200
 
 
@@ -51,6 +53,21 @@ class ExpiredLease:
     attempt: int
     holder: str
     expires_at_us: int
+
+
+@dataclass(frozen=True)
+class LeaseExpiry:
+    """A subject's lease as a read view sees it, judged on the database clock by the statement that read it.
+
+    ``expired``: not released and past ``expires_at_us``: the attempt's holder stopped and no sweeper
+    has decided the attempt yet (a sweep releases the lease in the transaction that decides it).
+    """
+
+    subject_id: str
+    attempt: int
+    expires_at_us: int
+    released: bool
+    expired: bool
 
 
 def ttl_us(ttl_s: float) -> int:
@@ -209,3 +226,29 @@ def current(conn: Connection, module: str, subject_id: str) -> Lease | None:
     if row is None:
         return None
     return Lease(module, subject_id, int(row.attempt), row.holder, int(row.acquired_at_us), int(row.expires_at_us))
+
+
+def expiry_of(conn: Connection, db: Database, module: str, subject_ids: Collection[str]) -> dict[str, LeaseExpiry]:
+    """The leases of ``subject_ids`` (at most ``EXPIRY_SUBJECTS_MAX``) in one statement, each judged
+    expired or not on the database clock; a subject never leased has no entry. Reads only."""
+    wanted = sorted(set(subject_ids))
+    if not wanted:
+        return {}
+    if len(wanted) > EXPIRY_SUBJECTS_MAX:
+        raise InputError(f"at most {EXPIRY_SUBJECTS_MAX} subjects per lease expiry query, got {len(wanted)}")
+    expired = sa.and_(leases.c.released_at_us.is_(None), leases.c.expires_at_us <= db.now_us_expr())
+    rows = conn.execute(
+        sa.select(
+            leases.c.subject_id,
+            leases.c.attempt,
+            leases.c.expires_at_us,
+            leases.c.released_at_us,
+            sa.case((expired, 1), else_=0).label("expired"),
+        ).where(leases.c.module == module, leases.c.subject_id.in_(wanted))
+    ).all()
+    return {
+        r.subject_id: LeaseExpiry(
+            r.subject_id, int(r.attempt), int(r.expires_at_us), r.released_at_us is not None, bool(r.expired)
+        )
+        for r in rows
+    }

@@ -1,0 +1,204 @@
+"""Read views of runs: what the CLI, the JSON API and the web pages show, derived once, here.
+
+A run's projection says what the last committed transaction made of it. A read view adds what the
+projection cannot say by itself: an attempt whose lease has expired on the database clock and that
+no sweeper has decided yet (the sweeper runs in ``dataflow worker`` and ``dataflow serve``; with
+neither running, such a run stays ``running`` for good). The view predicts the sweeper's decision
+by the sweeper's rule (``dataflow.sweeper``): a dispatch authorization anywhere in the run's history
+means external output may exist, so the run is shown **unresolved** with a warning; otherwise the
+attempt is proven absent and the warning says the next sweep retries it (or, with no attempt left,
+fails it). Views only read: deciding is the sweeper's, in its own fenced transaction.
+
+Also here, once, for every reader: the ledger-entry JSON, the warning of a run, the time and age
+texts. Their outputs are documented forms (docs/cli.md, docs/api.md) and stay byte-identical.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from durable_dataflow.core import leases, ledger
+from durable_dataflow.core.db import Database
+from durable_dataflow.core.schema import ledger_entries
+from durable_dataflow.dataflow import evidence, runs
+from durable_dataflow.dataflow.runs import MODULE, RecoveryStatus, Run, RunStatus
+
+US_PER_S = 1_000_000
+
+# ---- times -------------------------------------------------------------------------------------
+
+TimeForm = Literal["iso", "utc"]
+_AGE_UNITS = (("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1))
+
+
+def time_text(us: int | None, form: TimeForm = "iso", *, missing: str = "-") -> str:
+    """A database-clock time (µs since the epoch), in UTC: ``iso`` is ISO 8601 with milliseconds
+    (``2026-11-02T09:15:03.123+00:00``, the terminal's panels and tables); ``utc`` is
+    ``2026-11-02 09:15:03 UTC`` (the web pages, token lists). ``None`` is ``missing``."""
+    if us is None:
+        return missing
+    moment = dt.datetime.fromtimestamp(us / US_PER_S, tz=dt.UTC)
+    if form == "iso":
+        return moment.isoformat(timespec="milliseconds")
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def age_text(seconds: float, *, parts: int = 1) -> str:
+    """A short age from its largest unit on: ``parts=1`` gives ``3m`` (terminal tables), ``parts=2``
+    gives ``3m 12s``, ``5h 2m``, ``3d 4h`` (the web pages). Negative ages are 0 s."""
+    rest = max(0, int(seconds))
+    first = next(i for i, (_, size) in enumerate(_AGE_UNITS) if rest >= size or size == 1)
+    shown = []
+    for unit, size in _AGE_UNITS[first : first + parts]:
+        count, rest = divmod(rest, size)
+        shown.append(f"{count}{unit}")
+    return " ".join(shown)
+
+
+# ---- the ledger --------------------------------------------------------------------------------
+
+# The API's entry form (docs/api.md) and `dataflow show --json`'s (docs/cli.md): one projection, two
+# documented field orders.
+ENTRY_FIELDS = ("seq", "attempt", "kind", "payload", "prev_hash", "entry_hash", "recorded_at_us")
+SHOW_ENTRY_FIELDS = ("seq", "attempt", "kind", "recorded_at_us", "payload", "entry_hash")
+
+
+def entry_json(entry: ledger.Entry, fields: Sequence[str] = ENTRY_FIELDS) -> dict[str, Any]:
+    """One ledger entry as JSON, its fields in the order of ``fields`` (the payload as a plain dict)."""
+    every: dict[str, Any] = {
+        "seq": entry.seq,
+        "attempt": entry.attempt,
+        "kind": entry.kind,
+        "payload": dict(entry.payload),
+        "prev_hash": entry.prev_hash,
+        "entry_hash": entry.entry_hash,
+        "recorded_at_us": entry.recorded_at_us,
+    }
+    return {name: every[name] for name in fields}
+
+
+# ---- runs --------------------------------------------------------------------------------------
+
+
+def warning_of(run: Run) -> str | None:
+    """The run's stored warning; an unresolved run always has one, even if the projection lacks it."""
+    if run.warning:
+        return run.warning
+    return runs.unresolved_warning(run) if run.unresolved else None
+
+
+def expired_after_authorization_warning(run: Run) -> str:
+    """An expired attempt that authorized dispatch, not yet swept: unresolved, never 'failed'."""
+    return (
+        "UNRESOLVED: the attempt's lease expired after dispatch authorization, and no sweeper has decided "
+        "it yet: external output may exist. The publication may have reached the sink under idempotency key "
+        f"{run.publication_idempotency_key or run.idempotency_key} with output digest {run.output_digest}. "
+        "Do not re-run it; reconcile by inspecting the sink (reconcile sweeps the run first): "
+        f"`dataflow reconcile {run.run_id}`."
+    )
+
+
+def expired_before_authorization_warning(run: Run) -> str:
+    """An expired attempt that never authorized dispatch: proven absent; the next sweep decides it."""
+    where = f"lease expired before dispatch authorization (attempt {run.attempt} of {run.max_attempts}): "
+    if run.attempt < run.max_attempts:
+        return where + "no external output was created; it will be retried by the next sweep."
+    return where + "no external output was created; the next sweep fails the run (no attempt left)."
+
+
+NextStep = Literal["reconcile", "verify"]
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A run as a reader shows it: the projection, plus what its expired lease means."""
+
+    run: Run
+    lease_expired: bool  # the current attempt's lease expired (database clock) and no sweeper decided it
+    unresolved: bool
+    warning: str | None
+
+    @property
+    def next_step(self) -> NextStep | None:
+        """The command an unresolved run needs: ``reconcile`` (the sink decides) or ``verify`` (the ledger)."""
+        if not self.unresolved:
+            return None
+        return "verify" if self.run.recovery_status == RecoveryStatus.EVIDENCE_FAILED else "reconcile"
+
+    @property
+    def reconcilable(self) -> bool:
+        """Reconcile applies: outcome_unknown, or an expired attempt after dispatch authorization."""
+        return self.run.status == RunStatus.OUTCOME_UNKNOWN or (self.lease_expired and self.next_step == "reconcile")
+
+    def public(self) -> dict[str, Any]:
+        """The documented run JSON (``Run.public()``) with ``warning`` and ``unresolved`` derived and
+        ``lease_expired`` added after ``unresolved``."""
+        data = self.run.public()
+        data["warning"] = self.warning
+        data["unresolved"] = self.unresolved
+        data["lease_expired"] = self.lease_expired
+        return data
+
+
+def plain(run: Run) -> RunView:
+    """The view of a run without its lease (a run a write just returned, whose attempt this process holds)."""
+    return RunView(run, lease_expired=False, unresolved=run.unresolved, warning=warning_of(run))
+
+
+def derive(
+    items: Sequence[Run], expiry: Mapping[str, leases.LeaseExpiry], authorized: Collection[str]
+) -> list[RunView]:
+    """The views of ``items`` from their leases (``leases.expiry_of``) and the ids of the runs whose
+    ledger holds a ``dispatch.authorized`` entry (only needed for the running runs with an expired lease)."""
+    shown = []
+    for run in items:
+        lease = expiry.get(run.run_id)
+        expired = lease is not None and lease.expired
+        if not expired or run.status != RunStatus.RUNNING:
+            shown.append(RunView(run, expired, run.unresolved, warning_of(run)))
+        elif run.recovery_status == RecoveryStatus.DISPATCH_AUTHORIZED or run.run_id in authorized:
+            shown.append(RunView(run, True, True, expired_after_authorization_warning(run)))
+        else:
+            shown.append(RunView(run, True, run.unresolved, expired_before_authorization_warning(run)))
+    return shown
+
+
+def load(conn: Connection, db: Database, items: Sequence[Run]) -> list[RunView]:
+    """The views of ``items``, read in the caller's transaction: one statement for the leases and, only
+    when a running run's lease expired before its projection says dispatch_authorized, one for its history."""
+    expiry = leases.expiry_of(conn, db, MODULE, [run.run_id for run in items])
+    unsure = [
+        run.run_id
+        for run in items
+        if run.status == RunStatus.RUNNING
+        and run.recovery_status != RecoveryStatus.DISPATCH_AUTHORIZED
+        and (lease := expiry.get(run.run_id)) is not None
+        and lease.expired
+    ]
+    return derive(items, expiry, _authorized(conn, unsure))
+
+
+def load_one(conn: Connection, db: Database, run: Run) -> RunView:
+    return load(conn, db, [run])[0]
+
+
+def _authorized(conn: Connection, run_ids: Sequence[str]) -> set[str]:
+    """The runs among ``run_ids`` whose ledger holds a dispatch authorization (the sweeper's rule)."""
+    if not run_ids:
+        return set()
+    rows = conn.execute(
+        sa.select(ledger_entries.c.subject_id)
+        .where(
+            ledger_entries.c.module == MODULE,
+            ledger_entries.c.subject_id.in_(run_ids),
+            ledger_entries.c.kind == evidence.DISPATCH_AUTHORIZED,
+        )
+        .distinct()
+    ).all()
+    return {row.subject_id for row in rows}
