@@ -62,9 +62,3 @@ def set_hook(hook: Hook | None) -> None:
     """Install (or remove, with None) an in-process hook called at every point."""
     global _hook
     _hook = hook
-
-
-def reload_from_env() -> None:
-    """Re-read DATAFLOW_CRASH_AT / DATAFLOW_PAUSE_AT (for a process that changed its environment)."""
-    global _actions
-    _actions = _actions_from_env()
