@@ -7,6 +7,7 @@ tables) rather than trusting the provider's answer.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from durable_dataflow.core.hashing import sha256_bytes
+from durable_dataflow.dataflow import crashpoints
 from durable_dataflow.datasources import contract
 from durable_dataflow.datasources.contract import (
     Absent,
@@ -30,10 +32,13 @@ from durable_dataflow.datasources.contract import (
     Published,
     PublishTarget,
     Rejected,
+    Undecided,
 )
 from durable_dataflow.datasources.delta import DeltaProvider
 from durable_dataflow.datasources.parquet_folder import ParquetFolderProvider, key_hash
 from durable_dataflow.datasources.postgres_table import PostgresTableProvider
+from durable_dataflow.platform import Platform
+from support import flows
 
 CONCURRENT_PUBLISHERS = 8
 DSN_SECRET = "TEST_SINK_DSN"
@@ -274,7 +279,39 @@ def test_key_hash_is_injective_for_lookalike_keys(tmp_path: Path) -> None:
     """Keys that differ only in path-like characters get distinct manifests (sha256 file names)."""
     provider = ParquetFolderProvider()
     target = PublishTarget("d", str(tmp_path / "f"), "append", {})
+    contract.prepare(provider, target)  # as the platform does before authorizing dispatch
     for key in ("a/b", "a_b", "../a/b", "a\\b"):
         assert isinstance(provider.publish(key, 1, result_table(1), digest_of(key), target), Published)
     assert len({key_hash(k) for k in ("a/b", "a_b", "../a/b", "a\\b")}) == 4
     assert len(list((tmp_path / "f" / "_manifests").glob("*.json"))) == 4
+
+
+@pytest.mark.parametrize("name", ["parquet", "delta"])
+def test_a_sink_folder_removed_after_authorization_is_not_recreated_by_the_run(
+    platform: Platform, tmp_path: Path, name: str
+) -> None:
+    """End to end: the platform prepares the folder and authorizes dispatch, then the folder goes missing before
+    the provider call. The publish is Inconclusive, so the run is outcome_unknown; the folder is not re-created
+    and nothing is published; an inspection of it stays Undecided."""
+    sink = tmp_path / "sink"
+
+    def remove_the_sink(point: str) -> None:
+        if point == crashpoints.AFTER_PREDISPATCH_COMMIT:
+            shutil.rmtree(sink)
+
+    crashpoints.set_hook(remove_the_sink)
+    try:
+        defn = flows.definition(flows.parquet_target(name))
+        run = platform.runs.run_inline(flows.request(defn, tmp_path, "k1")).run
+    finally:
+        crashpoints.set_hook(None)
+    assert run.status == "outcome_unknown"
+    assert run.error_message and contract.LOCATION_MISSING in run.error_message
+    assert str(tmp_path) not in run.error_message
+    assert "dispatch.authorized" in flows.kinds(platform, run.run_id)
+    assert not sink.exists()
+    target = PublishTarget("analytics.totals", "sink", "append", {"base_dir": str(tmp_path)})
+    provider: Provider = ParquetFolderProvider() if name == "parquet" else DeltaProvider()
+    found = provider.inspect("any", target, fence=2)
+    assert isinstance(found, Undecided) and found.reason.endswith(contract.LOCATION_MISSING)
+    assert not sink.exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,6 +14,7 @@ from deltalake import DeltaTable
 from durable_dataflow.core.hashing import sha256_bytes
 from durable_dataflow.datasources import delta as delta_module
 from durable_dataflow.datasources.contract import (
+    LOCATION_MISSING,
     Absent,
     AlreadyPublished,
     Fenced,
@@ -36,6 +38,12 @@ def target(path: Path) -> PublishTarget:
     return PublishTarget("ds", str(path), "append", {})
 
 
+def prepared(path: Path) -> Path:
+    """The table's folder created, as the platform does before authorizing dispatch."""
+    DeltaProvider().prepare(target(path))
+    return path
+
+
 def log_actions(path: Path) -> list[list[dict[str, object]]]:
     return [
         [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
@@ -46,7 +54,7 @@ def log_actions(path: Path) -> list[list[dict[str, object]]]:
 def test_stale_snapshot_publish_conflicts_and_the_retry_finds_the_key(tmp_path: Path) -> None:
     """After A publishes K, B's commit on its stale handle conflicts (None); B's fresh decision is AlreadyPublished."""
     provider = DeltaProvider()
-    path = tmp_path / "t"
+    path = prepared(tmp_path / "t")
     provider.publish("other", 1, table(), sha256_bytes(b"o"), target(path))
     stale = DeltaTable(str(path))
     first = provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
@@ -65,7 +73,7 @@ def test_stale_snapshot_publish_conflicts_and_the_retry_finds_the_key(tmp_path: 
 def test_stale_publish_conflicts_with_a_concurrent_fence_commit(tmp_path: Path) -> None:
     """A publisher that checked before a fence commit cannot commit after it: the fence restates the key's txn."""
     provider = DeltaProvider()
-    path = tmp_path / "t"
+    path = prepared(tmp_path / "t")
     provider.publish("other", 1, table(), sha256_bytes(b"o"), target(path))
     stale = DeltaTable(str(path))
     assert provider.inspect("K", target(path), fence=5) == Absent(5)
@@ -77,7 +85,7 @@ def test_stale_publish_conflicts_with_a_concurrent_fence_commit(tmp_path: Path) 
 def test_stale_fence_conflicts_with_a_concurrent_publication(tmp_path: Path) -> None:
     """An inspection that saw K absent cannot fence after K is published: it decides again and finds Present."""
     provider = DeltaProvider()
-    path = tmp_path / "t"
+    path = prepared(tmp_path / "t")
     provider.publish("other", 1, table(), sha256_bytes(b"o"), target(path))
     stale = DeltaTable(str(path))
     published = provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
@@ -124,7 +132,7 @@ def test_fence_on_missing_table_creates_placeholder_and_publication_replaces_sch
 def test_lost_commit_info_is_undecided_not_guessed(tmp_path: Path) -> None:
     """Txn says published but the commit info is gone (log retention): Undecided / Inconclusive, never guessed."""
     provider = DeltaProvider()
-    path = tmp_path / "t"
+    path = prepared(tmp_path / "t")
     provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
     # Simulate log cleanup: the JSON commits are gone, the txn survives in a checkpoint.
     DeltaTable(str(path)).create_checkpoint()
@@ -142,7 +150,7 @@ def _publish_in_process(path: str, token: int) -> str:
 
 def test_processes_racing_on_one_key_publish_once(tmp_path: Path) -> None:
     """8 processes publish one key on an existing table: one Published, seven AlreadyPublished, one commit."""
-    path = tmp_path / "t"
+    path = prepared(tmp_path / "t")
     DeltaProvider().publish("seed", 1, table(1), sha256_bytes(b"s"), target(path))
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(PROCESS_PUBLISHERS) as pool:
@@ -156,7 +164,7 @@ def test_processes_racing_on_one_key_publish_once(tmp_path: Path) -> None:
 def test_commit_conflicts_beyond_the_limit_are_inconclusive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """If every commit attempt conflicts, publish gives up after COMMIT_ATTEMPTS_MAX and says Inconclusive."""
     provider = DeltaProvider()
-    path = tmp_path / "t"
+    path = prepared(tmp_path / "t")
     calls: list[int] = []
 
     def always_conflict(*args: object, **kwargs: object) -> None:
@@ -173,6 +181,7 @@ def test_refs_name_a_relative_location_relative_to_the_sink_root(tmp_path: Path)
     """Refs of a relative location never carry base_dir (the server's sink root); publish, replay and inspect agree."""
     provider = DeltaProvider()
     relative = PublishTarget("ds", "./out/t/", "append", {"base_dir": str(tmp_path)})
+    provider.prepare(relative)
     published = provider.publish("K", 1, table(), sha256_bytes(b"k"), relative)
     assert isinstance(published, Published)
     version = DeltaTable(str(tmp_path / "out" / "t")).version()
@@ -184,17 +193,66 @@ def test_refs_name_a_relative_location_relative_to_the_sink_root(tmp_path: Path)
 
 
 def test_delta_rs_text_never_reaches_a_reason(tmp_path: Path) -> None:
-    """A location that is a file: delta-rs says 'Path does not exist: "/abs/…"'; the reasons name what failed
-    and the exception type only, and the outcome stays Inconclusive / Undecided (nothing is proven)."""
+    """delta-rs quotes absolute paths ('Unable to open file /abs/…/_delta_log/_last_checkpoint'); the reasons name
+    what failed and the exception type only, and the outcome stays Inconclusive / Undecided (nothing is proven).
+    A location that is a file cannot be prepared (the platform then fails the run before dispatch); a publish to
+    it anyway says the location is missing, with no path, and leaves the file as it was."""
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "file.parquet").write_bytes(b"PAR1")
-    target = PublishTarget("ds", "out/file.parquet", "append", {"base_dir": str(tmp_path)})
+    on_file = PublishTarget("ds", "out/file.parquet", "append", {"base_dir": str(tmp_path)})
     provider = DeltaProvider()
+    with pytest.raises(OSError):
+        provider.prepare(on_file)
+    with pytest.raises(Inconclusive) as missing:
+        provider.publish("K", 1, table(), sha256_bytes(b"k"), on_file)
+    assert missing.value.message == f"delta publish of key 'K': {LOCATION_MISSING}"
+    assert (tmp_path / "out" / "file.parquet").read_bytes() == b"PAR1"
+    broken = PublishTarget("ds", "out/t", "append", {"base_dir": str(tmp_path)})
+    provider.prepare(broken)
+    (tmp_path / "out" / "t" / "_delta_log").write_bytes(b"")  # a file where the log folder should be
     with pytest.raises(Inconclusive) as caught:
-        provider.publish("K", 1, table(), sha256_bytes(b"k"), target)
-    assert caught.value.message == (
-        "delta publish of key 'K' failed: delta-rs could not load, read or write the table at the location (DeltaError)"
+        provider.publish("K", 1, table(), sha256_bytes(b"k"), broken)
+    assert str(tmp_path) in str(caught.value.__cause__)  # delta-rs's own text quotes the path...
+    assert caught.value.message == (  # ...the reason does not
+        "delta publish of key 'K' failed: the table's files could not be read or written (OSError)"
     )
-    inspected = provider.inspect("K", PublishTarget("ds", str(tmp_path / "out" / "file.parquet"), "append", {}), 2)
-    assert isinstance(inspected, Undecided) and str(tmp_path) not in inspected.reason
-    assert inspected.reason.startswith("delta inspection of key 'K' failed: ")
+    for where in (broken, PublishTarget("ds", str(tmp_path / "out" / "file.parquet"), "append", {})):
+        inspected = provider.inspect("K", where, 2)
+        assert isinstance(inspected, Undecided) and str(tmp_path) not in inspected.reason
+        assert inspected.reason.startswith("delta inspection of key 'K' failed: ")
+
+
+def test_publish_to_a_prepared_folder_that_went_missing_is_inconclusive_and_creates_nothing(tmp_path: Path) -> None:
+    """The table's folder was prepared, nothing was published, then it went missing (moved away, unmounted):
+    publish cannot tell that from a folder holding an earlier publication, so it raises Inconclusive naming the
+    missing location (no path) and does not re-create the folder; inspect stays Undecided."""
+    path = prepared(tmp_path / "t")
+    provider = DeltaProvider()
+    shutil.rmtree(path)
+    with pytest.raises(Inconclusive) as caught:
+        provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
+    assert caught.value.message == f"delta publish of key 'K': {LOCATION_MISSING}"
+    assert str(tmp_path) not in caught.value.message
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    for fence in (None, 2):
+        found = provider.inspect("K", target(path), fence=fence)
+        assert isinstance(found, Undecided) and found.reason.endswith(LOCATION_MISSING)
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_moved_table_holding_the_publication_is_never_published_twice(tmp_path: Path) -> None:
+    """K is published, the table's folder is moved away: a second publish of K is Inconclusive (it cannot see
+    the publication, so it must not make another), and with the folder back the log holds exactly one."""
+    path = prepared(tmp_path / "t")
+    provider = DeltaProvider()
+    first = provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
+    assert isinstance(first, Published)
+    path.rename(tmp_path / "moved")
+    with pytest.raises(Inconclusive, match="the sink location is missing"):
+        provider.publish("K", 2, table(), sha256_bytes(b"k"), target(path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["moved"]
+    (tmp_path / "moved").rename(path)
+    assert provider.inspect("K", target(path)) == Present(first.refs, sha256_bytes(b"k"), 1)
+    txns = [x["txn"] for commit in log_actions(path) for x in commit if "txn" in x]
+    assert [t for t in txns if t["appId"] == "K"] == [{"appId": "K", "version": 1}]  # type: ignore[index]
+    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,6 +15,7 @@ from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.hashing import sha256_bytes
 from durable_dataflow.datasources import parquet_folder
 from durable_dataflow.datasources.contract import (
+    LOCATION_MISSING,
     Absent,
     Inconclusive,
     Present,
@@ -28,6 +30,12 @@ from durable_dataflow.datasources.parquet_folder import ParquetFolderProvider, k
 
 def rows(n: int) -> pa.Table:
     return pa.table({"id": pa.array(range(n), pa.int64())})
+
+
+def prepared(target: PublishTarget) -> PublishTarget:
+    """The target with its folder layout created, as the platform does before authorizing dispatch."""
+    ParquetFolderProvider().prepare(target)
+    return target
 
 
 def test_data_file_without_manifest_is_not_published_and_is_replaced(tmp_path: Path) -> None:
@@ -48,7 +56,7 @@ def test_data_file_without_manifest_is_not_published_and_is_replaced(tmp_path: P
 
 def test_manifest_write_failure_is_inconclusive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """If writing the manifest (the commit point) fails, publish raises Inconclusive rather than guessing."""
-    target = PublishTarget("d", str(tmp_path / "f"), "append", {})
+    target = prepared(PublishTarget("d", str(tmp_path / "f"), "append", {}))
     provider = ParquetFolderProvider()
 
     def fail(*args: object) -> None:
@@ -63,7 +71,7 @@ def test_data_write_failure_before_the_commit_point_is_rejected(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A failure while writing the data file (before the manifest) is a conclusive Rejected; the key stays absent."""
-    target = PublishTarget("d", str(tmp_path / "f"), "append", {})
+    target = prepared(PublishTarget("d", str(tmp_path / "f"), "append", {}))
     provider = ParquetFolderProvider()
 
     def fail(*args: object, **kwargs: object) -> None:
@@ -76,7 +84,7 @@ def test_data_write_failure_before_the_commit_point_is_rejected(
 
 def test_manifest_records_key_digest_token_rows_and_file(tmp_path: Path) -> None:
     """The manifest holds the key itself (names are hashes), the digest, the token, the row count and the file."""
-    target = PublishTarget("d", "f", "append", {"base_dir": str(tmp_path)})
+    target = prepared(PublishTarget("d", "f", "append", {"base_dir": str(tmp_path)}))
     ParquetFolderProvider().publish("tenant/run 1", 3, rows(4), sha256_bytes(b"x"), target)
     manifest = json.loads((tmp_path / "f" / "_manifests" / f"{key_hash('tenant/run 1')}.json").read_text())
     assert {k: manifest[k] for k in ("kind", "key", "digest", "token", "rows")} == {
@@ -102,17 +110,17 @@ def test_refs_name_a_relative_location_relative_to_the_sink_root(tmp_path: Path)
     """Refs of a relative location never carry base_dir (the server's sink root); publish and inspect agree.
     An absolute location (the local operator's) is named by its absolute path."""
     stem = key_hash("k")
-    relative = PublishTarget("d", "./out/f/", "append", {"base_dir": str(tmp_path)})
+    relative = prepared(PublishTarget("d", "./out/f/", "append", {"base_dir": str(tmp_path)}))
     published = ParquetFolderProvider().publish("k", 1, rows(2), sha256_bytes(b"k"), relative)
     assert isinstance(published, Published)
     assert published.refs == PublicationRefs(
         f"parquet://out/f/_manifests/{stem}.json", "parquet://out/f", f"parquet://out/f/data/{stem}.parquet"
     )
     assert ParquetFolderProvider().inspect("k", relative, fence=2) == Present(published.refs, sha256_bytes(b"k"), 1)
-    root = PublishTarget("d", ".", "append", {"base_dir": str(tmp_path)})
+    root = prepared(PublishTarget("d", ".", "append", {"base_dir": str(tmp_path)}))
     at_root = ParquetFolderProvider().publish("k", 1, rows(1), sha256_bytes(b"r"), root)
     assert isinstance(at_root, Published) and at_root.refs.datasource_ref == "parquet://."
-    absolute = PublishTarget("d", str(tmp_path / "abs"), "append", {})
+    absolute = prepared(PublishTarget("d", str(tmp_path / "abs"), "append", {}))
     named = ParquetFolderProvider().publish("k", 1, rows(1), sha256_bytes(b"a"), absolute)
     assert isinstance(named, Published) and named.refs.datasource_ref == f"parquet://{tmp_path / 'abs'}"
 
@@ -120,7 +128,7 @@ def test_refs_name_a_relative_location_relative_to_the_sink_root(tmp_path: Path)
 def test_failure_reasons_carry_no_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An OSError's filename and a library's message never reach a reason: a fixed description, the type and
     the OS's text for the errno. Rejected still means nothing was created."""
-    target = PublishTarget("d", "f", "append", {"base_dir": str(tmp_path)})
+    target = prepared(PublishTarget("d", "f", "append", {"base_dir": str(tmp_path)}))
     provider = ParquetFolderProvider()
 
     def no_space(*args: object, **kwargs: object) -> None:
@@ -152,3 +160,47 @@ def test_failure_reasons_carry_no_path(tmp_path: Path, monkeypatch: pytest.Monke
     with pytest.raises(Inconclusive, match="is not valid JSON") as unreadable:
         provider.publish("k", 1, rows(2), sha256_bytes(b"k"), target)
     assert str(tmp_path) not in unreadable.value.message
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("removed", [".", "_manifests"], ids=["folder", "manifests"])
+def test_publish_to_a_prepared_folder_that_went_missing_is_inconclusive_and_creates_nothing(
+    tmp_path: Path, removed: str
+) -> None:
+    """The folder (or its `_manifests`) was prepared, nothing was published, then it went missing (moved away,
+    unmounted): publish cannot tell that from a folder holding an earlier publication, so it raises Inconclusive
+    naming the missing location (no path), writes nothing and does not re-create it; inspect stays Undecided."""
+    target = prepared(PublishTarget("d", "f", "append", {"base_dir": str(tmp_path)}))
+    provider = ParquetFolderProvider()
+    gone = (tmp_path / "f" / removed).resolve()
+    shutil.rmtree(gone)
+    before = _tree(tmp_path)
+    with pytest.raises(Inconclusive) as caught:
+        provider.publish("k", 1, rows(2), sha256_bytes(b"k"), target)
+    assert caught.value.message == f"parquet publish of key 'k': {LOCATION_MISSING}"
+    assert str(tmp_path) not in caught.value.message
+    assert not gone.exists() and _tree(tmp_path) == before
+    for fence in (None, 2):
+        found = provider.inspect("k", target, fence=fence)
+        assert isinstance(found, Undecided) and found.reason.endswith(LOCATION_MISSING)
+    assert not gone.exists() and _tree(tmp_path) == before
+
+
+def test_a_moved_folder_holding_the_publication_is_never_published_twice(tmp_path: Path) -> None:
+    """The key is published, the folder is moved away: a second publish of the key is Inconclusive (it cannot see
+    the publication, so it must not make another), and with the folder back the sink holds exactly one."""
+    target = prepared(PublishTarget("d", "f", "append", {"base_dir": str(tmp_path)}))
+    provider = ParquetFolderProvider()
+    first = provider.publish("k", 1, rows(2), sha256_bytes(b"k"), target)
+    assert isinstance(first, Published)
+    (tmp_path / "f").rename(tmp_path / "moved")
+    with pytest.raises(Inconclusive, match="the sink location is missing"):
+        provider.publish("k", 2, rows(2), sha256_bytes(b"k"), target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["moved"]
+    (tmp_path / "moved").rename(tmp_path / "f")
+    assert provider.inspect("k", target) == Present(first.refs, sha256_bytes(b"k"), 1)
+    assert len(list((tmp_path / "f" / "_manifests").glob("*.json"))) == 1
+    assert provider.read(target).num_rows == 2

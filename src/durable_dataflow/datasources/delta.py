@@ -221,6 +221,10 @@ class DeltaProvider:
         check_key(key)
         check_token(token)
         path = resolve_location(target)
+        if not path.is_dir():
+            # Prepared before dispatch was authorized and never created here: missing now, it may have
+            # been moved or not be mounted, and an earlier publication may be in it.
+            raise Inconclusive(f"delta publish of key {key!r}: {LOCATION_MISSING}")
         try:
             for _ in range(COMMIT_ATTEMPTS_MAX):
                 dt = self._open(path, table.schema)

@@ -168,16 +168,16 @@ class ParquetFolderProvider:
     ) -> PublishOutcome:
         """Check the manifest and write data + manifest under the key's lock (DESIGN §9).
 
-        `InputError` (key, token, location) is raised before the folder is created or touched."""
+        `InputError` (key, token, location) is raised before the folder is touched. The folder was
+        prepared before dispatch was authorized and is never created here: missing now, it may have
+        been moved or not be mounted, and an earlier publication may be in it (Inconclusive)."""
         check_key(key)
         check_token(token)
         if target.mode != "append":
             return Rejected("a parquet folder publishes each key as its own file: only mode 'append'")
-        try:
-            folder, where = resolve_location_named(target)
-            self._prepare(folder)
-        except OSError as exc:
-            return Rejected(f"cannot prepare the sink folder: {describe_exception(exc)}")
+        folder, where = resolve_location_named(target)
+        if not all((folder / sub).is_dir() for sub in SUBFOLDERS):
+            raise Inconclusive(f"parquet publish of key {key!r}: {LOCATION_MISSING}")
         stem = key_hash(key)
         try:
             with _key_lock(folder, stem):
