@@ -13,22 +13,26 @@ from collections.abc import Callable
 
 AFTER_RECORD = "after_record"  # run.recorded committed (queued submit), before any claim
 AFTER_CLAIM = "after_claim"  # attempt.started committed, before any source is read
+AFTER_PREPARE = "after_prepare"  # forward: target preflighted and sink location prepared, nothing authorized
 DURING_EXECUTION = "during_execution"  # sources resolved, steps not yet finished
 BEFORE_PREDISPATCH_COMMIT = "before_predispatch_commit"  # result computed, dispatch not authorized
 AFTER_PREDISPATCH_COMMIT = "after_predispatch_commit"  # dispatch.authorized durable, provider not called
 AFTER_PROVIDER_CALL = "after_provider_call"  # the sink answered; the answer is not recorded yet
 BEFORE_TERMINAL_COMMIT = "before_terminal_commit"  # terminal transaction about to start
 AFTER_TERMINAL_COMMIT = "after_terminal_commit"  # terminal transaction committed
+AFTER_INSPECT = "after_inspect"  # reconcile: the sink answered the (fenced) inspection, nothing recorded yet
 
 POINTS = (
     AFTER_RECORD,
     AFTER_CLAIM,
+    AFTER_PREPARE,
     DURING_EXECUTION,
     BEFORE_PREDISPATCH_COMMIT,
     AFTER_PREDISPATCH_COMMIT,
     AFTER_PROVIDER_CALL,
     BEFORE_TERMINAL_COMMIT,
     AFTER_TERMINAL_COMMIT,
+    AFTER_INSPECT,
 )
 
 Hook = Callable[[str], None]

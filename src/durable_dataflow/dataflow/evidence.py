@@ -35,6 +35,7 @@ RECONCILE_ABSENT = "reconcile.absent"
 RECONCILE_MISMATCH = "reconcile.mismatch"
 RECONCILE_UNDECIDED = "reconcile.undecided"
 RESUME_STARTED = "resume.started"
+RECONCILE_INVALID_TARGET = "reconcile.invalid_target"
 
 CONCLUSIVE_PRESENCE = frozenset({PUBLICATION_CONFIRMED, RECONCILE_PRESENT})
 

@@ -132,6 +132,7 @@ def execute_forward(
     except DataflowError as error:
         service.fail(run, attempt, error)
         return
+    crashpoints.reach(crashpoints.AFTER_PREPARE)
     try:
         result = service.compute(run, progress_sink)
     except DataflowError as error:

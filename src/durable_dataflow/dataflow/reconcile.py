@@ -27,8 +27,8 @@ from durable_dataflow.dataflow.requests import AccessContext, Provenance
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.service import RunService
 from durable_dataflow.dataflow.transitions import Outcome
-from durable_dataflow.datasources import registry
-from durable_dataflow.datasources.contract import Absent, InspectOutcome, Present, Undecided
+from durable_dataflow.datasources import contract, registry
+from durable_dataflow.datasources.contract import Absent, InspectOutcome, Present, Provider, Undecided
 
 RECONCILABLE = frozenset({RunStatus.OUTCOME_UNKNOWN, RunStatus.EVIDENCE_FAILED})
 UNDECIDED_REASON_CHARS_MAX = 1000
@@ -41,6 +41,7 @@ class Finding(enum.StrEnum):
     MISMATCH = "mismatch"
     ABSENT = "absent"
     UNDECIDED = "undecided"
+    INVALID_TARGET = "invalid_target"  # no publish could ever have written to the target
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,9 @@ def reconcile(
         )
     provider = forward.load_capable_provider(run)
     attempt = _take_lease(service, run, Outcome.RECONCILE_STARTED, asked_by)
+    refusal = _structural_refusal(service, run, provider)
+    if refusal is not None:
+        return _invalid_target(service, run.model_copy(update={"attempt": attempt}), attempt, refusal)
     try:
         target = forward.publish_target(run, service.run_workspace(run)[1])
         finding = provider.inspect(forward.publication_key(run), target, fence=attempt)
@@ -95,6 +99,7 @@ def reconcile(
         finding = Undecided(
             f"preparing the run's target or inspecting the sink failed ({type(error).__name__}): nothing was proven"
         )
+    crashpoints.reach(crashpoints.AFTER_INSPECT)
     result = _apply(service, run.model_copy(update={"attempt": attempt}), attempt, finding)
     if resume and result.finding == Finding.ABSENT:
         return _resume(service, service.get(run_id), asked_by)
@@ -164,6 +169,30 @@ def _record(service: RunService, run: Run, attempt: int, finding: InspectOutcome
         evidence_key=service.evidence_key,
     )  # fmt: skip
     return Reconciliation(service.get(run.run_id), Finding.UNDECIDED, reason)
+
+
+def _structural_refusal(service: RunService, run: Run, provider: Provider) -> str | None:
+    try:
+        return contract.structural_refusal(provider, forward.publish_target(run, service.run_workspace(run)[1]))
+    except Exception:  # a target that cannot even be built proves nothing
+        return None
+
+
+def _invalid_target(service: RunService, run: Run, attempt: int, refusal: str) -> Reconciliation:
+    """The target is invalid by its recorded text (contract.InvalidTarget): every publish of it was
+    refused before touching the sink, so nothing can exist there; the run failed with no output."""
+    message = f"the target can never have been published to: {refusal}"
+    try:
+        transitions.terminate(
+            service.db, run, attempt, Outcome.RECONCILED_INVALID_TARGET,
+            [{"reason": refusal}, {"code": "invalid_target", "message": message, "no_external_output": True}],
+            evidence_key=service.evidence_key, projection={"error_code": "invalid_target", "error_message": message},
+        )  # fmt: skip
+    except EvidenceError as error:
+        service.record_evidence_failure(run, attempt, error.message)
+    except StaleAttempt:
+        pass
+    return Reconciliation(service.get(run.run_id), Finding.INVALID_TARGET, message)
 
 
 def _resume(service: RunService, run: Run, asked_by: Mapping[str, Any]) -> Reconciliation:

@@ -50,6 +50,7 @@ class Outcome(enum.StrEnum):
     EVIDENCE_FAILED = "evidence_failed"
     RECONCILED_ABSENT = "reconciled_absent"
     RECONCILE_UNDECIDED = "reconcile_undecided"
+    RECONCILED_INVALID_TARGET = "reconciled_invalid_target"  # no publish could ever write to the target
     SWEPT_RECOVERED = "swept_recovered"  # an expired attempt proven absent; queued again
     SWEPT_EXHAUSTED = "swept_exhausted"  # the same, with no attempt left
     SWEPT_UNKNOWN = "swept_unknown"  # an expired attempt after dispatch authorization
@@ -138,6 +139,11 @@ TABLE: Mapping[Outcome, Transition] = MappingProxyType({
         Warning.ABSENT,
     ),
     Outcome.RECONCILE_UNDECIDED: _T((evidence.RECONCILE_UNDECIDED,), None, None, True, True, True),
+    # The target is invalid by its recorded text alone (contract.InvalidTarget): nothing can exist there.
+    Outcome.RECONCILED_INVALID_TARGET: _T(
+        (evidence.RECONCILE_INVALID_TARGET, evidence.RUN_FAILED), RunStatus.FAILED,
+        RecoveryStatus.NO_EXTERNAL_OUTPUT, True, True, True, Warning.CLEAR,
+    ),
     Outcome.SWEPT_RECOVERED: _T(
         (evidence.ATTEMPT_RECOVERED,), RunStatus.QUEUED, RecoveryStatus.RECOVERED, True, False, False
     ),

@@ -74,6 +74,28 @@ class Inconclusive(DataflowError):
     code = "inconclusive"
 
 
+class InvalidTarget(InputError):
+    """A target no call of `publish` could ever have written to, judged from the target's recorded
+    text alone — never from the filesystem or the sink's state, which may have changed since. A
+    provider raises it only for such targets (an absolute location where the run's workspace allows
+    none, a relative one with no root, a table name that is no identifier), always before touching
+    the sink; reconcile takes it as proof that nothing can exist there. A target that fails for
+    another reason (a missing secret, a location that resolves outside its root through a symlink)
+    is a plain InputError: an earlier attempt may have seen it otherwise."""
+
+
+def structural_refusal(provider: Provider, target: PublishTarget) -> str | None:
+    """The provider's preflight refusal of ``target`` when it is an `InvalidTarget`, else None (a
+    provider without preflight, a target it accepts, or one it refuses for another reason)."""
+    try:
+        preflight(provider, target)
+    except InvalidTarget as error:
+        return error.message
+    except Exception:  # anything else proves nothing about what an earlier attempt could write
+        return None
+    return None
+
+
 class MissingCapability(DataflowError):
     """No such provider is registered, its optional package is missing, or it lacks a capability."""
 
@@ -241,13 +263,13 @@ def resolve_location_named(target: PublishTarget) -> tuple[Path, str]:
     location = Path(target.location)
     if location.is_absolute():
         if not target.absolute_locations:
-            raise InputError("the target location must be relative to the sink root")
+            raise InvalidTarget("the target location must be relative to the sink root")
         if ".." in location.parts:
-            raise InputError("the target location must not contain '..'")
+            raise InvalidTarget("the target location must not contain '..'")
         return location, str(location)
     base_dir = target.options.get("base_dir")
     if not isinstance(base_dir, str | Path):
-        raise InputError("the target location is relative: give an absolute path or base_dir")
+        raise InvalidTarget("the target location is relative: give an absolute path or base_dir")
     base = Path(base_dir).resolve()
     resolved = (base / location).resolve()
     if resolved != base and base not in resolved.parents:

@@ -37,6 +37,7 @@ from durable_dataflow.datasources.contract import (
     Fenced,
     Inconclusive,
     InspectOutcome,
+    InvalidTarget,
     Present,
     PublicationRefs,
     Published,
@@ -119,7 +120,7 @@ class _TableName:
     def parse(location: str) -> _TableName:
         parts = location.split(".")
         if len(parts) > 2 or not all(IDENTIFIER.match(p) for p in parts):
-            raise InputError("the postgres target location must be 'table' or 'schema.table' identifiers")
+            raise InvalidTarget("the postgres target location must be 'table' or 'schema.table' identifiers")
         return _TableName(parts[0], parts[1]) if len(parts) == 2 else _TableName(None, parts[0])
 
     def ident(self) -> sql.Composable:
