@@ -39,7 +39,7 @@ def target(path: Path) -> PublishTarget:
 
 
 def prepared(path: Path) -> Path:
-    """The table's folder created, as the platform does before authorizing dispatch."""
+    """The table created (placeholder schema, no rows), as the platform does before authorizing dispatch."""
     DeltaProvider().prepare(target(path))
     return path
 
@@ -114,12 +114,18 @@ def test_fence_encoding_in_the_log(tmp_path: Path) -> None:
     assert DeltaTable(str(path), version=dt.version()).to_pyarrow_table().num_rows == 3
 
 
-def test_fence_on_missing_table_creates_placeholder_and_publication_replaces_schema(tmp_path: Path) -> None:
-    """A fence on a prepared folder without a table creates the table with the placeholder column; the first
-    publication sets the schema."""
+def test_prepare_creates_the_placeholder_table_and_the_first_publication_replaces_its_schema(tmp_path: Path) -> None:
+    """`prepare` creates the table itself (placeholder column, no rows, no txn) and a second prepare only loads it;
+    a fence on it keeps the placeholder schema and the first publication sets the result's schema."""
     provider = DeltaProvider()
     path = tmp_path / "new"
     provider.prepare(target(path))
+    dt = DeltaTable(str(path))
+    assert [f.name for f in dt.schema().fields] == [PLACEHOLDER_COLUMN]
+    assert (dt.version(), dt.to_pyarrow_table().num_rows, dt.transaction_version("K")) == (0, 0, None)
+    provider.prepare(target(path))
+    assert DeltaTable(str(path)).version() == 0
+    assert provider.inspect("K", target(path)) == Absent(None)
     assert provider.inspect("K", target(path), fence=2) == Absent(2)
     assert [f.name for f in DeltaTable(str(path)).schema().fields] == [PLACEHOLDER_COLUMN]
     assert isinstance(provider.publish("K", 2, table(), sha256_bytes(b"k"), target(path)), Published)
@@ -127,6 +133,19 @@ def test_fence_on_missing_table_creates_placeholder_and_publication_replaces_sch
     assert [f.name for f in dt.schema().fields] == ["id", "v"]
     assert dt.to_pyarrow_table().num_rows == 3
     assert dt.transaction_version("K#fence") == 2
+    provider.prepare(target(path))  # a later run's prepare leaves a table with publications as it is
+    assert [f.name for f in DeltaTable(str(path)).schema().fields] == ["id", "v"]
+    assert DeltaTable(str(path)).version() == dt.version()
+
+
+def test_prepare_keeps_an_existing_table(tmp_path: Path) -> None:
+    """A table that exists before the first run (made by another writer) is loaded by `prepare`, not replaced."""
+    path = tmp_path / "t"
+    DeltaTable.create(str(path), schema=table().schema)
+    DeltaProvider().prepare(target(path))
+    dt = DeltaTable(str(path))
+    assert (dt.version(), [f.name for f in dt.schema().fields]) == (0, ["id", "v"])
+    assert isinstance(DeltaProvider().publish("K", 1, table(), sha256_bytes(b"k"), target(path)), Published)
 
 
 def test_lost_commit_info_is_undecided_not_guessed(tmp_path: Path) -> None:
@@ -207,19 +226,24 @@ def test_delta_rs_text_never_reaches_a_reason(tmp_path: Path) -> None:
         provider.publish("K", 1, table(), sha256_bytes(b"k"), on_file)
     assert missing.value.message == f"delta publish of key 'K': {LOCATION_MISSING}"
     assert (tmp_path / "out" / "file.parquet").read_bytes() == b"PAR1"
+    inspected = provider.inspect("K", PublishTarget("ds", str(tmp_path / "out" / "file.parquet"), "append", {}), 2)
+    assert inspected == Undecided(f"delta inspection of key 'K': {LOCATION_MISSING}")
     broken = PublishTarget("ds", "out/t", "append", {"base_dir": str(tmp_path)})
     provider.prepare(broken)
-    (tmp_path / "out" / "t" / "_delta_log").write_bytes(b"")  # a file where the log folder should be
+    checkpoint = tmp_path / "out" / "t" / "_delta_log" / "_last_checkpoint"
+    checkpoint.symlink_to(checkpoint)  # a symlink loop: delta-rs cannot open the checkpoint hint
     with pytest.raises(Inconclusive) as caught:
         provider.publish("K", 1, table(), sha256_bytes(b"k"), broken)
     assert str(tmp_path) in str(caught.value.__cause__)  # delta-rs's own text quotes the path...
     assert caught.value.message == (  # ...the reason does not
         "delta publish of key 'K' failed: the table's files could not be read or written (OSError)"
     )
-    for where in (broken, PublishTarget("ds", str(tmp_path / "out" / "file.parquet"), "append", {})):
-        inspected = provider.inspect("K", where, 2)
+    for fence in (None, 2):
+        inspected = provider.inspect("K", broken, fence)
         assert isinstance(inspected, Undecided) and str(tmp_path) not in inspected.reason
-        assert inspected.reason.startswith("delta inspection of key 'K' failed: ")
+        assert inspected.reason == (
+            "delta inspection of key 'K' failed: the table's files could not be read or written (OSError)"
+        )
 
 
 def test_publish_to_a_prepared_folder_that_went_missing_is_inconclusive_and_creates_nothing(tmp_path: Path) -> None:
@@ -256,3 +280,85 @@ def test_a_moved_table_holding_the_publication_is_never_published_twice(tmp_path
     txns = [x["txn"] for commit in log_actions(path) for x in commit if "txn" in x]
     assert [t for t in txns if t["appId"] == "K"] == [{"appId": "K", "version": 1}]  # type: ignore[index]
     assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 3
+
+
+def _unmount(path: Path, away: Path) -> None:
+    """The volume holding the table is unmounted: the mount point stays behind as an empty folder."""
+    path.rename(away)
+    path.mkdir()
+
+
+def test_an_empty_folder_in_place_of_the_table_is_missing_not_absent(tmp_path: Path) -> None:
+    """K is published, then the table's volume is unmounted, leaving the mount point: an empty folder. It reads
+    as missing, never as "prepared, nothing published": inspect is Undecided with and without a fence, publish
+    raises Inconclusive, and neither creates anything in it; mounted again, the log holds exactly one publication."""
+    path = prepared(tmp_path / "t")
+    provider = DeltaProvider()
+    first = provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
+    assert isinstance(first, Published)
+    _unmount(path, tmp_path / "volume")
+    for fence in (None, 2):
+        assert provider.inspect("K", target(path), fence=fence) == Undecided(
+            f"delta inspection of key 'K': {LOCATION_MISSING}"
+        )
+    with pytest.raises(Inconclusive) as caught:
+        provider.publish("K", 3, table(), sha256_bytes(b"k"), target(path))
+    assert caught.value.message == f"delta publish of key 'K': {LOCATION_MISSING}"
+    assert list(path.iterdir()) == []
+    path.rmdir()
+    (tmp_path / "volume").rename(path)
+    assert provider.inspect("K", target(path), fence=4) == Present(first.refs, sha256_bytes(b"k"), 1)
+    txns = [x["txn"] for commit in log_actions(path) for x in commit if "txn" in x]
+    assert [t for t in txns if t["appId"] == "K"] == [{"appId": "K", "version": 1}]  # type: ignore[index]
+    assert DeltaTable(str(path)).transaction_version("K" + FENCE_SUFFIX) is None
+
+
+def test_an_empty_folder_where_nothing_was_published_is_still_not_absent(tmp_path: Path) -> None:
+    """An empty folder at a prepared location (its table unmounted before any publication, or a folder from before
+    `prepare` created the table): the provider cannot tell it from a table out of sight, so it is Undecided and a
+    publish is Inconclusive; nothing is created in it. Preparing it (only when nothing was published) settles it."""
+    path = tmp_path / "t"
+    path.mkdir()
+    provider = DeltaProvider()
+    for fence in (None, 2):
+        found = provider.inspect("K", target(path), fence=fence)
+        assert isinstance(found, Undecided) and found.reason.endswith(LOCATION_MISSING)
+    with pytest.raises(Inconclusive, match="the sink location is missing"):
+        provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
+    assert list(path.iterdir()) == []
+    provider.prepare(target(path))
+    assert provider.inspect("K", target(path), fence=2) == Absent(2)
+    assert isinstance(provider.publish("K", 2, table(), sha256_bytes(b"k"), target(path)), Published)
+
+
+def test_a_delta_log_that_is_a_file_is_missing_and_left_alone(tmp_path: Path) -> None:
+    """`_delta_log` is a file, not the log folder: no table can be seen there, so inspect is Undecided with and
+    without a fence, publish raises Inconclusive, and the file stays as it was."""
+    path = tmp_path / "t"
+    path.mkdir()
+    (path / "_delta_log").write_bytes(b"not a log")
+    provider = DeltaProvider()
+    for fence in (None, 2):
+        assert provider.inspect("K", target(path), fence=fence) == Undecided(
+            f"delta inspection of key 'K': {LOCATION_MISSING}"
+        )
+    with pytest.raises(Inconclusive) as caught:
+        provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
+    assert caught.value.message == f"delta publish of key 'K': {LOCATION_MISSING}"
+    assert [p.name for p in path.iterdir()] == ["_delta_log"]
+    assert (path / "_delta_log").read_bytes() == b"not a log"
+
+
+def test_a_log_folder_without_a_table_is_undecided_and_no_table_is_created(tmp_path: Path) -> None:
+    """`_delta_log` is there but holds no commit (emptied, or a partial restore): no table can be loaded, so
+    inspect is Undecided and publish Inconclusive, naming what failed; neither creates a table in it."""
+    path = tmp_path / "t"
+    (path / "_delta_log").mkdir(parents=True)
+    provider = DeltaProvider()
+    for fence in (None, 2):
+        assert provider.inspect("K", target(path), fence=fence) == Undecided(
+            "delta inspection of key 'K' failed: no Delta table could be loaded at the location (TableNotFoundError)"
+        )
+    with pytest.raises(Inconclusive, match=r"no Delta table could be loaded at the location \(TableNotFoundError\)"):
+        provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
+    assert list(path.iterdir()) == [path / "_delta_log"] and list((path / "_delta_log").iterdir()) == []

@@ -20,12 +20,14 @@ and decides again, at most COMMIT_ATTEMPTS_MAX times.
 
 An empty append (`write_deltalake(dt, <0-row table of the table's schema>, mode="append")`) makes a
 commit with no add actions but with the app transactions and the metadata (probed with deltalake
-1.6.6): that is how a fence is written. A table that does not exist yet is created without rows
-first (a creation race is harmless because no data or txn is involved); a fence on a missing
-table creates it with the one-column placeholder schema PLACEHOLDER_COLUMN (Delta refuses a table
-without columns), and the first publication on such a table overwrites the schema. The table's
-folder is created by `prepare` before dispatch is authorized; `inspect` never creates it, and a
-missing folder is `Undecided` (it may be moved away or not mounted), never `Absent`.
+1.6.6): that is how a fence is written. `prepare` creates the table before dispatch is authorized:
+its folder and, when no table is there yet, a table without rows with the one-column placeholder
+schema PLACEHOLDER_COLUMN (Delta refuses a table without columns; a creation race is harmless
+because no data or txn is involved). A fence on the placeholder table keeps that schema, and the
+first publication on it overwrites the schema with the result's. `publish` and `inspect` never
+create anything: a location without a `_delta_log` folder (missing, moved away, or an unmounted
+mount point, which is an empty folder) holds no table this provider prepared, so it cannot be seen:
+`publish` raises `Inconclusive` and `inspect` answers `Undecided` (LOCATION_MISSING), never `Absent`.
 
 Proof horizon: txn entries survive log cleanup through checkpoints (never pass `last_updated`,
 so `delta.setTransactionRetentionDuration` cannot expire them). The digest lives in the commit
@@ -184,8 +186,13 @@ class DeltaProvider:
             materialization_ref=f"delta://{where}@v{version}",
         )
 
+    def _load(self, path: Path) -> Any:
+        """Load the table; never create it (only `prepare` does)."""
+        return self._dl.DeltaTable(str(path))
+
     def _open(self, path: Path, schema: pa.Schema | None) -> Any:
-        """Load the table; create it without rows first when missing (schema None: placeholder)."""
+        """Load the table; create it without rows first when missing (schema None: placeholder).
+        Only `prepare` creates a table: `publish` and `inspect` load it with `_load`."""
         try:
             return self._dl.DeltaTable(str(path))
         except self._dl.exceptions.TableNotFoundError:
@@ -210,9 +217,12 @@ class DeltaProvider:
         resolve_location(target)
 
     def prepare(self, target: PublishTarget) -> None:
-        """Create the table's folder before dispatch is authorized (`contract.prepare`); the table in
-        it is created by the first publication or fence, so an empty folder means nothing published."""
-        resolve_location(target).mkdir(parents=True, exist_ok=True)
+        """Create the table before dispatch is authorized (`contract.prepare`): its folder and, when
+        there is no table yet, the placeholder-schema table without rows; an existing table is only
+        loaded. From then on a location without `_delta_log` is missing, never "nothing published"."""
+        path = resolve_location(target)
+        path.mkdir(parents=True, exist_ok=True)
+        self._open(path, None)
 
     def publish(
         self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
@@ -221,13 +231,13 @@ class DeltaProvider:
         check_key(key)
         check_token(token)
         path = resolve_location(target)
-        if not path.is_dir():
-            # Prepared before dispatch was authorized and never created here: missing now, it may have
-            # been moved or not be mounted, and an earlier publication may be in it.
+        if not (path / "_delta_log").is_dir():
+            # The table was prepared before dispatch was authorized and is never created here: without
+            # its log now (moved, not mounted: an empty mount point), an earlier publication may be in it.
             raise Inconclusive(f"delta publish of key {key!r}: {LOCATION_MISSING}")
         try:
             for _ in range(COMMIT_ATTEMPTS_MAX):
-                dt = self._open(path, table.schema)
+                dt = self._load(path)
                 outcome = self._publish_on(dt, path, key, token, table, digest, target)
                 if outcome is not None:
                     return outcome
@@ -283,20 +293,18 @@ class DeltaProvider:
     def inspect(self, key: str, target: PublishTarget, fence: int | None = None) -> InspectOutcome:
         """Decide from the table's txn state; with a fence, commit it on the checked snapshot.
 
-        A missing table folder is `Undecided` and is not created; a folder without a table yet holds
-        no publication (with a fence, the table is created to hold it)."""
+        A location without a `_delta_log` folder (missing, or an empty folder such as an unmounted
+        mount point) is `Undecided`, with or without a fence, and nothing is created."""
         check_key(key)
         if fence is not None:
             check_token(fence, "fence")
         path = resolve_location(target)
         try:
-            if not path.exists():
-                # Prepared before dispatch was authorized, so missing now means unseen, never absent.
+            if not (path / "_delta_log").is_dir():
+                # The table was prepared before dispatch was authorized, so no log now means unseen, never absent.
                 return Undecided(f"delta inspection of key {key!r}: {LOCATION_MISSING}")
             for _ in range(COMMIT_ATTEMPTS_MAX):
-                if fence is None and not (path / "_delta_log").is_dir():
-                    return Absent(None)  # no table at all: no publication and no fence
-                dt = self._open(path, None)
+                dt = self._load(path)
                 outcome = self._inspect_on(dt, path, key, fence, target)
                 if outcome is not None:
                     return outcome

@@ -5,6 +5,10 @@ In the sink database, beside the target table:
   xact_id)` — one row per published key, inserted in the same transaction as the data rows, so
   the key lookup is a conclusive proof (reference/sinks-and-libs.md §6);
 - `sink_fences(idempotency_key PK, token)` — the fence an inspection recorded for an absent key.
+`prepare` creates these record tables before dispatch is authorized; `publish` and `inspect` never
+create them. Missing later, the DSN reaches another database than the one published to, or one
+restored from before they existed, so nothing can be proven: `publish` raises `Inconclusive` and
+`inspect` answers `Undecided` (RECORD_TABLES_MISSING, which contains LOCATION_MISSING), never `Absent`.
 Every publish and every inspection first takes `pg_advisory_xact_lock` on the key, so publishers
 and inspectors of one key serialize; in READ COMMITTED each later statement sees what the
 previous lock holder committed. A lost connection or an error at COMMIT is `Inconclusive`; a
@@ -31,6 +35,7 @@ from psycopg import sql
 from durable_dataflow.core.errors import ExecutionError, InputError
 from durable_dataflow.datasources import pgerrors
 from durable_dataflow.datasources.contract import (
+    LOCATION_MISSING,
     Absent,
     AlreadyPublished,
     Capability,
@@ -64,6 +69,16 @@ _CREATE_BOOKKEEPING = (
          published_at timestamptz NOT NULL DEFAULT now(),
          xact_id xid8 NOT NULL DEFAULT pg_current_xact_id())""",
     "CREATE TABLE IF NOT EXISTS sink_fences (idempotency_key text PRIMARY KEY, token bigint NOT NULL)",
+)
+_BOOKKEEPING_PRESENT = (
+    "SELECT to_regclass('sink_publications') IS NOT NULL AND to_regclass('sink_fences') IS NOT NULL"
+)
+# Why publish and inspect prove nothing without the record tables (`prepare` created them before any
+# dispatch was authorized); it contains LOCATION_MISSING, by which the platform recognizes the case.
+RECORD_TABLES_MISSING = (
+    "the sink's record tables are missing: sink_publications and sink_fences are not both in the "
+    "database the DSN reaches, which may be another database than the one published to or one "
+    f"restored from before they were created; {LOCATION_MISSING}"
 )
 _LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 _SELECT_PUBLICATION = (
@@ -155,16 +170,20 @@ class PostgresTableProvider:
         finally:
             conn.close()
 
-    def _ensure_bookkeeping(self, conn: psycopg.Connection[Any]) -> None:
-        """Create the bookkeeping tables once, serialized so concurrent first callers do not collide."""
-        row = conn.execute("SELECT to_regclass('sink_publications'), to_regclass('sink_fences')").fetchone()
-        if row is not None and row[0] is not None and row[1] is not None:
-            conn.rollback()
+    def _create_bookkeeping(self, conn: psycopg.Connection[Any]) -> None:
+        """Create the bookkeeping tables when missing, serialized so concurrent preparers do not collide."""
+        conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+        if self._has_bookkeeping(conn):
+            conn.commit()
             return
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (BOOKKEEPING_LOCK_ID,))
         for statement in _CREATE_BOOKKEEPING:
             conn.execute(statement)
         conn.commit()
+
+    def _has_bookkeeping(self, conn: psycopg.Connection[Any]) -> bool:
+        row = conn.execute(_BOOKKEEPING_PRESENT).fetchone()
+        return row is not None and row[0] is True
 
     def _refs(self, dbname: str, key: str, table_name: str, xact_id: str) -> PublicationRefs:
         return PublicationRefs(
@@ -178,6 +197,23 @@ class PostgresTableProvider:
         (its value is read and dropped)."""
         _TableName.parse(target.location)
         _resolve_dsn(target)
+
+    def prepare(self, target: PublishTarget) -> None:
+        """Create the record tables in the sink database before dispatch is authorized
+        (`contract.prepare`), so that their absence later is "cannot see it", never "nothing published".
+        The target table is created by the first publication (from the result's schema, atomically with
+        its record). `InputError` as in `preflight`; a failed connect or a server error is an
+        `ExecutionError` with a fixed description (the run then fails before dispatch)."""
+        _TableName.parse(target.location)
+        dsn = _resolve_dsn(target)
+        failed = "the sink's record tables cannot be created"
+        try:
+            with self._connect(dsn) as conn:
+                self._create_bookkeeping(conn)
+        except _CannotConnect as exc:
+            raise ExecutionError(f"{failed}: {exc}") from None
+        except psycopg.Error as exc:
+            raise ExecutionError(f"{failed}: {pgerrors.describe(exc)}") from None
 
     def publish(
         self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
@@ -210,10 +246,11 @@ class PostgresTableProvider:
         table_name: _TableName,
     ) -> PublishOutcome:
         try:
-            self._ensure_bookkeeping(conn)
             conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
-            conn.execute(_LOCK_KEY, (key,))
-            outcome = self._decide_and_write(conn, key, token, table, digest, target, table_name)
+            prepared = self._has_bookkeeping(conn)
+            if prepared:
+                conn.execute(_LOCK_KEY, (key,))
+                outcome = self._decide_and_write(conn, key, token, table, digest, target, table_name)
         except psycopg.OperationalError as exc:
             # The connection failed mid-transaction: conservative, let an inspection decide.
             raise Inconclusive(f"postgres publish of key {key!r}: {pgerrors.describe(exc)}") from None
@@ -221,6 +258,11 @@ class PostgresTableProvider:
             # A server error before COMMIT aborted the transaction: nothing was written.
             conn.rollback()
             return Rejected(f"the sink refused the publication: {pgerrors.describe(exc)}")
+        if not prepared:
+            # `prepare` created them before dispatch was authorized: missing now, this may be another or a
+            # restored database, and the key's publication may be in the one published to. Nothing written.
+            conn.rollback()
+            raise Inconclusive(f"postgres publish of key {key!r}: {RECORD_TABLES_MISSING}")
         if not isinstance(outcome, Published):
             conn.rollback()
             return outcome
@@ -309,7 +351,9 @@ class PostgresTableProvider:
                 copy.write_row(([key] if with_key else []) + values)
 
     def inspect(self, key: str, target: PublishTarget, fence: int | None = None) -> InspectOutcome:
-        """Look the key up under its lock; with a fence, raise it in the same transaction."""
+        """Look the key up under its lock; with a fence, raise it in the same transaction.
+
+        Missing record tables are `Undecided` (RECORD_TABLES_MISSING) and are not created."""
         check_key(key)
         if fence is not None:
             check_token(fence, "fence")
@@ -317,8 +361,11 @@ class PostgresTableProvider:
         failed = f"postgres inspection of key {key!r} failed"
         try:
             with self._connect(dsn) as conn:
-                self._ensure_bookkeeping(conn)
                 conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+                if not self._has_bookkeeping(conn):
+                    # Created by `prepare` before dispatch was authorized: missing now means unseen, never absent.
+                    conn.rollback()
+                    return Undecided(f"postgres inspection of key {key!r}: {RECORD_TABLES_MISSING}")
                 conn.execute(_LOCK_KEY, (key,))
                 outcome = self._inspect_on(conn, key, fence)
                 conn.commit()  # Absent(fenced_at=m) is reported only once the fence is durable
