@@ -1,11 +1,14 @@
-"""File sinks never invent absence (issue 13, item 4): the platform prepares the sink location before it
-authorizes dispatch, and an inspection of a missing location is Undecided and creates nothing."""
+"""Sinks never invent absence (issue 13, item 4): the platform prepares the sink location before it
+authorizes dispatch (a file sink's folder, a Delta table, a PostgreSQL sink's record tables), and an
+inspection of a location that is missing, or that cannot be the prepared one (an empty folder where the
+Delta table was: an unmounted mount point), is Undecided and creates nothing."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from durable_dataflow.dataflow import crashpoints, reconcile, sweeper
@@ -15,6 +18,7 @@ from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.contract import LOCATION_MISSING, PublishTarget, Undecided
 from durable_dataflow.datasources.delta import DeltaProvider
 from durable_dataflow.datasources.parquet_folder import ParquetFolderProvider
+from durable_dataflow.datasources.postgres_table import PostgresTableProvider
 from durable_dataflow.datasources.testing import FaultInjectingProvider
 from durable_dataflow.platform import Platform
 from support import flows
@@ -127,3 +131,111 @@ def test_a_location_that_cannot_be_prepared_fails_before_dispatch(
     assert str(tmp_path) not in run.error_message
     assert "dispatch.authorized" not in flows.kinds(platform, run.run_id)
     assert (tmp_path / "sink").read_bytes() == b"not a folder"
+
+
+@pytest.mark.parametrize("name", sorted(FILE_PROVIDERS))
+def test_an_unmounted_sink_volume_is_undecided_and_never_published_twice(
+    platform: Platform, tmp_path: Path, name: str
+) -> None:
+    """The sink commits, the answer is lost (outcome_unknown), then the sink's volume is unmounted: the mount point
+    stays behind as an empty folder. That is never "prepared, nothing published": reconcile is undecided (the
+    datasource is registered, so the location existed), resume re-dispatches nothing and writes nothing into the
+    empty folder; mounted again, reconcile finds the publication present, the only one of the key."""
+    faulty = FaultInjectingProvider(FILE_PROVIDERS[name](), "timeout_after_commit")
+    registry.register_provider("faulty", lambda: faulty)
+    run = _run(platform, tmp_path, "faulty")
+    assert run.status == "outcome_unknown"
+    sink, volume = tmp_path / "sink", tmp_path / "volume"
+    sink.rename(volume)
+    sink.mkdir()  # the mount point, empty once its volume is gone
+    undecided = _reconcile(platform, run.run_id)
+    assert undecided.finding == "undecided" and LOCATION_MISSING in undecided.detail
+    assert registry.LOCATION_REGISTERED.split(":")[0] in undecided.detail
+    assert (undecided.run.status, undecided.run.recovery_status) == ("outcome_unknown", "outcome_unknown")
+    resumed = _reconcile(platform, run.run_id, resume=True)
+    assert resumed.finding == "undecided" and not resumed.resumed
+    assert list(sink.iterdir()) == [] and faulty.counters.inner_publish_calls == 1
+    sink.rmdir()
+    volume.rename(sink)  # mounted again
+    present = _reconcile(platform, run.run_id)
+    assert (present.finding, present.run.status, present.run.recovery_status) == (
+        "present", "succeeded", "reconciled_present"
+    )  # fmt: skip
+    assert _publications(name, sink) == 1 and faulty.counters.inner_publish_calls == 1
+
+
+@pytest.mark.parametrize("name", sorted(FILE_PROVIDERS))
+def test_a_later_run_never_recreates_a_registered_location_that_went_missing(
+    platform: Platform, tmp_path: Path, name: str
+) -> None:
+    """Run A publishes and loses the answer; the volume is unmounted (an empty mount point stays). Run B to the same
+    datasource must not prepare a fresh sink in the mount point: that would let A's reconcile prove its key absent
+    there and a resume publish it a second time. B fails before dispatch, writing nothing; A stays undecided; once
+    the volume is back B runs again and A is found present — one publication each."""
+    faulty = FaultInjectingProvider(FILE_PROVIDERS[name](), "timeout_after_commit")
+    registry.register_provider("faulty", lambda: faulty)
+    first = _run(platform, tmp_path, "faulty")
+    assert first.status == "outcome_unknown"
+    sink, volume = tmp_path / "sink", tmp_path / "volume"
+    sink.rename(volume)
+    sink.mkdir()  # the mount point
+    registry.register_provider("faulty", FILE_PROVIDERS[name])
+    defn = flows.definition(flows.parquet_target("faulty"))
+    later = platform.runs.run_inline(flows.request(defn, tmp_path, "k2")).run
+    assert (later.status, later.recovery_status) == ("failed", "no_external_output"), later
+    assert LOCATION_MISSING in str(later.error_message)
+    assert list(sink.iterdir()) == [], "a later run re-created the registered location"
+    assert "dispatch.authorized" not in flows.kinds(platform, later.run_id)
+    assert _reconcile(platform, first.run_id, resume=True).finding == "undecided"
+    assert list(sink.iterdir()) == []
+    sink.rmdir()
+    volume.rename(sink)
+    again = platform.runs.run_inline(flows.request(defn, tmp_path, "k3")).run
+    assert again.status == "succeeded"
+    assert _reconcile(platform, first.run_id).finding == "present"
+    assert _publications(name, sink) == 2  # A's and the third run's, each once
+
+
+SINK_SECRET = "TEST_HONEST_ABSENCE_SINK_DSN"
+
+
+def _postgres_record_tables(dsn: str, rename: tuple[str, str]) -> None:
+    with psycopg.connect(dsn) as conn:
+        for table in ("sink_publications", "sink_fences"):
+            conn.execute(f"ALTER TABLE {rename[0]}{table} RENAME TO {rename[1]}{table}")
+
+
+def test_a_postgres_sink_without_its_record_tables_is_undecided_and_never_published_twice(
+    platform: Platform, tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PostgreSQL sink commits, the answer is lost (outcome_unknown), then the DSN reaches a database without
+    the record tables (a restore from before the first run; renamed here, so they can come back). Reconcile is
+    undecided, never absent, and creates no record table; resume publishes nothing; with the tables back, reconcile
+    finds the publication present: the sink holds exactly one publication of the key, and its rows once."""
+    monkeypatch.setenv(SINK_SECRET, pg_url)
+    dsn = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    faulty = FaultInjectingProvider(PostgresTableProvider(), "timeout_after_commit")
+    registry.register_provider("faulty", lambda: faulty)
+    target = {**flows.parquet_target("faulty", "public.totals"), "options": {"dsn": {"secret": SINK_SECRET}}}
+    run = platform.runs.run_inline(flows.request(flows.definition(target), tmp_path, "k1")).run
+    assert run.status == "outcome_unknown"
+    _postgres_record_tables(dsn, ("", "restored_away_"))
+    undecided = _reconcile(platform, run.run_id)
+    assert undecided.finding == "undecided" and LOCATION_MISSING in undecided.detail
+    assert "the sink's record tables are missing" in undecided.detail
+    assert registry.LOCATION_REGISTERED.split(":")[0] in undecided.detail
+    resumed = _reconcile(platform, run.run_id, resume=True)
+    assert resumed.finding == "undecided" and not resumed.resumed
+    assert faulty.counters.inner_publish_calls == 1
+    with psycopg.connect(dsn) as conn:
+        created = conn.execute("SELECT to_regclass('sink_publications'), to_regclass('sink_fences')").fetchone()
+    assert created == (None, None)
+    _postgres_record_tables(dsn, ("restored_away_", ""))
+    present = _reconcile(platform, run.run_id)
+    assert (present.finding, present.run.status, present.run.recovery_status) == (
+        "present", "succeeded", "reconciled_present"
+    )  # fmt: skip
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM sink_publications").fetchone() == (1,)
+        keys = conn.execute("SELECT count(DISTINCT _publication_key) FROM public.totals").fetchone()
+    assert keys == (1,) and faulty.counters.inner_publish_calls == 1

@@ -75,6 +75,11 @@ def reconcile(
         # written), and the run, still running, has nothing to reconcile yet.
         sweeper.sweep_run(service.db, run.run_id, evidence_key=service.evidence_key)
         run = service.get(run_id, tenant)
+    problem = _evidence_problem(service, run)
+    if problem:
+        # Nothing is inspected, fenced or published on evidence that does not verify: a row edited to
+        # another tenant or target would otherwise be settled, or published, under another key.
+        return _unverified(service, run, asked_by, problem)
     if run.recovery_status == RecoveryStatus.RECONCILED_ABSENT:
         if not resume:
             return Reconciliation(run, Finding.ABSENT, "already reconciled: absent; pass --resume to publish it")
@@ -104,6 +109,26 @@ def reconcile(
     if resume and result.finding == Finding.ABSENT:
         return _resume(service, service.get(run_id), asked_by)
     return result
+
+
+def _evidence_problem(service: RunService, run: Run) -> str:
+    """Why the run's chain, facts or projection do not verify (transitions.verify_run), or ""."""
+    with service.db.read() as conn:
+        verification = transitions.verify_run(conn, run, service.evidence_key)
+    if verification.ok:
+        return ""
+    where = f" at seq {verification.broken_seq}" if verification.broken_seq is not None else ""
+    return f"the run's evidence does not verify{where}: {verification.reason}"
+
+
+def _unverified(service: RunService, run: Run, asked_by: Mapping[str, Any], problem: str) -> Reconciliation:
+    """Refuse to act on unverified evidence; a run not yet evidence_failed becomes so, under a lease."""
+    detail = f"{problem}; nothing was inspected or published"
+    if run.status == RunStatus.EVIDENCE_FAILED:
+        return Reconciliation(run, Finding.UNDECIDED, detail)
+    attempt = _take_lease(service, run, Outcome.RECONCILE_STARTED, asked_by)
+    service.record_evidence_failure(run.model_copy(update={"attempt": attempt}), attempt, problem)
+    return Reconciliation(service.get(run.run_id), Finding.UNDECIDED, detail)
 
 
 def _asked_by(access: AccessContext, provenance: Provenance) -> dict[str, Any]:

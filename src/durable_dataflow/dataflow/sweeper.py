@@ -13,15 +13,18 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import structlog
+
 from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.db import Database
-from durable_dataflow.core.errors import EvidenceError
+from durable_dataflow.core.errors import DataflowError, EvidenceError, StorageUnavailable
 from durable_dataflow.core.secrets import Secret
 from durable_dataflow.dataflow import evidence, runs, transitions
 from durable_dataflow.dataflow.runs import MODULE
 from durable_dataflow.dataflow.transitions import Outcome
 
 SWEEP_BATCH_MAX = 100
+_log = structlog.get_logger("dataflow.sweeper")
 
 
 class Decision(enum.StrEnum):
@@ -29,6 +32,7 @@ class Decision(enum.StrEnum):
     FAILED = "failed"  # proven absent, no attempt left
     OUTCOME_UNKNOWN = "outcome_unknown"  # expired after dispatch authorization
     EVIDENCE_FAILED = "evidence_failed"  # the decision's evidence did not verify
+    ERROR = "error"  # the decision could not be written (logged); the next sweep tries again
     SKIPPED = "skipped"  # another sweeper or a heartbeat won
 
 
@@ -65,7 +69,20 @@ def sweep(db: Database, *, evidence_key: Secret | None = None, batch: int = SWEE
     """Decide every expired dataflow attempt found now (bounded by ``batch``)."""
     with db.read() as conn:
         expired = leases.list_expired(conn, db, MODULE, limit=batch)
-    return [_sweep_one(db, lease.subject_id, lease.attempt, evidence_key) for lease in expired]
+    return [_isolated(db, lease.subject_id, lease.attempt, evidence_key) for lease in expired]
+
+
+def _isolated(db: Database, run_id: str, attempt: int, key: Secret | None) -> SweepDecision:
+    """One lease's decision; an error deciding it (a damaged row, say) is logged and never stops the
+    sweep of the others. A database that is down still raises: the caller backs off."""
+    try:
+        return _sweep_one(db, run_id, attempt, key)
+    except StorageUnavailable:
+        raise
+    except Exception as error:
+        _log.error("sweep.undecidable", run_id=run_id, attempt=attempt, error_type=type(error).__name__,
+                   error=error.message if isinstance(error, DataflowError) else None)  # fmt: skip
+        return SweepDecision(run_id, attempt, Decision.ERROR)
 
 
 def sweep_run(db: Database, run_id: str, *, evidence_key: Secret | None = None) -> SweepDecision | None:
@@ -74,7 +91,7 @@ def sweep_run(db: Database, run_id: str, *, evidence_key: Secret | None = None) 
         lease = leases.current(conn, MODULE, run_id)
     if lease is None:
         return None
-    return _sweep_one(db, run_id, lease.attempt, evidence_key)
+    return _isolated(db, run_id, lease.attempt, evidence_key)
 
 
 def _sweep_one(db: Database, run_id: str, attempt: int, key: Secret | None) -> SweepDecision:

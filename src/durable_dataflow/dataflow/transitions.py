@@ -13,6 +13,7 @@ The same table read backwards is :func:`derive`: the state a verified ledger imp
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -20,7 +21,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import checkpoints, fencing, leases, ledger
+from durable_dataflow.core import checkpoints, fencing, hashing, leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import EvidenceError, StaleAttempt
 from durable_dataflow.core.secrets import Secret
@@ -269,8 +270,13 @@ def _checkpoint(
         return evidence.forward_success_problem(entries, attempt, stored)
 
     if outcome == Outcome.EVIDENCE_FAILED:
-        # The failure may be the chain's own: then there is no verified head to checkpoint.
-        verification = checkpoints.verify_subject(conn, MODULE, after.run_id, evidence_key=evidence_key)
+        # The state exists because the evidence does not support a projection: when the chain, or the
+        # ledger against the row, does not verify, there is no verified head to checkpoint (and raising
+        # here would leave the run running, or stop a sweeper on it).
+        verification = checkpoints.verify_subject(
+            conn, MODULE, after.run_id, evidence_key=evidence_key,
+            facts_check=lambda entries: projection_problem(entries, after),
+        )  # fmt: skip
         if not verification.ok:
             return
     checkpoints.write_verified(
@@ -310,6 +316,12 @@ DERIVED_FIELDS = (
     "publication_ref", "datasource_ref", "materialization_ref",
 )  # fmt: skip
 _DIGEST_FIELDS = ("output_digest", "source_fingerprint_digest")
+_DIGITS = re.compile(r"[0-9]+")
+# The run's identity as run.recorded holds it: a row edited to another tenant, key or hash would make
+# the platform publish, inspect or fence under another publication key.
+IDENTITY_FIELDS = (
+    "run_id", "tenant", "idempotency_key", "definition_hash", "request_hash", "mode", "max_attempts", "principal",
+)  # fmt: skip
 _REF_FIELDS = ("publication_ref", "datasource_ref", "materialization_ref")
 
 
@@ -361,7 +373,8 @@ def _fold(values: dict[str, Any], outcome: Outcome, transition: Transition, grou
             for name in _DIGEST_FIELDS:
                 values[name] = _text(entry.payload, name)
             row_count = _text(entry.payload, "row_count")
-            values["row_count"] = int(row_count) if row_count is not None and row_count.isdigit() else row_count
+            digits = row_count is not None and _DIGITS.fullmatch(row_count) is not None
+            values["row_count"] = int(row_count) if digits and row_count is not None else row_count
         if entry.kind == evidence.DISPATCH_AUTHORIZED:
             values["publication_idempotency_key"] = _text(entry.payload, "publication_idempotency_key")
             values["publication_idempotency_digest"] = _text(entry.payload, "publication_idempotency_digest")
@@ -375,10 +388,25 @@ def _fold(values: dict[str, Any], outcome: Outcome, transition: Transition, grou
 
 
 def projection_problem(entries: Sequence[ledger.Entry], run: Run) -> str:
-    """The empty string when the run projection equals what the entries imply, else the first difference."""
+    """The empty string when the run projection equals what the entries imply, else the first difference:
+    the state columns (derive), the identity run.recorded holds, the workspace it was recorded with, and
+    the target every dispatch authorization was given."""
     derived = derive(entries)
     if derived.problem:
         return derived.problem
+    recorded = entries[0].payload
+    for name in IDENTITY_FIELDS:
+        if name not in recorded:
+            continue  # an older version did not record it
+        projected = getattr(run, name, None)
+        projected = str(projected) if name == "mode" and projected is not None else projected
+        if recorded.get(name) != projected:
+            return f"the run projection says {name}={projected!r} but run.recorded holds {recorded.get(name)!r}"
+    if "workspace_digest" in recorded and recorded["workspace_digest"] != workspace_digest(run.workspace):
+        return "the run projection's workspace is not the one run.recorded holds"
+    for entry in entries:
+        if entry.kind == evidence.DISPATCH_AUTHORIZED and entry.payload.get("target") != run.target:
+            return f"the run projection's target is not the one authorized at entry {entry.seq}"
     for name in DERIVED_FIELDS:
         implied, projected = derived.values[name], getattr(run, name, None)
         if name in ("status", "recovery_status") and projected is not None:
@@ -386,6 +414,11 @@ def projection_problem(entries: Sequence[ledger.Entry], run: Run) -> str:
         if implied != projected:
             return f"the run projection says {name}={projected!r} but its ledger implies {implied!r}"
     return ""
+
+
+def workspace_digest(space: Mapping[str, Any] | None) -> str | None:
+    """The digest of a run's recorded workspace (its roots and rules), as run.recorded holds it."""
+    return hashing.digest(dict(space)) if space is not None else None
 
 
 def verify_run(conn: Connection, run: Run, key: Secret | None) -> ledger.Verification:

@@ -263,13 +263,33 @@ def register_target(conn: Connection, tenant: str, target: Mapping[str, Any], ru
     stored = get_datasource_or_none(conn, name, tenant=tenant)
     if stored is None:  # the row inserted or found above is gone: a concurrent delete, never ours
         raise Conflict("the datasource registration could not be read back; nothing was published")
+    _refuse_conflict(stored, name, provider, location)
+    return Registration(stored, created)
+
+
+def _refuse_conflict(stored: Datasource, name: str, provider: str, location: str) -> None:
     if (stored.provider, stored.location) != (provider, location):
         by = f" by run {stored.created_by_run}" if stored.created_by_run else ""
         raise InputError(
             f"the datasource {name!r} is already registered{by} with provider {stored.provider!r} and location "
             f"{stored.location!r}, not {provider!r} at {location!r}: publish to it there, or name another datasource"
         )
-    return Registration(stored, created)
+
+
+def created_location(conn: Connection, tenant: str, target: Mapping[str, Any]) -> bool:
+    """Whether an earlier run of ``tenant`` registered exactly this target's datasource — so the
+    platform created its location, and a later run must find it rather than create it again (an
+    unmounted volume's empty mount point re-created as a fresh sink would hide the publications in
+    the real one). A name registered with another provider or location is the InputError
+    `register_target` raises, before anything is created."""
+    named = _target_of(target)
+    if named is None or tenant == PLATFORM_DECLARED:
+        return False
+    stored = get_datasource_or_none(conn, named[0], tenant=tenant)
+    if stored is None:
+        return False
+    _refuse_conflict(stored, *named)
+    return stored.created_by_run is not None
 
 
 def _target_of(target: Mapping[str, Any] | None) -> tuple[str, str, str] | None:
