@@ -28,6 +28,12 @@ from durable_dataflow.core import hashing, strictjson
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.secrets import SECRET_NAME_PATTERN
 from durable_dataflow.dataflow import parameters as parameters_mod
+from durable_dataflow.dataflow.schedule_spec import ScheduleSpec
+from durable_dataflow.dataflow.units import OUTPUT_BYTES_CEILING as OUTPUT_BYTES_CEILING
+from durable_dataflow.dataflow.units import THREADS_CEILING as THREADS_CEILING
+from durable_dataflow.dataflow.units import TIME_LIMIT_S_CEILING as TIME_LIMIT_S_CEILING
+from durable_dataflow.dataflow.units import parse_duration as parse_duration
+from durable_dataflow.dataflow.units import parse_size as parse_size
 from durable_dataflow.datasources.contract import is_credential_option
 
 IDENTIFIER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
@@ -39,27 +45,12 @@ STEPS_MAX = 64
 STEP_SQL_CHARS_MAX = 100_000
 OUTPUT_COLUMNS_MAX = 1024
 INLINE_ROWS_MAX = 10_000
-# Result bytes are stored in the platform database, so no definition may ask for more than this;
-# a platform may allow less (its result_bytes_max, checked by dataflow.limits.effective).
-OUTPUT_BYTES_CEILING = 1024**3
 JSON_INT_MAX = 2**53 - 1
 # Nesting of option and inline values: deep enough for any real document, far below serialisers' limits.
 JSON_NESTING_MAX = 32
-# The most engine threads any platform or definition may name: more is a typo, not a machine.
-THREADS_CEILING = 256
-# The longest time limit any platform or definition may name: a run holds a lease and an engine for
-# all of it, and a week is far beyond any batch job while keeping timers well inside their range.
-TIME_LIMIT_S_CEILING = 7 * 24 * 3600.0
 ERRORS_SHOWN_MAX = 10
 
 
-_SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$")
-_SIZE_UNITS = {
-    None: 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
-    "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4,
-}
-_DURATION_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$")
-_DURATION_UNITS_S = {None: 1, "s": 1, "m": 60, "h": 3600}
 # A CSV delimiter: one printable ASCII character or a tab, never the quote character.
 _DELIMITER_CHARS = frozenset(chr(code) for code in range(0x20, 0x7F)) - {'"'} | {"\t"}
 _DECIMAL_TYPE_PATTERN = re.compile(r"^decimal(?:128)?\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
@@ -94,32 +85,6 @@ def parse_arrow_type(name: str) -> pa.DataType:
         "unknown type: use string, int8..int64, uint8..uint64, float32, float64, bool, date, "
         "timestamp, timestamp[us], timestamp[us, tz=UTC] or decimal(p,s)"
     )
-
-
-def parse_size(value: int | str) -> int:
-    """Bytes in a size written as an int or as '64MiB', '10MB', '512KiB', '2TiB'."""
-    if isinstance(value, int):
-        return value
-    match = _SIZE_PATTERN.match(value)
-    if not match:
-        raise ValueError("the size is not valid: write e.g. 1048576, '10MB', '512KiB', '64MiB' or '2TiB'")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
-
-
-def parse_duration(value: int | float | str) -> float:
-    """Seconds in a duration written as a number of seconds or as '90s', '10m', '2h', '1.5h'."""
-    if isinstance(value, bool):
-        raise ValueError("a duration must be a number of seconds or a string such as '90s', '10m' or '2h'")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        match = _DURATION_PATTERN.match(value)
-        if not match:
-            raise ValueError("the duration is not valid: write seconds (e.g. 90) or '90s', '10m' or '2h'")
-        seconds = float(match.group(1)) * _DURATION_UNITS_S[match.group(2)]
-    if not math.isfinite(seconds):
-        raise ValueError("a duration must be a finite number of seconds")
-    return seconds
 
 
 def _check_json_value(value: Any, where: str) -> None:
@@ -435,6 +400,7 @@ class Definition(_Model):
     output: OutputSpec
     limits: DefinitionLimits | None = None
     target: TargetSpec | None = None
+    schedule: ScheduleSpec | None = None  # dataflow.schedule_spec, docs/schedules.md
 
     @field_validator("limits")
     @classmethod
@@ -451,6 +417,15 @@ class Definition(_Model):
             if step.name in seen:
                 raise ValueError(f"steps[{index}].name is the name of an earlier step")
             seen.add(step.name)
+        return self
+
+    @model_validator(mode="after")
+    def _schedule_fits_parameters(self) -> Definition:
+        if self.schedule is not None:
+            try:
+                self.schedule.check_parameters(self.parameters)
+            except ValueError as error:
+                raise ValueError(f"schedule: {error}") from None
         return self
 
 
@@ -595,6 +570,9 @@ def canonical_body(d: Definition) -> dict[str, Any]:
         del body["limits"]
     else:
         body["limits"] = d.limits.model_dump(mode="json", exclude_none=True)
+    # The schedule block is newer still, and likewise invisible when absent.
+    if d.schedule is None:
+        del body["schedule"]
     # Column order is meaning: write ordered maps as [name, type] pairs, which RFC 8785 keeps in order.
     body["output"]["schema"] = [[name, t] for name, t in d.output.columns.items()]
     for name, spec in d.sources.items():

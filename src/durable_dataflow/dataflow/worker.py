@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import structlog
 
 from durable_dataflow.core.errors import DataflowError, InputError, StorageUnavailable
-from durable_dataflow.dataflow import runs, sweeper
+from durable_dataflow.dataflow import runs, schedules, sweeper
 from durable_dataflow.dataflow.runs import RunStatus
 from durable_dataflow.dataflow.service import Claim, RunService
 
@@ -38,6 +38,8 @@ from durable_dataflow.dataflow.service import Claim, RunService
 # work and its heartbeat), plus the loop's own: more threads would wait on the pool, not work.
 CONCURRENCY_MAX = 8
 SWEEP_INTERVAL_S_DEFAULT = 5.0
+# Seconds between evaluations of the schedules' due ticks (dataflow.schedules; every worker may evaluate).
+SCHEDULE_INTERVAL_S_DEFAULT = 15.0
 POLL_INTERVAL_S_DEFAULT = 1.0
 INTERVAL_S_MIN = 0.01
 INTERVAL_S_MAX = 3600.0
@@ -57,6 +59,7 @@ class WorkerOptions:
     once: bool = False  # handle one claim (or none, if nothing is queued) and exit
     until_idle: bool = False  # exit once nothing is queued or running anywhere and nothing is in flight
     sweep_interval_s: float = SWEEP_INTERVAL_S_DEFAULT
+    schedule_interval_s: float = SCHEDULE_INTERVAL_S_DEFAULT
     poll_interval_s: float = POLL_INTERVAL_S_DEFAULT
     backoff_initial_s: float = BACKOFF_INITIAL_S
     backoff_max_s: float = BACKOFF_MAX_S
@@ -64,7 +67,8 @@ class WorkerOptions:
     def __post_init__(self) -> None:
         if not 1 <= self.concurrency <= CONCURRENCY_MAX:
             raise InputError(f"concurrency must be between 1 and {CONCURRENCY_MAX}, got {self.concurrency}")
-        for name in ("sweep_interval_s", "poll_interval_s", "backoff_initial_s", "backoff_max_s"):
+        intervals = ("sweep_interval_s", "schedule_interval_s", "poll_interval_s", "backoff_initial_s", "backoff_max_s")
+        for name in intervals:
             value = getattr(self, name)
             if not INTERVAL_S_MIN <= value <= INTERVAL_S_MAX:
                 raise InputError(f"{name} must be between {INTERVAL_S_MIN} and {INTERVAL_S_MAX} s, got {value}")
@@ -112,6 +116,7 @@ class Worker:
         self._inflight: dict[futures.Future[None], Claim] = {}
         self._backoff = Backoff(self.options.backoff_initial_s, self.options.backoff_max_s)
         self._last_sweep_s: float | None = None
+        self._last_schedules_s: float | None = None
         self._summary_lock = threading.Lock()
 
     # ---- control ---------------------------------------------------------------------------
@@ -157,6 +162,8 @@ class Worker:
         self._reap()
         if self._sweep_due() and not self._guarded("sweep", self._sweep)[0]:
             return True
+        if self._schedules_due() and not self._guarded("schedules", self._evaluate_schedules)[0]:
+            return True
         if len(self._inflight) >= self.options.concurrency:
             self._wait_for_room()
             return True
@@ -189,6 +196,19 @@ class Worker:
     def _runs_pending(self) -> bool:
         with self.service.db.read() as conn:
             return any(runs.list_page(conn, status=status, limit=1) for status in (RunStatus.QUEUED, RunStatus.RUNNING))
+
+    def _schedules_due(self) -> bool:
+        last = self._last_schedules_s
+        return last is None or time.monotonic() - last >= self.options.schedule_interval_s
+
+    def _evaluate_schedules(self) -> None:
+        """Decide and submit the due ticks; the tick keys make it safe for every worker to do so."""
+        self._last_schedules_s = time.monotonic()
+        evaluation = schedules.evaluate(self.service.db, self.service)
+        for decided in evaluation.decisions:
+            if decided.new:
+                self._log.info("schedule.tick", tenant=decided.tenant, schedule=decided.name, tick=decided.tick,
+                               decision=decided.decision, run_id=decided.run_id)  # fmt: skip
 
     def _sweep_due(self) -> bool:
         last = self._last_sweep_s

@@ -23,6 +23,7 @@ SCHEMA_MODULES = (
     "durable_dataflow.core.schema",
     "durable_dataflow.datasources.schema",
     "durable_dataflow.dataflow.schema",
+    "durable_dataflow.dataflow.schedule_schema",
     "durable_dataflow.api.schema",
 )
 # A constant key for PostgreSQL's advisory lock, so concurrent processes upgrade one at a time.
@@ -30,7 +31,7 @@ UPGRADE_LOCK_KEY = 0x0D_F10A_5EED
 # The newest migration's revision (tests/migration checks it is Alembic's head). Opening an
 # up-to-date database compares against it with one read and never imports Alembic, which with the
 # dialect modules it loads costs ~20 MiB and ~0.3 s in every process (CLI, worker, server).
-HEAD_REVISION = "0006_datasource_registrations"
+HEAD_REVISION = "0007_schedules"
 
 
 def all_metadata() -> list[sa.MetaData]:

@@ -1,0 +1,483 @@
+"""Applied schedules and exactly-once ticks (docs/schedules.md).
+
+``apply`` pins a definition with its ``schedule:`` block for a tenant (re-applying an unchanged one
+writes nothing). ``evaluate`` decides every due tick of every active schedule, in tick order:
+
+- a tick older than ``now - catchup_window`` is recorded ``skipped_catchup``;
+- otherwise, when the run of the schedule's previous submitted tick is still queued or running,
+  ``overlap`` decides: ``allow`` submits, ``skip`` records ``skipped_overlap``, ``buffer_one`` keeps
+  the newest due tick waiting (undecided) and records the older ones ``skipped_overlap``;
+- otherwise the tick is ``submitted``.
+
+Exactly once: the decision is inserted first (insert-or-ignore on ``(tenant, name, tick)``) and
+read back, so the first evaluator's decision is the decision, whatever any other one thought. A
+``submitted`` decision's run is then submitted through ``RunService.submit`` with the idempotency
+key ``schedule:<tenant>:<name>:<tick instant UTC ISO 8601>``: evaluators racing on one tick create
+one run, and an evaluator that died between the decision and the submit is repaired by the next one
+(a submitted decision without a run is submitted again under the same key while inside the window).
+
+All SQL of the two tables lives here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import sqlalchemy as sa
+import structlog
+from sqlalchemy.engine import Connection
+
+from durable_dataflow.core import hashing
+from durable_dataflow.core.db import Database
+from durable_dataflow.core.errors import DataflowError, InputError, NotFound
+from durable_dataflow.dataflow import runs
+from durable_dataflow.dataflow.definitions import Definition, canonical_body, definition_hash
+from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.runs import Run, RunStatus
+from durable_dataflow.dataflow.schedule_schema import schedule_ticks, schedules
+from durable_dataflow.dataflow.schedule_spec import ScheduleSpec, Tick, iso_utc
+from durable_dataflow.dataflow.service import RunService
+from durable_dataflow.dataflow.workspace import Workspace
+
+Decision = Literal["submitted", "skipped_overlap", "skipped_catchup"]
+DECISIONS: tuple[Decision, ...] = ("submitted", "skipped_overlap", "skipped_catchup")
+# Ticks decided per schedule in one evaluation: a long outage of a minutely schedule is worked off
+# over several evaluations, never in one unbounded loop.
+TICKS_PER_EVALUATION_MAX = 1000
+SCHEDULES_PER_EVALUATION_MAX = 10_000
+ERROR_CHARS_MAX = 1000
+ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
+US_PER_S = 1_000_000
+
+_log = structlog.get_logger("dataflow.schedules")
+
+
+def schedule_key(tenant: str, name: str, tick: Tick) -> str:
+    """The idempotency key of a tick's run."""
+    return f"schedule:{tenant}:{name}:{tick.iso}"
+
+
+def to_us(moment: dt.datetime) -> int:
+    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+    return int(aware.timestamp()) * US_PER_S + aware.microsecond
+
+
+def from_us(us: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(us / US_PER_S, dt.UTC)
+
+
+def parse_now(text: str | None) -> dt.datetime | None:
+    """An ISO 8601 instant given as ``--now`` (a time without an offset is UTC); None for None."""
+    if text is None:
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise InputError("--now must be an ISO 8601 instant, e.g. 2026-03-29T02:00:00Z") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+
+
+# ---- applied schedules -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AppliedSchedule:
+    tenant: str
+    name: str
+    definition_hash: str
+    definition: Definition
+    spec: ScheduleSpec
+    workspace: Workspace
+    applied_by: str
+    paused: bool
+    applied_at_us: int
+    updated_at_us: int
+
+    @property
+    def active(self) -> bool:
+        return self.spec.enabled and not self.paused
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    schedule: AppliedSchedule
+    created: bool
+    changed: bool  # False: the same definition, schedule and workspace were applied already; nothing written
+
+
+def _from_row(row: sa.Row[Any]) -> AppliedSchedule:
+    definition = Definition.model_validate(json.loads(row.definition_json))
+    assert definition.schedule is not None  # apply stores only scheduled definitions
+    return AppliedSchedule(
+        tenant=row.tenant,
+        name=row.name,
+        definition_hash=row.definition_hash,
+        definition=definition,
+        spec=definition.schedule,
+        workspace=Workspace.from_json(json.loads(row.workspace_json)),
+        applied_by=row.applied_by,
+        paused=bool(row.paused),
+        applied_at_us=int(row.applied_at_us),
+        updated_at_us=int(row.updated_at_us),
+    )
+
+
+def _now_us(conn: Connection, db: Database, now: dt.datetime | None) -> int:
+    return to_us(now) if now is not None else db.now_us(conn)
+
+
+def apply(
+    db: Database, definition: Definition, workspace: Workspace, access: AccessContext, *, now: dt.datetime | None = None
+) -> ApplyResult:
+    """Pin ``definition`` and its schedule for ``access.tenant``. A changed definition, schedule or
+    workspace replaces the pinned one, and its ticks start after ``now``; an unchanged one writes nothing."""
+    if definition.schedule is None:
+        raise InputError(f"definition {definition.name!r} has no schedule: block; nothing to apply")
+    d_hash = definition_hash(definition)
+    body = hashing.canonical_json(canonical_body(definition)).decode("utf-8")
+    spec_json = hashing.canonical_json(definition.schedule.model_dump(mode="json")).decode("utf-8")
+    space_json = hashing.canonical_json(workspace.as_json()).decode("utf-8")
+    key = {"tenant": access.tenant, "name": definition.name}
+    with db.read() as conn:
+        existing = conn.execute(sa.select(schedules).filter_by(**key)).first()
+    if existing is not None and (existing.definition_hash, existing.workspace_json) == (d_hash, space_json):
+        return ApplyResult(_from_row(existing), created=False, changed=False)
+    try:
+        stored = _write_applied(db, key, d_hash, body, spec_json, space_json, access.principal, now)
+    except sa.exc.IntegrityError:  # another apply of the same name committed first: apply over it
+        stored = _write_applied(db, key, d_hash, body, spec_json, space_json, access.principal, now)
+    return ApplyResult(_from_row(stored), created=existing is None, changed=True)
+
+
+def _write_applied(
+    db: Database, key: dict[str, str], d_hash: str, body: str, spec_json: str, space_json: str, by: str,
+    now: dt.datetime | None,
+) -> sa.Row[Any]:
+    with db.begin() as conn:
+        at_us = _now_us(conn, db, now)
+        values = {
+            "definition_hash": d_hash, "definition_json": body, "schedule_json": spec_json,
+            "workspace_json": space_json, "applied_by": by,
+            "applied_at_us": at_us, "updated_at_us": at_us,
+        }  # fmt: skip
+        current = conn.execute(sa.select(schedules).filter_by(**key)).first()
+        if current is None:
+            conn.execute(sa.insert(schedules).values(**key, **values, paused=False))
+        else:
+            conn.execute(sa.update(schedules).filter_by(**key).values(**values))
+        return conn.execute(sa.select(schedules).filter_by(**key)).one()
+
+
+def get(db: Database, tenant: str, name: str) -> AppliedSchedule:
+    with db.read() as conn:
+        row = conn.execute(sa.select(schedules).filter_by(tenant=tenant, name=name)).first()
+    if row is None:
+        named = f"tenant {tenant!r} has no schedule named {name!r}"
+        raise NotFound(named if name.isprintable() and len(name) <= 200 else "no such schedule")
+    return _from_row(row)
+
+
+def list_applied(db: Database, tenant: str | None = None) -> list[AppliedSchedule]:
+    query = sa.select(schedules).order_by(schedules.c.tenant, schedules.c.name).limit(SCHEDULES_PER_EVALUATION_MAX)
+    if tenant is not None:
+        query = query.where(schedules.c.tenant == tenant)
+    with db.read() as conn:
+        return [_from_row(row) for row in conn.execute(query)]
+
+
+def set_paused(
+    db: Database, tenant: str, name: str, paused: bool, *, now: dt.datetime | None = None
+) -> AppliedSchedule:
+    """Pause or resume. Paused, no tick is decided; resuming starts the ticks after ``now`` (ticks of
+    the paused time are never run). Pausing a paused (or resuming a running) schedule writes nothing."""
+    current = get(db, tenant, name)
+    if current.paused == paused:
+        return current
+    with db.begin() as conn:
+        at_us = _now_us(conn, db, now)
+        values: dict[str, Any] = {"paused": paused, "updated_at_us": at_us}
+        if not paused:
+            values["applied_at_us"] = at_us
+        conn.execute(sa.update(schedules).filter_by(tenant=tenant, name=name).values(**values))
+    return get(db, tenant, name)
+
+
+# ---- tick decisions ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TickDecision:
+    tenant: str
+    name: str
+    tick: str  # UTC ISO 8601
+    tick_us: int
+    decision: str
+    run_id: str | None
+    error: str | None
+    decided_at_us: int
+    new: bool = False  # this evaluation inserted the decision
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant, "name": self.name, "tick": self.tick, "decision": self.decision,
+            "run_id": self.run_id, "error": self.error, "decided_at": iso_utc(from_us(self.decided_at_us)),
+            "new": self.new,
+        }  # fmt: skip
+
+
+def _decision_of(row: sa.Row[Any], new: bool = False) -> TickDecision:
+    tick_us = int(row.tick_us)
+    return TickDecision(
+        row.tenant, row.name, iso_utc(from_us(tick_us)), tick_us, row.decision, row.run_id, row.error,
+        int(row.decided_at_us), new,
+    )  # fmt: skip
+
+
+def decisions(db: Database, tenant: str, name: str, *, limit: int = 100) -> list[TickDecision]:
+    """The schedule's decisions, newest tick first."""
+    query = (
+        sa.select(schedule_ticks)
+        .filter_by(tenant=tenant, name=name)
+        .order_by(schedule_ticks.c.tick_us.desc())
+        .limit(limit)
+    )
+    with db.read() as conn:
+        return [_decision_of(row) for row in conn.execute(query)]
+
+
+def _insert_ignore(conn: Connection, values: dict[str, Any]) -> bool:
+    """INSERT ... ON CONFLICT DO NOTHING on the tick's key; True when this statement inserted it."""
+    index = ["tenant", "name", "tick_us"]
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        statement: Any = pg_insert(schedule_ticks).values(**values).on_conflict_do_nothing(index_elements=index)
+    else:
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        statement = sqlite_insert(schedule_ticks).values(**values).on_conflict_do_nothing(index_elements=index)
+    return conn.execute(statement.returning(schedule_ticks.c.tick_us)).first() is not None
+
+
+def _decide(db: Database, applied: AppliedSchedule, tick: Tick, decision: Decision) -> TickDecision:
+    """Record ``decision`` unless the tick has one already; the stored decision either way."""
+    key = {"tenant": applied.tenant, "name": applied.name, "tick_us": to_us(tick.instant)}
+    with db.begin() as conn:
+        inserted = _insert_ignore(conn, {**key, "decision": decision, "decided_at_us": db.now_us_expr()})
+        row = conn.execute(sa.select(schedule_ticks).filter_by(**key)).one()
+    return _decision_of(row, new=inserted)
+
+
+def _set_outcome(db: Database, decided: TickDecision, run_id: str | None, error: str | None) -> TickDecision:
+    key = {"tenant": decided.tenant, "name": decided.name, "tick_us": decided.tick_us}
+    with db.begin() as conn:
+        if run_id is not None:
+            guard = schedule_ticks.c.run_id.is_(None)
+            conn.execute(sa.update(schedule_ticks).filter_by(**key).where(guard).values(run_id=run_id, error=None))
+        else:
+            conn.execute(sa.update(schedule_ticks).filter_by(**key).where(schedule_ticks.c.run_id.is_(None)).values(
+                error=(error or "")[:ERROR_CHARS_MAX]
+            ))  # fmt: skip
+        row = conn.execute(sa.select(schedule_ticks).filter_by(**key)).one()
+    return _decision_of(row, new=decided.new)
+
+
+def tick_request(applied: AppliedSchedule, tick: Tick) -> RunRequest:
+    """The run request of a tick: the pinned definition, the tick's parameters, the applied workspace."""
+    access = AccessContext(
+        tenant=applied.tenant, principal=applied.applied_by, roles=("operator",), auth_method="schedule"
+    )
+    return RunRequest(
+        definition=applied.definition,
+        base_dir=applied.workspace.base_dir,
+        parameters=applied.spec.parameters_for(tick),
+        access=access,
+        provenance=Provenance(actor=applied.applied_by, trigger="schedule"),
+        idempotency_key=schedule_key(applied.tenant, applied.name, tick),
+        workspace=applied.workspace,
+    )
+
+
+def _submit(service: RunService, applied: AppliedSchedule, decided: TickDecision) -> tuple[TickDecision, Run | None]:
+    """Submit a submitted decision's run (idempotent by its key) and store its run id."""
+    tick = applied.spec.tick_at(from_us(decided.tick_us))
+    try:
+        run = service.submit(tick_request(applied, tick)).run
+    except DataflowError as error:
+        _log.warning("schedule.submit_refused", tenant=applied.tenant, schedule=applied.name, tick=tick.iso,
+                     error_code=error.code, error=error.message)  # fmt: skip
+        return _set_outcome(service.db, decided, None, f"[{error.code}] {error.message}"), None
+    return _set_outcome(service.db, decided, run.run_id, None), run
+
+
+def _previous_active(service: RunService, applied: AppliedSchedule) -> bool:
+    """Is the run of the newest submitted tick still queued or running?"""
+    query = (
+        sa.select(schedule_ticks.c.run_id)
+        .filter_by(tenant=applied.tenant, name=applied.name, decision="submitted")
+        .where(schedule_ticks.c.run_id.is_not(None))
+        .order_by(schedule_ticks.c.tick_us.desc())
+        .limit(1)
+    )
+    with service.db.read() as conn:
+        run_id = conn.execute(query).scalar()
+        if run_id is None:
+            return False
+        return runs.get(conn, run_id).status in ACTIVE_STATUSES
+
+
+def _unsubmitted(db: Database, applied: AppliedSchedule, since_us: int) -> list[TickDecision]:
+    query = (
+        sa.select(schedule_ticks)
+        .filter_by(tenant=applied.tenant, name=applied.name, decision="submitted")
+        .where(schedule_ticks.c.run_id.is_(None), schedule_ticks.c.tick_us >= since_us)
+        .order_by(schedule_ticks.c.tick_us)
+        .limit(TICKS_PER_EVALUATION_MAX)
+    )
+    with db.read() as conn:
+        return [_decision_of(row) for row in conn.execute(query)]
+
+
+def _last_decided_us(db: Database, applied: AppliedSchedule) -> int | None:
+    query = sa.select(sa.func.max(schedule_ticks.c.tick_us)).filter_by(tenant=applied.tenant, name=applied.name)
+    with db.read() as conn:
+        value = conn.execute(query).scalar()
+    return None if value is None else int(value)
+
+
+def evaluate_one(service: RunService, applied: AppliedSchedule, now: dt.datetime) -> list[TickDecision]:
+    """Decide the due ticks of one schedule (see the module text); the decisions touched, in tick order."""
+    if not applied.active:
+        return []
+    db = service.db
+    window_start_us = to_us(now) - applied.spec.catchup_window_s * US_PER_S
+    touched: list[TickDecision] = []
+    for pending in _unsubmitted(db, applied, window_start_us):  # an evaluator died before its submit
+        touched.append(_submit(service, applied, pending)[0])
+    last_us = _last_decided_us(db, applied)
+    start_us = max(applied.applied_at_us, last_us if last_us is not None else applied.applied_at_us)
+    due = applied.spec.ticks(from_us(start_us), now, TICKS_PER_EVALUATION_MAX)
+    previous_active = _previous_active(service, applied)
+    for index, tick in enumerate(due):
+        decision: Decision
+        if to_us(tick.instant) < window_start_us:
+            decision = "skipped_catchup"
+        elif not previous_active or applied.spec.overlap == "allow":
+            decision = "submitted"
+        elif applied.spec.overlap == "buffer_one" and index == len(due) - 1:
+            break  # the newest due tick waits, undecided, for the previous run to finish
+        else:
+            decision = "skipped_overlap"
+        decided = _decide(db, applied, tick, decision)
+        if decided.decision == "submitted":
+            run: Run | None = None
+            if decided.run_id is None:
+                decided, run = _submit(service, applied, decided)
+            else:
+                run = service.get(decided.run_id)
+            previous_active = run is not None and run.status in ACTIVE_STATUSES
+        touched.append(decided)
+    return touched
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    decisions: list[TickDecision]
+    errors: list[dict[str, str]]  # schedules whose evaluation failed: tenant, name, code, message
+
+    def as_json(self) -> dict[str, Any]:
+        return {"decisions": [d.as_json() for d in self.decisions], "errors": self.errors}
+
+
+def evaluate(
+    db: Database, service: RunService, now: dt.datetime | None = None, *, tenant: str | None = None
+) -> Evaluation:
+    """One evaluation of every active schedule (of ``tenant``, or all) at ``now`` (else the database clock)."""
+    if now is None:
+        with db.read() as conn:
+            now = from_us(db.now_us(conn))
+    found: list[TickDecision] = []
+    errors: list[dict[str, str]] = []
+    for applied in list_applied(db, tenant):
+        try:
+            found.extend(evaluate_one(service, applied, now))
+        except DataflowError as error:
+            errors.append(
+                {"tenant": applied.tenant, "name": applied.name, "code": error.code, "message": error.message}
+            )
+            _log.warning("schedule.evaluation_failed", tenant=applied.tenant, schedule=applied.name,
+                         error_code=error.code, error=error.message)  # fmt: skip
+    return Evaluation(found, errors)
+
+
+# ---- what `schedules list` shows ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScheduleStatus:
+    applied: AppliedSchedule
+    next_tick: Tick | None
+    last: TickDecision | None  # the newest decision
+    last_submitted: TickDecision | None  # the newest submitted tick, whose run is last_run
+    last_run: Run | None
+
+    def as_json(self, warning: str | None, unresolved: bool) -> dict[str, Any]:
+        spec, run = self.applied.spec, self.last_run
+        return {
+            "tenant": self.applied.tenant,
+            "name": self.applied.name,
+            "definition_hash": self.applied.definition_hash,
+            "cron": spec.cron,
+            "timezone": spec.timezone,
+            "overlap": spec.overlap,
+            "catchup_window": spec.catchup_window,
+            "enabled": spec.enabled,
+            "paused": self.applied.paused,
+            "applied_by": self.applied.applied_by,
+            "applied_at": iso_utc(from_us(self.applied.applied_at_us)),
+            "next_tick": self.next_tick.iso if self.next_tick is not None else None,
+            "last_tick": self.last.tick if self.last is not None else None,
+            "last_decision": self.last.decision if self.last is not None else None,
+            "last_error": self.last.error if self.last is not None else None,
+            "last_run_tick": self.last_submitted.tick if self.last_submitted is not None else None,
+            "last_run_id": run.run_id if run is not None else None,
+            "last_run_status": str(run.status) if run is not None else None,
+            "last_run_recovery_status": str(run.recovery_status) if run is not None else None,
+            "unresolved": unresolved,
+            "warning": warning,
+        }
+
+
+def statuses(db: Database, tenant: str | None, now: dt.datetime | None = None) -> Iterator[ScheduleStatus]:
+    """Each applied schedule with its next tick, its newest decision and that decision's run."""
+    if now is None:
+        with db.read() as conn:
+            now = from_us(db.now_us(conn))
+    for applied in list_applied(db, tenant):
+        newest = decisions(db, applied.tenant, applied.name, limit=1)
+        last = newest[0] if newest else None
+        start = max(now, from_us(applied.applied_at_us))
+        next_tick = applied.spec.next_tick(start) if applied.active else None
+        submitted = _newest_submitted(db, applied)
+        run = None
+        if submitted is not None and submitted.run_id is not None:
+            with db.read() as conn:
+                run = runs.get(conn, submitted.run_id)
+        yield ScheduleStatus(applied, next_tick, last, submitted, run)
+
+
+def _newest_submitted(db: Database, applied: AppliedSchedule) -> TickDecision | None:
+    query = (
+        sa.select(schedule_ticks)
+        .filter_by(tenant=applied.tenant, name=applied.name, decision="submitted")
+        .order_by(schedule_ticks.c.tick_us.desc())
+        .limit(1)
+    )
+    with db.read() as conn:
+        row = conn.execute(query).first()
+    return None if row is None else _decision_of(row)
+

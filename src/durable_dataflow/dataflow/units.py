@@ -1,0 +1,54 @@
+"""Sizes and durations as definitions and platform settings write them, and the ceilings both obey.
+
+Its own module, with no dependency, so that ``dataflow.limits`` (read by every CLI command that
+declares the limit options) does not import the definition models (pydantic, PyYAML, pyarrow).
+``dataflow.definitions`` re-exports every name here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+# Result bytes are stored in the platform database, so no definition may ask for more than this;
+# a platform may allow less (its result_bytes_max, checked by dataflow.limits.effective).
+OUTPUT_BYTES_CEILING = 1024**3
+# The most engine threads any platform or definition may name: more is a typo, not a machine.
+THREADS_CEILING = 256
+# The longest time limit any platform or definition may name: a run holds a lease and an engine for
+# all of it, and a week is far beyond any batch job while keeping timers well inside their range.
+TIME_LIMIT_S_CEILING = 7 * 24 * 3600.0
+
+_SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$")
+_SIZE_UNITS = {
+    None: 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
+    "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4,
+}  # fmt: skip
+_DURATION_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$")
+_DURATION_UNITS_S = {None: 1, "s": 1, "m": 60, "h": 3600}
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes in a size written as an int or as '64MiB', '10MB', '512KiB', '2TiB'."""
+    if isinstance(value, int):
+        return value
+    match = _SIZE_PATTERN.match(value)
+    if not match:
+        raise ValueError("the size is not valid: write e.g. 1048576, '10MB', '512KiB', '64MiB' or '2TiB'")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
+def parse_duration(value: int | float | str) -> float:
+    """Seconds in a duration written as a number of seconds or as '90s', '10m', '2h', '1.5h'."""
+    if isinstance(value, bool):
+        raise ValueError("a duration must be a number of seconds or a string such as '90s', '10m' or '2h'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION_PATTERN.match(value)
+        if not match:
+            raise ValueError("the duration is not valid: write seconds (e.g. 90) or '90s', '10m' or '2h'")
+        seconds = float(match.group(1)) * _DURATION_UNITS_S[match.group(2)]
+    if not math.isfinite(seconds):
+        raise ValueError("a duration must be a finite number of seconds")
+    return seconds
