@@ -6,7 +6,9 @@ No process-wide singletons: tests open two platforms on one database to play two
 from __future__ import annotations
 
 import dataclasses
+import threading
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from durable_dataflow import migrations
 from durable_dataflow.core import secrets
@@ -15,7 +17,10 @@ from durable_dataflow.core.secrets import Secret
 from durable_dataflow.dataflow import workspace
 from durable_dataflow.dataflow.limits import ExecutionLimits
 from durable_dataflow.dataflow.limits import from_env as limits_from_env
-from durable_dataflow.dataflow.service import RunService, ServiceConfig, lease_ttl_from_env
+from durable_dataflow.dataflow.service_config import ServiceConfig, lease_ttl_from_env
+
+if TYPE_CHECKING:
+    from durable_dataflow.dataflow.service import RunService
 
 EVIDENCE_KEY_NAME = "DATAFLOW_EVIDENCE_KEY"
 
@@ -30,6 +35,9 @@ class Platform:
 
     Without an explicit ``limits`` the platform's execution limits come from the ``DATAFLOW_*``
     variables (``dataflow.limits.from_env``), so every entry point (CLI, API server, Python) obeys them.
+    Every setting is read (and refused when invalid) on opening; the run service itself is built on
+    first use of ``runs``, because importing it loads the engine (DuckDB, pyarrow) and the providers,
+    which a command that only reads runs (``dataflow runs``, ``show``, ``verify``) never needs.
     """
 
     def __init__(
@@ -52,7 +60,22 @@ class Platform:
         )
         if holder is not None:
             config = dataclasses.replace(config, holder=holder)
-        self.runs = RunService(self.db, config)
+        self.config = config  # the run service's settings (``runs.config`` is this object)
+        self._runs: RunService | None = None
+        self._runs_lock = threading.Lock()
+
+    @property
+    def runs(self) -> RunService:
+        """The run service (one per platform, built on first use, safe to ask for from any thread)."""
+        service = self._runs
+        if service is None:
+            with self._runs_lock:
+                if self._runs is None:
+                    from durable_dataflow.dataflow.service import RunService
+
+                    self._runs = RunService(self.db, self.config)
+                service = self._runs
+        return service
 
     def close(self) -> None:
         self.db.dispose()

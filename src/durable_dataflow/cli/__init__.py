@@ -5,12 +5,20 @@ default), ``--debug`` (tracebacks) and ``--lease-ttl SECONDS`` (else DATAFLOW_LE
 Command groups live in modules with ``register(app)``. Modules owned by other parts (workers,
 server) plug in the same way when they are installed; see ``PLUGIN_MODULES``. Reference:
 docs/cli.md.
+
+Start-up is almost all importing, so a command imports only what it uses (issue 15): the core
+command modules (``runs``, ``show``, ``definitions``, ``db``) import their heavy dependencies (the
+engine, the providers, the definition models) inside the commands that need them, and ``main``
+imports the plugin modules only when the command line names a command no core module provides
+(or names none: ``--help``). ``app`` itself (``from durable_dataflow.cli import app``, as tests use
+it) always carries every command.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
@@ -18,7 +26,7 @@ import typer
 from durable_dataflow.cli import common, db, definitions, runs, show
 from durable_dataflow.core.errors import DataflowError
 
-app = typer.Typer(
+_app = typer.Typer(
     name="dataflow",
     help="Durable Dataflow: data pipelines with recovery you can prove.",
     no_args_is_help=True,
@@ -30,10 +38,18 @@ app = typer.Typer(
 PLUGIN_MODULES = (
     "durable_dataflow.cli.worker_cmd",
     "durable_dataflow.cli.server_cmd",
+    "durable_dataflow.cli.schedules_cmd",
 )
 
 
-@app.callback()
+# The global options of ``_global_options`` that take a value, and its flags: ``_command_name`` skips
+# them to find the command. An option missing here makes the command unknown, which only costs time
+# (every plugin is imported), never a different answer.
+_GLOBAL_VALUE_OPTIONS = ("--db", "--lease-ttl")
+_GLOBAL_FLAGS = ("--debug",)
+
+
+@_app.callback()
 def _global_options(
     ctx: typer.Context,
     db_url: Annotated[
@@ -52,9 +68,24 @@ def _global_options(
     state.lease_ttl_s = lease_ttl_s
 
 
-def _register_all() -> None:
+def _register_core() -> frozenset[str]:
+    """Register the core modules' commands; the names of the commands and groups they added."""
     for module in (runs, show, definitions, db):
-        module.register(app)
+        module.register(_app)
+    names = [info.name for info in _app.registered_commands] + [info.name for info in _app.registered_groups]
+    return frozenset(name for name in names if isinstance(name, str))
+
+
+_CORE_COMMANDS = _register_core()
+_plugins_registered = False
+
+
+def _register_plugins() -> None:
+    """Import and register the plugin modules, once, after the core ones (the help lists them so)."""
+    global _plugins_registered
+    if _plugins_registered:
+        return
+    _plugins_registered = True
     for name in PLUGIN_MODULES:
         try:
             plugin = importlib.import_module(name)
@@ -62,17 +93,41 @@ def _register_all() -> None:
             if error.name != name:  # the plugin exists but one of ITS imports is missing: a real error
                 raise
             continue
-        plugin.register(app)
+        plugin.register(_app)
 
 
-_register_all()
+def __getattr__(name: str) -> typer.Typer:
+    # ``app`` is the whole command line, plugins included; ``main`` may run with the core alone.
+    if name == "app":
+        _register_plugins()
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _command_name(args: Sequence[str]) -> str | None:
+    """The command the arguments name after the global options, or None (none named, ``--help``,
+    an option this does not know)."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in _GLOBAL_FLAGS:
+            i += 1
+        elif arg in _GLOBAL_VALUE_OPTIONS:
+            i += 2
+        elif arg.startswith(tuple(f"{option}=" for option in _GLOBAL_VALUE_OPTIONS)):
+            i += 1
+        else:
+            return None if arg.startswith("-") else arg
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     """The console script: run the app and turn every outcome into an exit status."""
+    if _command_name(sys.argv[1:] if argv is None else argv) not in _CORE_COMMANDS:
+        _register_plugins()
     state = common.CliState()
     try:
-        result = app(args=argv, prog_name="dataflow", standalone_mode=False, obj=state)
+        result = _app(args=argv, prog_name="dataflow", standalone_mode=False, obj=state)
     except typer.Exit as error:
         return int(error.exit_code)
     except (typer.Abort, KeyboardInterrupt):

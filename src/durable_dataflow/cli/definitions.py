@@ -16,8 +16,9 @@ from rich.text import Text
 
 from durable_dataflow.cli import common
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import catalog
-from durable_dataflow.dataflow.definitions import json_schema
+
+# The catalogue and the definition models (pydantic, PyYAML, pyarrow) are imported by the commands
+# that use them, so that registering these commands costs every other command nothing.
 
 definitions_app = typer.Typer(help="Stored (pinned, content-addressed) definitions.", no_args_is_help=True)
 
@@ -28,6 +29,8 @@ def list_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the definitions as a JSON list.")] = False,
 ) -> None:
     """Every stored definition: name, version, hash and when it was first registered."""
+    from durable_dataflow.dataflow import catalog
+
     with common.open_platform(ctx) as platform, platform.db.read() as conn:
         stored = catalog.list_definitions(conn)
     if as_json:
@@ -53,6 +56,8 @@ def show_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the stored definition as JSON.")] = False,
 ) -> None:
     """One stored definition's canonical body, exactly as runs of it execute."""
+    from durable_dataflow.dataflow import catalog
+
     with common.open_platform(ctx) as platform, platform.db.read() as conn:
         stored = catalog.get_definition(conn, name_or_hash)
     if as_json:
@@ -68,6 +73,8 @@ def show_command(
 
 def schema_command() -> None:
     """Print the JSON Schema of a definition document."""
+    from durable_dataflow.dataflow.definitions import json_schema
+
     common.emit_json(json_schema())
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.text import Text
@@ -13,10 +13,13 @@ from durable_dataflow.cli import common, progress_line, render
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import catalog, reconcile, runs, views
-from durable_dataflow.dataflow.definitions import LoadedDefinition, load_definition
+from durable_dataflow.dataflow import runs, views
 from durable_dataflow.dataflow.requests import MAX_ATTEMPTS_DEFAULT, AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.runs import Run, RunStatus
+
+if TYPE_CHECKING:  # `run` and `reconcile` import what they execute with; `runs` reads only
+    from durable_dataflow.dataflow import reconcile
+    from durable_dataflow.dataflow.definitions import LoadedDefinition
 
 PARAMS_MAX = 100
 REPLAY_NOTE = "replayed: existing run returned, nothing executed"
@@ -87,6 +90,8 @@ def run_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON.")] = False,
 ) -> None:
     """Register, submit and execute a dataflow in this process, then print the run."""
+    from durable_dataflow.dataflow.definitions import load_definition
+
     loaded = load_definition(file)
     request = build_request(loaded, param, idempotency_key, tenant, max_attempts)
     with common.open_platform(ctx) as platform, progress_line.run_progress(loaded.definition.name, as_json) as sink:
@@ -144,9 +149,11 @@ def reconcile_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the finding and the run as JSON.")] = False,
 ) -> None:
     """Settle an outcome_unknown run by inspecting the sink with its idempotency key."""
+    from durable_dataflow.dataflow import reconcile
+
     with common.open_platform(ctx) as platform:
         with platform.db.read() as conn:
-            full_id = catalog.resolve_run_id(conn, run_id)
+            full_id = runs.resolve_run_id(conn, run_id)
             # The local user at a terminal, acting for the run's tenant: recorded with each attempt started.
             access = AccessContext.local(runs.get(conn, full_id).tenant)
             # Reconcile extends this run's chain: it must carry the chain's own key setting.

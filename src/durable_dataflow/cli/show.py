@@ -19,7 +19,7 @@ from durable_dataflow.cli import common, render
 from durable_dataflow.core import checkpoints, ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import catalog, results, runs, transitions, views
+from durable_dataflow.dataflow import results, runs, transitions, views
 from durable_dataflow.dataflow.results import EXPORT_FORMATS, ExportFormat
 from durable_dataflow.dataflow.runs import MODULE
 
@@ -62,7 +62,7 @@ def show_command(
 ) -> None:
     """A run's fields, its ledger entries and latest checkpoint, and the warning if unresolved."""
     with common.open_platform(ctx) as platform, platform.db.read() as conn:
-        full_id = catalog.resolve_run_id(conn, run_id)
+        full_id = runs.resolve_run_id(conn, run_id)
         view = views.load_one(conn, platform.db, runs.get(conn, full_id))  # reads only, never sweeps
         entries = ledger.read(conn, MODULE, full_id)
         checkpoint = checkpoints.latest(conn, MODULE, full_id)
@@ -99,9 +99,9 @@ def verify_command(
 ) -> None:
     """Recompute the run's evidence chain and check its facts: exit 0 when it verifies, 1 when not."""
     with common.open_platform(ctx) as platform, platform.db.read() as conn:
-        full_id = catalog.resolve_run_id(conn, run_id)
+        full_id = runs.resolve_run_id(conn, run_id)
         run = runs.get(conn, full_id)
-        result = transitions.verify_run(conn, run, platform.runs.config.evidence_key)
+        result = transitions.verify_run(conn, run, platform.config.evidence_key)
     code = common.EXIT_OK if result.ok else common.EXIT_ERROR
     if as_json:
         common.emit_json(
@@ -147,8 +147,10 @@ def result_command(
         raise InputError("refusing to write Parquet (binary) to a terminal: pass --output PATH or redirect stdout")
     with common.open_platform(ctx) as platform:
         with platform.db.read() as conn:
-            full_id = catalog.resolve_run_id(conn, run_id)
-        table = results.decode_ipc(platform.runs.result_bytes(full_id))
+            full_id = runs.resolve_run_id(conn, run_id)
+        with platform.db.read() as conn:  # what RunService.result_bytes reads, without importing the engine
+            stored = results.stored_bytes(conn, full_id)
+        table = results.decode_ipc(stored)
     data = results.export(table, export_format)
     if output is None:
         sys.stdout.buffer.write(data)

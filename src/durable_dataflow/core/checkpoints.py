@@ -115,3 +115,14 @@ def write_verified(
         .returning(checkpoints.c.verified_at_us)
     ).scalar_one()
     return Checkpoint(module, subject_id, attempt, result.head_seq, result.head_hash, status, facts, now_us)
+
+
+def count_by_module(
+    conn: Connection, *, module: str | None = None, subjects: sa.Select[tuple[str]] | None = None
+) -> dict[str, int]:
+    """The number of checkpoints per module; ``module`` with ``subjects`` (a select of subject ids)
+    counts only those subjects of that module."""
+    query = sa.select(checkpoints.c.module, sa.func.count()).group_by(checkpoints.c.module)
+    if module is not None and subjects is not None:
+        query = query.where(checkpoints.c.module == module, checkpoints.c.subject_id.in_(subjects))
+    return {str(name): int(count) for name, count in conn.execute(query)}

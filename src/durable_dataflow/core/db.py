@@ -54,12 +54,28 @@ def normalize_url(url: str) -> str:
     )
 
 
+# Query parameters whose value may be a credential (``?password=…``, ``sslpassword``, a token).
+_CREDENTIAL_PARAMETER_WORDS = ("pass", "pwd", "secret", "token", "credential", "key")
+_HIDDEN = "***"
+UNPARSEABLE_URL = "<unparseable database URL>"
+
+
 def redact_url(url: str) -> str:
-    """The URL with any password replaced, safe to print or log."""
+    """The URL with its password and any credential-like query parameter replaced by ``***``, safe
+    to print or log. Anything that is not a URL (a ``key=value`` conninfo string) is never echoed.
+
+    This is the platform's one scrubber of connection strings; PostgreSQL sources and sinks never
+    print theirs at all (``datasources.pgerrors`` describes a failure in fixed words)."""
     try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
-    except exc.ArgumentError:
-        return "<unparseable database URL>"
+        parsed = sa.engine.make_url(url)
+    except (exc.ArgumentError, ValueError):
+        return UNPARSEABLE_URL
+    query = {
+        name: _HIDDEN if any(word in name.lower() for word in _CREDENTIAL_PARAMETER_WORDS) else value
+        for name, value in parsed.query.items()
+    }
+    rendered = parsed.set(query=query).render_as_string(hide_password=True)
+    return rendered.replace(urllib.parse.quote(_HIDDEN, safe=""), _HIDDEN)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ only the rows returned.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
@@ -252,3 +253,24 @@ def expiry_of(conn: Connection, db: Database, module: str, subject_ids: Collecti
         )
         for r in rows
     }
+
+
+SubjectJoin = Callable[[sa.Select[Any], sa.ColumnElement[str]], sa.Select[Any]]
+"""Narrows a select of lease rows by joining the subject-id column to the caller's own table."""
+
+
+def held_counts(
+    conn: Connection, db: Database, *, module: str | None = None, join_subjects: SubjectJoin | None = None
+) -> dict[str, tuple[int, int]]:
+    """Held leases per module, ``(live, expired)`` on the database clock, in one pass over held
+    leases. ``module`` keeps one module's; ``join_subjects`` narrows them by a join the caller
+    builds (few leases are held: a join is cheaper than listing the caller's subjects)."""
+    now = db.now_us_expr()
+    live = sa.func.count().filter(leases.c.expires_at_us > now)
+    expired = sa.func.count().filter(leases.c.expires_at_us <= now)
+    query = sa.select(leases.c.module, live, expired).where(leases.c.released_at_us.is_(None)).group_by(leases.c.module)
+    if module is not None:
+        query = query.where(leases.c.module == module)
+    if join_subjects is not None:
+        query = join_subjects(query, leases.c.subject_id)
+    return {str(m): (int(a), int(b)) for m, a, b in conn.execute(query)}

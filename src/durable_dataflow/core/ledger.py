@@ -419,3 +419,57 @@ def require_key_setting(
         problem = check_key_setting(conn, evidence_key, subject=subject)
     if problem:
         raise InputError(problem)
+
+
+# ---- read-only counts and lookups for read views and the Ops projection ------------------------
+
+
+def subjects_with_kind(conn: Connection, module: str, subject_ids: Sequence[str], kind: str) -> set[str]:
+    """The subjects among ``subject_ids`` whose chain holds at least one entry of ``kind``."""
+    if not subject_ids:
+        return set()
+    rows = conn.execute(
+        sa.select(ledger_entries.c.subject_id)
+        .where(
+            ledger_entries.c.module == module,
+            ledger_entries.c.subject_id.in_(subject_ids),
+            ledger_entries.c.kind == kind,
+        )
+        .distinct()
+    ).all()
+    return {row.subject_id for row in rows}
+
+
+def kind_counts(conn: Connection, module: str) -> dict[str, int]:
+    """The number of a module's entries per kind."""
+    query = (
+        sa.select(ledger_entries.c.kind, sa.func.count())
+        .where(ledger_entries.c.module == module)
+        .group_by(ledger_entries.c.kind)
+    )
+    return {str(kind): int(count) for kind, count in conn.execute(query)}
+
+
+def subject_and_entry_counts(
+    conn: Connection,
+    *,
+    count_entries: bool,
+    exclude_module: str | None = None,
+    module: str | None = None,
+    subjects: sa.Select[tuple[str]] | None = None,
+) -> dict[str, tuple[int, int | None]]:
+    """Per module, ``(subjects, entries)``: subjects are their first entries (seq 1, a small partial
+    index); counting every entry scans the whole ledger, so entries are None unless
+    ``count_entries``. ``exclude_module`` leaves a module out; ``module`` with ``subjects`` (a
+    select of subject ids) counts only those subjects of that module."""
+    first = ledger_entries.c.seq == 1
+    if count_entries:
+        query = sa.select(ledger_entries.c.module, sa.func.count().filter(first), sa.func.count())
+    else:
+        query = sa.select(ledger_entries.c.module, sa.func.count(), sa.null()).where(first)
+    if exclude_module is not None:
+        query = query.where(ledger_entries.c.module != exclude_module)
+    if module is not None and subjects is not None:
+        query = query.where(ledger_entries.c.module == module, ledger_entries.c.subject_id.in_(subjects))
+    rows = conn.execute(query.group_by(ledger_entries.c.module)).all()
+    return {str(m): (int(n), None if e is None else int(e)) for m, n, e in rows}

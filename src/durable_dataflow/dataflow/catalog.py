@@ -1,29 +1,32 @@
-"""Read-only catalog statements for the CLI: stored definitions and run-id lookup.
+"""The definitions catalogue: every statement on the ``definitions`` table (this module owns it).
 
-The CLI and the API never build queries (STYLE.md); what they need to list or look up that the
-run service does not already offer lives here, as named SQLAlchemy Core statements.
+Definitions are stored once per content hash by the run service (:func:`store_definition`) and
+read here for the run service (:func:`definition_body`), the CLI (every stored definition) and
+Ops (a tenant's pinned definitions: only those its own runs used). The CLI and the API never
+build queries (STYLE.md).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core.errors import InputError, NotFound
-from durable_dataflow.dataflow.schema import dataflow_runs, definitions
+from durable_dataflow.core import hashing
+from durable_dataflow.core.db import Database
+from durable_dataflow.core.errors import NotFound
+from durable_dataflow.dataflow import runs
+from durable_dataflow.dataflow.schema import definitions
+
+if TYPE_CHECKING:  # the CLI's listings read stored bodies only: they need not load the parser (pyarrow)
+    from durable_dataflow.dataflow.definitions import Definition
 
 DEFINITIONS_LIST_MAX = 1000
-# A run id may be given by a unique tail of at least this many characters (the random part of a
-# UUIDv7: its head is a timestamp and is shared by runs created in the same minute).
-RUN_ID_TAIL_CHARS_MIN = 8
-RUN_ID_CHARS = 36
-RUN_ID_MATCHES_SHOWN_MAX = 5
-_RUN_ID_TEXT = re.compile(r"^[0-9a-f-]+$")
 _HASH_PREFIX = "sha256:"
 
 
@@ -85,26 +88,60 @@ def get_definition(conn: Connection, name_or_hash: str) -> StoredDefinition:
     return _from_row(row)
 
 
-def resolve_run_id(conn: Connection, text: str) -> str:
-    """The full run id for a full id or a unique tail of it (as the run history shows it)."""
-    candidate = text.strip().lower()
-    if len(candidate) == RUN_ID_CHARS:
-        return candidate
-    if len(candidate) < RUN_ID_TAIL_CHARS_MIN or not _RUN_ID_TEXT.match(candidate):
-        raise InputError(
-            f"run id {text!r} is neither a full run id nor a tail of at least {RUN_ID_TAIL_CHARS_MIN} "
-            "hexadecimal characters"
+def store_definition(conn: Connection, db: Database, defn: Definition, d_hash: str) -> None:
+    """Store the definition once: rows are content-addressed, so a concurrent submit of the same
+    definition inserting first is success, not a conflict (``INSERT … ON CONFLICT DO NOTHING``)."""
+    from durable_dataflow.dataflow.definitions import canonical_body  # loaded already by the submitter
+
+    insert = sqlite_insert if db.dialect == "sqlite" else postgresql_insert
+    conn.execute(
+        insert(definitions)
+        .values(
+            definition_hash=d_hash,
+            name=defn.name,
+            version=defn.version,
+            body_json=hashing.canonical_json(canonical_body(defn)).decode("utf-8"),
+            registered_at_us=db.now_us_expr(),
         )
-    # The pattern is hex and dashes only (checked above), so it carries no LIKE wildcard.
-    query = (
-        sa.select(dataflow_runs.c.run_id)
-        .where(dataflow_runs.c.run_id.like(f"%{candidate}"))
-        .order_by(dataflow_runs.c.run_id)
-        .limit(RUN_ID_MATCHES_SHOWN_MAX)
+        .on_conflict_do_nothing(index_elements=["definition_hash"])
     )
-    matches = list(conn.execute(query).scalars())
-    if not matches:
-        raise NotFound(f"run {text} does not exist")
-    if len(matches) > 1:
-        raise InputError(f"run id tail {text!r} is ambiguous: it matches {', '.join(matches)}; give more characters")
-    return str(matches[0])
+
+
+def definition_body(conn: Connection, d_hash: str) -> str | None:
+    """The stored canonical body (JSON text) of a definition, else None."""
+    body = conn.execute(
+        sa.select(definitions.c.body_json).where(definitions.c.definition_hash == d_hash)
+    ).scalar_one_or_none()
+    return None if body is None else str(body)
+
+
+# ---- a tenant's pinned definitions (Ops: read-only, tenant-scoped) -----------------------------
+
+
+def _tenant_definitions(tenant: str) -> sa.Select[Any]:
+    """A tenant's definitions with its own first use as their registration time: the platform-wide
+    time would tell a tenant that (and when) another tenant ran the same definition first."""
+    usage = runs.usage_by_definition(tenant)
+    return sa.select(
+        definitions.c.definition_hash,
+        definitions.c.name,
+        definitions.c.version,
+        usage.c.registered_at_us,
+        usage.c.runs,
+    ).join(usage, usage.c.definition_hash == definitions.c.definition_hash)
+
+
+def tenant_definitions(conn: Connection, tenant: str, *, limit: int) -> list[tuple[Any, ...]]:
+    """Rows of ``(definition_hash, name, version, registered_at_us, runs)``: the definitions the
+    tenant's runs pinned, by name, newest version first."""
+    query = _tenant_definitions(tenant).order_by(definitions.c.name, definitions.c.version.desc())
+    return [tuple(row) for row in conn.execute(query.limit(limit))]
+
+
+def tenant_definition_body(conn: Connection, tenant: str, d_hash: str) -> str | None:
+    """The canonical body of a pinned definition the tenant has used, else None: a tenant never
+    sees another tenant's SQL."""
+    visible = _tenant_definitions(tenant).where(definitions.c.definition_hash == d_hash)
+    if conn.execute(visible).first() is None:
+        return None
+    return definition_body(conn, d_hash)

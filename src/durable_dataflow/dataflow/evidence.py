@@ -8,13 +8,16 @@ stored result bytes that hash to it. A check returns the empty string or the pro
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
 from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import EvidenceError
-from durable_dataflow.dataflow import arrowdigest, results
+from durable_dataflow.dataflow import results
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 RUN_RECORDED = "run.recorded"
 ATTEMPT_STARTED = "attempt.started"
@@ -40,11 +43,20 @@ RECONCILE_INVALID_TARGET = "reconcile.invalid_target"
 CONCLUSIVE_PRESENCE = frozenset({PUBLICATION_CONFIRMED, RECONCILE_PRESENT})
 
 
-# The digest format each stored result format was written with; results are verified under it.
-_DIGEST_OF_FORMAT: dict[str, Callable[[pa.Table], str]] = {
-    results.FORMAT_IPC_DIGEST_V2: arrowdigest.output_digest_v2,
-    results.FORMAT_IPC_DIGEST_V3: arrowdigest.output_digest,
-}
+# The stored result formats this version can verify.
+_VERIFIABLE_FORMATS = (results.FORMAT_IPC_DIGEST_V2, results.FORMAT_IPC_DIGEST_V3)
+
+
+def _digest_of_format(stored_format: str) -> Callable[[pa.Table], str] | None:
+    """The digest format each stored result format was written with; results are verified under it.
+    Imported here: only a run with stored bytes needs pyarrow (`runs` and `show` never do)."""
+    from durable_dataflow.dataflow import arrowdigest
+
+    digests: dict[str, Callable[[pa.Table], str]] = {
+        results.FORMAT_IPC_DIGEST_V2: arrowdigest.output_digest_v2,
+        results.FORMAT_IPC_DIGEST_V3: arrowdigest.output_digest,
+    }
+    return digests.get(stored_format)
 
 
 def stored_result_digest(conn: Connection, run_id: str) -> str | None:
@@ -54,9 +66,9 @@ def stored_result_digest(conn: Connection, run_id: str) -> str | None:
     if found is None:
         return None
     stored_format, data = found
-    digest_of = _DIGEST_OF_FORMAT.get(stored_format)
+    digest_of = _digest_of_format(stored_format)
     if digest_of is None:
-        known = ", ".join(sorted(_DIGEST_OF_FORMAT))
+        known = ", ".join(sorted(_VERIFIABLE_FORMATS))
         raise EvidenceError(
             f"the stored result of run {run_id} has format {stored_format!r}, which this version cannot "
             f"verify (it knows {known})"

@@ -14,11 +14,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.invariants import invariant
-from durable_dataflow.dataflow import definitions
-from durable_dataflow.dataflow.definitions import DefinitionLimits
+from durable_dataflow.dataflow import units
+
+if TYPE_CHECKING:  # the definition models (pydantic, PyYAML, pyarrow) are not needed to read settings
+    from durable_dataflow.dataflow.definitions import DefinitionLimits
 
 KiB = 1024
 MiB = 1024**2
@@ -75,8 +78,8 @@ Override = Raw | None
 
 
 class SettingKind(enum.Enum):
-    DURATION = "a duration"  # seconds as a number, or "90s", "10m", "2h" (definitions.parse_duration)
-    SIZE = "a size"  # bytes as a number, or "512MiB", "2GiB", "1TiB" (definitions.parse_size)
+    DURATION = "a duration"  # seconds as a number, or "90s", "10m", "2h" (units.parse_duration)
+    SIZE = "a size"  # bytes as a number, or "512MiB", "2GiB", "1TiB" (units.parse_size)
     COUNT = "a whole number"  # threads
     DIRECTORY = "a directory"  # an existing directory
 
@@ -85,7 +88,7 @@ class SettingKind(enum.Enum):
 KIND_FORMS = {
     SettingKind.DURATION: "seconds, or e.g. 90s, 10m, 2h",
     SettingKind.SIZE: "bytes, or e.g. 512MiB, 4GiB, 1TiB",
-    SettingKind.COUNT: f"1 to {definitions.THREADS_CEILING}",
+    SettingKind.COUNT: f"1 to {units.THREADS_CEILING}",
     SettingKind.DIRECTORY: "an existing directory",
 }
 
@@ -106,11 +109,11 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("time_limit_s", "--time-limit", "DATAFLOW_TIME_LIMIT", SettingKind.DURATION,
-            "wall-clock time of one execution", "1h", TIME_LIMIT_S_MIN, definitions.TIME_LIMIT_S_CEILING),
+            "wall-clock time of one execution", "1h", TIME_LIMIT_S_MIN, units.TIME_LIMIT_S_CEILING),
     Setting("memory_bytes_max", "--memory-limit", "DATAFLOW_MEMORY_LIMIT", SettingKind.SIZE,
             "engine memory of one execution", "4GiB", MEMORY_BYTES_MIN),
     Setting("threads", "--threads", "DATAFLOW_THREADS", SettingKind.COUNT,
-            "engine threads of one execution", "the CPU count, at most 8", 1, definitions.THREADS_CEILING),
+            "engine threads of one execution", "the CPU count, at most 8", 1, units.THREADS_CEILING),
     Setting("temp_dir", "--temp-dir", "DATAFLOW_TEMP_DIR", SettingKind.DIRECTORY,
             "folder executions spill to (each in a private subfolder)", "the system temporary directory"),
     Setting("temp_bytes_max", "--temp-max", "DATAFLOW_TEMP_MAX", SettingKind.SIZE,
@@ -118,7 +121,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("source_bytes_max", "--source-bytes-max", "DATAFLOW_SOURCE_BYTES_MAX", SettingKind.SIZE,
             "bytes one source may read", "1TiB", 1),
     Setting("result_bytes_max", "--result-bytes-max", "DATAFLOW_RESULT_BYTES_MAX", SettingKind.SIZE,
-            "ceiling of output.max_bytes", "1GiB", 1, definitions.OUTPUT_BYTES_CEILING),
+            "ceiling of output.max_bytes", "1GiB", 1, units.OUTPUT_BYTES_CEILING),
 )  # fmt: skip
 SETTING_BY_FIELD: Mapping[str, Setting] = {s.field: s for s in SETTINGS}
 # Where each narrowing request is written in a definition document, for messages.
@@ -220,11 +223,11 @@ def _typed(setting: Setting, raw: Raw) -> float | int | Path:
     if isinstance(raw, Path):
         raise ValueError(f"expected {setting.kind.value}, not a path")
     if setting.kind is SettingKind.DURATION:
-        return definitions.parse_duration(raw.strip() if isinstance(raw, str) else raw)
+        return units.parse_duration(raw.strip() if isinstance(raw, str) else raw)
     if setting.kind is SettingKind.SIZE:
         if isinstance(raw, float):
             raise ValueError(f"size {raw!r} is not valid: write a whole number of bytes or e.g. '512MiB', '4GiB'")
-        return definitions.parse_size(raw)
+        return units.parse_size(raw)
     if isinstance(raw, float) or (isinstance(raw, str) and not raw.strip().isdigit()):
         raise ValueError(f"expected a whole number, got {_shown_raw(raw)}")
     return int(raw)

@@ -8,15 +8,16 @@ import decimal
 import json
 import math
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-import pyarrow as pa
-import pyarrow.ipc as ipc
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from durable_dataflow.core.errors import InputError, NotFound
 from durable_dataflow.dataflow.schema import run_results
+
+if TYPE_CHECKING:  # pyarrow is imported by the functions that encode, decode and export bytes:
+    import pyarrow as pa  # commands that only read runs (`runs`, `show`) never load it
 
 ExportFormat = Literal["csv", "parquet", "json"]
 EXPORT_FORMATS: tuple[ExportFormat, ...] = ("csv", "parquet", "json")
@@ -82,6 +83,9 @@ def stored_bytes(conn: Connection, run_id: str) -> bytes:
 
 def encode_ipc(table: pa.Table) -> bytes:
     """One-batch-per-column IPC stream bytes of table (chunks combined first, so stable for equal tables)."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
     combined = table.combine_chunks()
     sink = pa.BufferOutputStream()
     with ipc.new_stream(sink, combined.schema) as writer:
@@ -91,6 +95,9 @@ def encode_ipc(table: pa.Table) -> bytes:
 
 def decode_ipc(data: bytes) -> pa.Table:
     """The table stored as IPC stream bytes."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
     try:
         with ipc.open_stream(pa.BufferReader(data)) as reader:
             return reader.read_all()
@@ -120,6 +127,7 @@ def export(table: pa.Table, fmt: ExportFormat) -> bytes:
     if fmt == "json":
         return _export_json(table)
     # Imported here: only exports need the writers (~7 MiB that a worker never uses).
+    import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 

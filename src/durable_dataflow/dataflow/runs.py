@@ -13,18 +13,24 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core.errors import NotFound, StaleAttempt
+from durable_dataflow.core.errors import InputError, NotFound, StaleAttempt
 from durable_dataflow.dataflow.schema import dataflow_runs
 
 MODULE = "dataflow"
 PAGE_SIZE_MAX = 500
 PAGE_SIZE_DEFAULT = 50
+# A run id may be given by a unique tail of at least this many characters (the random part of a
+# UUIDv7: its head is a timestamp and is shared by runs created in the same minute).
+RUN_ID_TAIL_CHARS_MIN = 8
+RUN_ID_CHARS = 36
+RUN_ID_MATCHES_SHOWN_MAX = 5
+_RUN_ID_TEXT = re.compile(r"^[0-9a-f-]+$")
 
 
 class RunStatus(enum.StrEnum):
@@ -251,6 +257,105 @@ def list_page(
     return [from_row(row) for row in rows]
 
 
+def resolve_run_id(conn: Connection, text: str) -> str:
+    """The full run id for a full id or a unique tail of it (as the run history shows it)."""
+    candidate = text.strip().lower()
+    if len(candidate) == RUN_ID_CHARS:
+        return candidate
+    if len(candidate) < RUN_ID_TAIL_CHARS_MIN or not _RUN_ID_TEXT.match(candidate):
+        raise InputError(
+            f"run id {text!r} is neither a full run id nor a tail of at least {RUN_ID_TAIL_CHARS_MIN} "
+            "hexadecimal characters"
+        )
+    # The pattern is hex and dashes only (checked above), so it carries no LIKE wildcard.
+    query = (
+        sa.select(dataflow_runs.c.run_id)
+        .where(dataflow_runs.c.run_id.like(f"%{candidate}"))
+        .order_by(dataflow_runs.c.run_id)
+        .limit(RUN_ID_MATCHES_SHOWN_MAX)
+    )
+    matches = list(conn.execute(query).scalars())
+    if not matches:
+        raise NotFound(f"run {text} does not exist")
+    if len(matches) > 1:
+        raise InputError(f"run id tail {text!r} is ambiguous: it matches {', '.join(matches)}; give more characters")
+    return str(matches[0])
+
+
+def oldest_queued(conn: Connection, *, skip_locked: bool) -> sa.Row[str, int] | None:
+    """The oldest queued run's ``(run_id, attempt)``, for a claim. ``skip_locked`` (PostgreSQL) locks
+    the row ``FOR UPDATE SKIP LOCKED``, so concurrent claimers each take a different run."""
+    query = (
+        sa.select(dataflow_runs.c.run_id, dataflow_runs.c.attempt)
+        .where(dataflow_runs.c.status == RunStatus.QUEUED)
+        .order_by(dataflow_runs.c.created_at_us)
+        .limit(1)
+    )
+    if skip_locked:
+        query = query.with_for_update(skip_locked=True)
+    return conn.execute(query).one_or_none()
+
+
+# ---- read-only statements of the Ops projection (ops.ledger) ---------------------------------
+
+CountColumn = Literal["status", "recovery_status"]
+
+
+def tenant_run_ids(tenant: str) -> sa.Select[tuple[str]]:
+    """The ids of a tenant's runs, as a subquery: a tenant's Dataflow subjects in Core's tables."""
+    return sa.select(dataflow_runs.c.run_id).where(dataflow_runs.c.tenant == tenant)
+
+
+def join_tenant_runs(query: sa.Select[Any], run_id: sa.ColumnElement[str], tenant: str) -> sa.Select[Any]:
+    """``query`` joined to the tenant's runs on ``run_id`` (a subject-id column): cheaper than
+    :func:`tenant_run_ids` when the other side holds few rows (held leases)."""
+    return query.join(dataflow_runs, dataflow_runs.c.run_id == run_id).where(dataflow_runs.c.tenant == tenant)
+
+
+def count_by(
+    conn: Connection, *columns: CountColumn, tenant: str | None = None, ordered: bool = True
+) -> list[tuple[Any, ...]]:
+    """Rows of ``(*values, count)``: runs grouped by the named columns (platform-wide or one
+    tenant's), ordered by them unless ``ordered`` is False. The status-pair indexes serve it."""
+    grouped = [dataflow_runs.c[name] for name in columns]
+    query = sa.select(*grouped, sa.func.count()).group_by(*grouped)
+    if ordered:
+        query = query.order_by(*grouped)
+    if tenant is not None:
+        query = query.where(dataflow_runs.c.tenant == tenant)
+    return [tuple(row) for row in conn.execute(query)]
+
+
+def unresolved_page(conn: Connection, tenant: str | None = None, *, limit: int) -> tuple[int, list[Run]]:
+    """The number of unresolved runs (platform-wide or one tenant's) and the oldest ``limit`` of
+    them, oldest first."""
+    where: list[sa.ColumnElement[bool]] = [dataflow_runs.c.recovery_status.in_(sorted(UNRESOLVED_RECOVERY))]
+    if tenant is not None:
+        where.append(dataflow_runs.c.tenant == tenant)
+    total = int(conn.execute(sa.select(sa.func.count()).select_from(dataflow_runs).where(*where)).scalar_one())
+    rows = conn.execute(
+        sa.select(dataflow_runs)
+        .where(*where)
+        .order_by(dataflow_runs.c.created_at_us, dataflow_runs.c.run_id)
+        .limit(max(1, limit))
+    ).all()
+    return total, [from_row(row) for row in rows]
+
+
+def usage_by_definition(tenant: str) -> sa.Subquery:
+    """Per definition hash, the tenant's first use (``registered_at_us``) and its number of ``runs``."""
+    return (
+        sa.select(
+            dataflow_runs.c.definition_hash,
+            sa.func.min(dataflow_runs.c.created_at_us).label("registered_at_us"),
+            sa.func.count(dataflow_runs.c.run_id).label("runs"),
+        )
+        .where(dataflow_runs.c.tenant == tenant)
+        .group_by(dataflow_runs.c.definition_hash)
+        .subquery("tenant_usage")
+    )
+
+
 def unresolved_warning(run: Run) -> str:
     """The operator's warning for an unresolved run: what it means and what to do. Never 'failed'."""
     if run.corrupt is not None:
@@ -263,6 +368,12 @@ def unresolved_warning(run: Run) -> str:
             "UNRESOLVED: the evidence for this run did not verify, so success was not recorded and no result "
             "was stored. An atomic run writes nothing outside the platform database, so no external output "
             f"exists. Find the broken entry with `dataflow verify {run.run_id}` before running it again."
+        )
+    if run.recovery_status == RecoveryStatus.EVIDENCE_FAILED and run.publication_idempotency_key is None:
+        return (
+            "UNRESOLVED: the evidence for this run did not verify before any publication was authorized, so "
+            "nothing was dispatched and no external output exists. Find the broken entry with "
+            f"`dataflow verify {run.run_id}` before running it again."
         )
     if run.recovery_status == RecoveryStatus.EVIDENCE_FAILED:
         return (

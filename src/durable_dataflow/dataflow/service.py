@@ -8,20 +8,16 @@ attempts continue in :mod:`durable_dataflow.dataflow.forward`.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import traceback
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 import structlog
 from sqlalchemy import exc
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import fencing, hashing, leases, ledger
@@ -31,7 +27,6 @@ from durable_dataflow.core.errors import (
     DataflowError,
     EvidenceError,
     ExecutionError,
-    InputError,
     LeaseUnavailable,
     NotFound,
     StaleAttempt,
@@ -39,6 +34,7 @@ from durable_dataflow.core.errors import (
 from durable_dataflow.core.heartbeat import KeepAlive
 from durable_dataflow.core.secrets import Secret, SecretScope
 from durable_dataflow.dataflow import (
+    catalog,
     crashpoints,
     execution,
     forward,
@@ -51,40 +47,19 @@ from durable_dataflow.dataflow import (
     transitions,
     workspace,
 )
-from durable_dataflow.dataflow.definitions import Definition, canonical_body, definition_hash
+from durable_dataflow.dataflow.definitions import Definition, definition_hash
 from durable_dataflow.dataflow.requests import RunRequest, check_request, request_hash
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
-from durable_dataflow.dataflow.schema import dataflow_runs, definitions
+from durable_dataflow.dataflow.service_config import LEASE_TTL_ENV as LEASE_TTL_ENV
+from durable_dataflow.dataflow.service_config import ServiceConfig as ServiceConfig
+from durable_dataflow.dataflow.service_config import lease_ttl_from_env as lease_ttl_from_env
 from durable_dataflow.dataflow.transitions import Outcome
-from durable_dataflow.dataflow.workspace import Grants, Workspace
+from durable_dataflow.dataflow.workspace import Workspace
 from durable_dataflow.datasources import registry
 
-LEASE_TTL_ENV = "DATAFLOW_LEASE_TTL"
 DEFINITIONS_CACHED_MAX = 256
 
 _log = structlog.get_logger("dataflow.service")
-
-
-def lease_ttl_from_env(explicit: float | None = None) -> float:
-    """The lease TTL: explicit, else ``DATAFLOW_LEASE_TTL``, else the core default."""
-    if explicit is not None:
-        return explicit
-    raw = os.environ.get(LEASE_TTL_ENV)
-    if not raw:
-        return leases.LEASE_TTL_S_DEFAULT
-    try:
-        return float(raw)
-    except ValueError as error:
-        raise InputError(f"{LEASE_TTL_ENV} must be a number of seconds, got {raw!r}") from error
-
-
-@dataclass(frozen=True)
-class ServiceConfig:
-    lease_ttl_s: float = leases.LEASE_TTL_S_DEFAULT
-    holder: str = field(default_factory=lambda: f"{os.uname().nodename}:{os.getpid()}")
-    limits: limits.ExecutionLimits = field(default_factory=limits.ExecutionLimits)
-    evidence_key: Secret | None = None
-    grants: Grants = field(default_factory=Grants)
 
 
 @dataclass(frozen=True)
@@ -138,9 +113,7 @@ class RunService:
         if cached is not None:
             return cached
         with self.db.read() as conn:
-            body = conn.execute(
-                sa.select(definitions.c.body_json).where(definitions.c.definition_hash == run.definition_hash)
-            ).scalar_one_or_none()
+            body = catalog.definition_body(conn, run.definition_hash)
         if body is None:
             raise NotFound(f"definition {run.definition_hash} of run {run.run_id} is not stored")
         defn = Definition.model_validate(json.loads(body))
@@ -232,7 +205,7 @@ class RunService:
         self, conn: Connection, defn: Definition, d_hash: str, values: dict[str, Any], request: RunRequest, claim: bool
     ) -> Run | None:
         if d_hash not in self._stored_definitions:
-            _store_definition(conn, self.db, defn, d_hash)
+            catalog.store_definition(conn, self.db, defn, d_hash)
         now = self.db.now_us_expr()
         created_at_us = runs.insert(conn, {**values, "created_at_us": now, "updated_at_us": now})
         run_id = values["run_id"]
@@ -277,17 +250,9 @@ class RunService:
 
     def claim_next(self) -> Claim | None:
         """Claim the oldest queued run (``FOR UPDATE SKIP LOCKED`` on PostgreSQL)."""
-        query = (
-            sa.select(dataflow_runs.c.run_id, dataflow_runs.c.attempt)
-            .where(dataflow_runs.c.status == RunStatus.QUEUED)
-            .order_by(dataflow_runs.c.created_at_us)
-            .limit(1)
-        )
-        if self.db.dialect == "postgresql":
-            query = query.with_for_update(skip_locked=True)
         try:
             with self.db.begin() as conn:
-                row = conn.execute(query).one_or_none()
+                row = runs.oldest_queued(conn, skip_locked=self.db.dialect == "postgresql")
                 if row is None:
                     return None
                 run = self._start_attempt(conn, row.run_id, expected_attempt=int(row.attempt))
@@ -408,23 +373,6 @@ def context_for(
     )
 
 
-def _store_definition(conn: Connection, db: Database, defn: Definition, d_hash: str) -> None:
-    """Store the definition once: rows are content-addressed, so a concurrent submit of the same
-    definition inserting first is success, not a conflict (``INSERT … ON CONFLICT DO NOTHING``)."""
-    insert = sqlite_insert if db.dialect == "sqlite" else postgresql_insert
-    conn.execute(
-        insert(definitions)
-        .values(
-            definition_hash=d_hash,
-            name=defn.name,
-            version=defn.version,
-            body_json=hashing.canonical_json(canonical_body(defn)).decode("utf-8"),
-            registered_at_us=db.now_us_expr(),
-        )
-        .on_conflict_do_nothing(index_elements=["definition_hash"])
-    )
-
-
 def _run_values(
     request: RunRequest,
     run_id: str,
@@ -467,4 +415,6 @@ def _recorded_payload(values: Mapping[str, Any]) -> dict[str, Any]:
         "provenance": json.loads(values["provenance_json"]),
         "access_context_digest": values["access_context_digest"],
         "max_attempts": values["max_attempts"],
+        "principal": values["principal"],
+        "workspace_digest": transitions.workspace_digest(json.loads(values["workspace_json"])),
     }

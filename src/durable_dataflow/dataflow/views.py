@@ -20,12 +20,10 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.db import Database
-from durable_dataflow.core.schema import ledger_entries
 from durable_dataflow.dataflow import evidence, runs
 from durable_dataflow.dataflow.runs import MODULE, RecoveryStatus, Run, RunStatus
 
@@ -190,15 +188,4 @@ def load_one(conn: Connection, db: Database, run: Run) -> RunView:
 
 def _authorized(conn: Connection, run_ids: Sequence[str]) -> set[str]:
     """The runs among ``run_ids`` whose ledger holds a dispatch authorization (the sweeper's rule)."""
-    if not run_ids:
-        return set()
-    rows = conn.execute(
-        sa.select(ledger_entries.c.subject_id)
-        .where(
-            ledger_entries.c.module == MODULE,
-            ledger_entries.c.subject_id.in_(run_ids),
-            ledger_entries.c.kind == evidence.DISPATCH_AUTHORIZED,
-        )
-        .distinct()
-    ).all()
-    return {row.subject_id for row in rows}
+    return ledger.subjects_with_kind(conn, MODULE, run_ids, evidence.DISPATCH_AUTHORIZED)

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from durable_dataflow.core import secrets
@@ -142,6 +141,8 @@ class Grants:
 
 def parse_grants(text: str, origin: str) -> Grants:
     """Parse a grants document (YAML); InputError naming the problem (never a value) otherwise."""
+    import yaml  # only a grants file needs the YAML parser; every platform opens this module
+
     try:
         raw = yaml.safe_load(text) or {}
         model = _GrantsModel.model_validate(raw)

@@ -1,0 +1,113 @@
+"""What the read-only commands import (issue 15, item 5): a CLI that answers at once.
+
+Start-up is almost all importing, so `dataflow runs`, `show`, `verify` and `version` must not load
+the engine (DuckDB), the server (FastAPI, Uvicorn, Jinja2), the migrations (Alembic, when the schema
+is current), the providers (deltalake, psycopg) or the query rewriter (sqlglot). Each command runs in
+a fresh interpreter, through ``durable_dataflow.cli.main`` as the console script does, and the test
+reads ``sys.modules`` when it has answered: a test of *what* is imported, never of how long it takes
+(benchmarks/bench_cli_startup.py measures that).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "revenue_by_region" / "dataflow.yaml"
+# Top-level packages no read-only command may import.
+FORBIDDEN = ("duckdb", "fastapi", "uvicorn", "starlette", "jinja2", "alembic", "deltalake", "psycopg", "sqlglot")
+# Also left out of `runs`, `show` and `version`: only verifying stored result bytes needs pyarrow.
+FORBIDDEN_WITHOUT_RESULT_BYTES = ("pyarrow", "yaml", "structlog")
+# Runs the CLI in-process and prints the imported top-level packages; the command's own output is
+# dropped (stdout is not the JSON line the test parses).
+PROBE = """
+import io, json, sys
+from contextlib import redirect_stdout
+from durable_dataflow.cli import main
+with redirect_stdout(io.StringIO()):
+    code = main(sys.argv[1:])
+print(json.dumps({"code": code, "modules": sorted({name.split(".")[0] for name in sys.modules})}))
+"""
+
+
+def _environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DATAFLOW_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _imported(*args: str) -> set[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], env=_environment(), cwd=ROOT, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["code"] == 0, (args, done.stderr)
+    return set(found["modules"])
+
+
+@pytest.fixture(scope="module")
+def platform_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A SQLite platform database at the current schema with one succeeded run: (URL, run id)."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('cli-imports') / 'platform.db'}"
+    done = subprocess.run(
+        [sys.executable, "-m", "durable_dataflow.cli", "--db", url, "run", str(EXAMPLE), "--param", "day=2026-11-02",
+         "--json"],
+        env=_environment(), cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return url, json.loads(done.stdout)["run_id"]
+
+
+@pytest.mark.parametrize(
+    ("command", "also_forbidden"),
+    [
+        (("runs", "--limit", "1"), FORBIDDEN_WITHOUT_RESULT_BYTES),
+        (("runs", "--json"), FORBIDDEN_WITHOUT_RESULT_BYTES),
+        (("show", "RUN"), FORBIDDEN_WITHOUT_RESULT_BYTES),
+        (("show", "RUN", "--json"), FORBIDDEN_WITHOUT_RESULT_BYTES),
+        (("verify", "RUN"), ()),
+        (("version",), FORBIDDEN_WITHOUT_RESULT_BYTES),
+    ],
+    ids=["runs", "runs-json", "show", "show-json", "verify", "version"],
+)
+def test_read_only_commands_import_no_engine_server_migrations_or_providers(
+    platform_db: tuple[str, str], command: tuple[str, ...], also_forbidden: tuple[str, ...]
+) -> None:
+    url, run_id = platform_db
+    imported = _imported("--db", url, *(run_id if arg == "RUN" else arg for arg in command))
+    assert "sqlalchemy" in imported  # the probe saw the platform's imports
+    leaked = sorted(imported.intersection(FORBIDDEN + also_forbidden))
+    assert leaked == [], f"`dataflow {' '.join(command)}` imported {leaked}"
+
+
+def test_the_probe_sees_heavy_imports(platform_db: tuple[str, str]) -> None:
+    """The check can fail: `schema` builds the definition models (pyarrow, PyYAML) and `run` loads
+    the engine, and the same probe reports them."""
+    url, _ = platform_db
+    assert {"pyarrow", "yaml", "pydantic"} <= _imported("--db", url, "schema")
+    assert "duckdb" in _imported("--db", url, "run", str(EXAMPLE), "--param", "day=2026-11-02")
+
+
+def test_importing_the_cli_registers_every_command() -> None:
+    """``from durable_dataflow.cli import app`` (tests, scripts) gets the plugins' commands too;
+    only ``main`` leaves them out when the command line names a core command."""
+    probe = (
+        "import sys, typer.main\n"
+        "from durable_dataflow.cli import app\n"
+        "names = set(typer.main.get_command(app).commands)\n"
+        "print(sorted(names))\n"
+        "assert {'runs', 'show', 'verify', 'version', 'worker', 'submit', 'serve'} <= names, names\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=_environment(), cwd=ROOT, capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
