@@ -39,6 +39,7 @@ PLUGIN_MODULES = (
     "durable_dataflow.cli.worker_cmd",
     "durable_dataflow.cli.server_cmd",
     "durable_dataflow.cli.schedules_cmd",
+    "durable_dataflow.cli.datasources_cmd",
 )
 
 
