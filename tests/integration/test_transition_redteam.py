@@ -12,8 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from durable_dataflow.core import ledger
-from durable_dataflow.dataflow import crashpoints, reconcile, runs, sweeper, transitions
-from durable_dataflow.dataflow.requests import AccessContext, Provenance
+from durable_dataflow.dataflow import crashpoints, runs, sweeper, transitions
 from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.dataflow.schema import dataflow_runs
 from durable_dataflow.datasources import registry
@@ -22,28 +21,9 @@ from durable_dataflow.datasources.testing import FaultInjectingProvider
 from durable_dataflow.platform import Platform
 from support import flows
 
-OPERATOR = AccessContext("acme", "tester", ("operator",), (), "test")
-PROV = Provenance("tester", "cli")
 
-
-def _faulty(fault: str, inspect_fault: str = "none") -> FaultInjectingProvider:
-    provider = FaultInjectingProvider(ParquetFolderProvider(), fault, inspect_fault)  # type: ignore[arg-type]
-    registry.register_provider("faulty", lambda: provider)
-    return provider
-
-
-def _forward(platform: Platform, tmp_path: Path, provider: str, key: str) -> Run:
-    defn = flows.definition(flows.parquet_target(provider))
-    return platform.runs.run_inline(flows.request(defn, tmp_path, key)).run
-
-
-def _reconcile(platform: Platform, run_id: str, *, resume: bool = False) -> reconcile.Reconciliation:
-    return reconcile.reconcile(platform.runs, run_id, access=OPERATOR, provenance=PROV, resume=resume)
-
-
-def _verify(platform: Platform, run_id: str) -> ledger.Verification:
-    with platform.db.read() as conn:
-        return transitions.verify_run(conn, runs.get(conn, run_id), platform.runs.config.evidence_key)
+def _parquet_faulty(fault: str, inspect_fault: str = "none") -> FaultInjectingProvider:
+    return flows.install_faulty(fault, inspect_fault, ParquetFolderProvider())
 
 
 def _edit_row(platform: Platform, run_id: str, **values: object) -> None:
@@ -58,7 +38,7 @@ def _crash_after_provider_call(platform: Platform, tmp_path: Path, key: str) -> 
 
     crashpoints.set_hook(crash)
     with pytest.raises(SystemExit):
-        _forward(platform, tmp_path, "parquet", key)
+        flows.forward(platform, tmp_path, "parquet", key)
     crashpoints.set_hook(None)
     with platform.db.read() as conn:
         found = [r for r in runs.list_page(conn) if r.idempotency_key == key]
@@ -94,8 +74,8 @@ def test_h2_invalid_target_from_an_edited_target_column(platform: Platform, tmp_
     location. verify notices (every dispatch.authorized holds the real target), and reconcile acts on nothing:
     the run is never failed / no_external_output while its publication exists. (Found: reconcile judged the
     edited column and declared invalid_target.)"""
-    _faulty("timeout_after_commit")
-    unknown = _forward(platform, tmp_path, "faulty", "laundered")
+    _parquet_faulty("timeout_after_commit")
+    unknown = flows.forward(platform, tmp_path, "faulty", "laundered")
     assert unknown.status == "outcome_unknown"
     assert len(flows.manifests(tmp_path / "sink")) == 1  # the publication exists
     target = dict(unknown.target or {})
@@ -103,14 +83,14 @@ def test_h2_invalid_target_from_an_edited_target_column(platform: Platform, tmp_
     import json
 
     _edit_row(platform, unknown.run_id, target_json=json.dumps(target, sort_keys=True))
-    assert not _verify(platform, unknown.run_id).ok, "verify compares the target with every authorization's"
-    settled = _reconcile(platform, unknown.run_id)
+    assert not flows.verify(platform, unknown.run_id).ok, "verify compares the target with every authorization's"
+    settled = flows.reconcile_as_operator(platform, unknown.run_id)
     run = platform.runs.get(unknown.run_id)
     # What must hold: a run whose key is published at its real target is never failed / no_external_output.
     assert not (run.status == "failed" and run.recovery_status == "no_external_output"), (
         settled.finding,
         run.error_message,
-        _verify(platform, unknown.run_id),
+        flows.verify(platform, unknown.run_id),
     )
 
 
@@ -118,14 +98,14 @@ def test_h2b_edited_tenant_column_publishes_a_second_time(platform: Platform, tm
     """The tenant column is edited: verify notices (run.recorded holds the identity), and reconcile --resume
     neither fences nor publishes another key, so the sink keeps one publication. (Found: the key was rebuilt
     from the edited tenant, proven absent and published a second time.)"""
-    _faulty("timeout_after_commit")
-    unknown = _forward(platform, tmp_path, "faulty", "twice")
+    _parquet_faulty("timeout_after_commit")
+    unknown = flows.forward(platform, tmp_path, "faulty", "twice")
     assert unknown.status == "outcome_unknown"
     assert len(flows.manifests(tmp_path / "sink")) == 1
     _edit_row(platform, unknown.run_id, tenant="other")
-    assert not _verify(platform, unknown.run_id).ok, "verify compares the identity with run.recorded's"
+    assert not flows.verify(platform, unknown.run_id).ok, "verify compares the identity with run.recorded's"
     registry.register_provider("faulty", ParquetFolderProvider)
-    done = _reconcile(platform, unknown.run_id, resume=True)
+    done = flows.reconcile_as_operator(platform, unknown.run_id, resume=True)
     published = flows.manifests(tmp_path / "sink")
     assert len(published) == 1, (done.finding, done.detail, [m.get("key") for m in published])
 
@@ -137,18 +117,18 @@ def test_h3_resume_verifies_the_chain_before_dispatch(platform: Platform, tmp_pa
     """A reconciled_absent run whose ledger was damaged is not resumed: nothing is published on evidence that does
     not verify, as authorize_dispatch already refuses. (Found: resume dispatched, then ended evidence_failed with
     its output at the sink.)"""
-    _faulty("fail_before_send")
-    never_sent = _forward(platform, tmp_path, "faulty", "resume-broken")
+    _parquet_faulty("fail_before_send")
+    never_sent = flows.forward(platform, tmp_path, "faulty", "resume-broken")
     registry.register_provider("faulty", ParquetFolderProvider)
-    absent = _reconcile(platform, never_sent.run_id)
+    absent = flows.reconcile_as_operator(platform, never_sent.run_id)
     assert absent.finding == "absent"
     with platform.db.begin() as conn:  # damage an entry (the chain no longer verifies)
         conn.execute(
             sa.text("UPDATE ledger_entries SET payload_json = :p WHERE subject_id = :s AND seq = 2"),
             {"p": '{"holder": "someone else"}', "s": never_sent.run_id},
         )
-    assert not _verify(platform, never_sent.run_id).ok
-    _reconcile(platform, never_sent.run_id, resume=True)
+    assert not flows.verify(platform, never_sent.run_id).ok
+    flows.reconcile_as_operator(platform, never_sent.run_id, resume=True)
     assert flows.manifests(tmp_path / "sink") == [], "published on evidence that does not verify"
 
 
@@ -172,7 +152,7 @@ def test_h4_derive_never_raises_on_a_payload() -> None:
 def test_held_a_long_legitimate_chain_verifies_at_every_step(platform: Platform, tmp_path: Path) -> None:
     """recorded, claimed, swept recovered, claimed again, authorized, unknown, reconcile undecided twice,
     reconcile absent, resume published: verify holds after every step."""
-    provider = _faulty("fail_before_send", "undecided")
+    provider = _parquet_faulty("fail_before_send", "undecided")
     defn = flows.definition(flows.parquet_target("faulty"))
     submitted = platform.runs.submit(flows.request(defn, tmp_path, "long"))
     run_id = submitted.run.run_id
@@ -180,22 +160,22 @@ def test_held_a_long_legitimate_chain_verifies_at_every_step(platform: Platform,
     assert claim is not None
     platform.db.advance_clock(60)
     assert [d.decision for d in sweeper.sweep(platform.db)] == ["recovered"]
-    assert _verify(platform, run_id).ok
+    assert flows.verify(platform, run_id).ok
     claim = platform.runs.claim_next()
     assert claim is not None and claim.attempt == 2
     platform.runs.execute(claim)
     assert platform.runs.get(run_id).status == "outcome_unknown"
-    assert _verify(platform, run_id).ok
+    assert flows.verify(platform, run_id).ok
     for _ in range(2):
-        assert _reconcile(platform, run_id).finding == "undecided"
-        assert _verify(platform, run_id).ok
-    provider.inspect_fault = "none"  # type: ignore[assignment]
-    provider.fault = "none"  # type: ignore[assignment]
-    assert _reconcile(platform, run_id).finding == "absent"
-    assert _verify(platform, run_id).ok
-    done = _reconcile(platform, run_id, resume=True)
+        assert flows.reconcile_as_operator(platform, run_id).finding == "undecided"
+        assert flows.verify(platform, run_id).ok
+    provider.inspect_fault = "none"
+    provider.fault = "none"
+    assert flows.reconcile_as_operator(platform, run_id).finding == "absent"
+    assert flows.verify(platform, run_id).ok
+    done = flows.reconcile_as_operator(platform, run_id, resume=True)
     assert done.run.status == "succeeded", done
-    assert _verify(platform, run_id).ok
+    assert flows.verify(platform, run_id).ok
     assert len(flows.manifests(tmp_path / "sink")) == 1
 
 
@@ -206,26 +186,26 @@ def test_held_legacy_absolute_target_is_not_invalid(
     platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DATAFLOW_ALLOW_ABSOLUTE_LOCATIONS", "1")
-    _faulty("timeout_after_commit")
+    _parquet_faulty("timeout_after_commit")
     location = str(tmp_path / "abs-sink")
     defn = flows.definition(flows.parquet_target("faulty", location))
     unknown = platform.runs.run_inline(flows.request(defn, tmp_path, "abs")).run
     assert unknown.status == "outcome_unknown"
     monkeypatch.delenv("DATAFLOW_ALLOW_ABSOLUTE_LOCATIONS")  # the run keeps the workspace it was recorded with
     registry.register_provider("faulty", ParquetFolderProvider)
-    done = _reconcile(platform, unknown.run_id)
+    done = flows.reconcile_as_operator(platform, unknown.run_id)
     assert done.finding == "present", done
-    assert _verify(platform, unknown.run_id).ok
+    assert flows.verify(platform, unknown.run_id).ok
 
 
 def test_an_edited_workspace_is_never_acted_on(platform: Platform, tmp_path: Path) -> None:
     """The workspace (roots, absolute locations) decides where a run's target resolves, and run.recorded holds
     its digest: a row whose workspace was edited is refused by reconcile (evidence_failed, nothing inspected)."""
-    _faulty("timeout_after_commit")
-    unknown = _forward(platform, tmp_path, "faulty", "workspace")
+    _parquet_faulty("timeout_after_commit")
+    unknown = flows.forward(platform, tmp_path, "faulty", "workspace")
     _edit_row(platform, unknown.run_id, workspace_json=None)
     registry.register_provider("faulty", ParquetFolderProvider)
-    done = _reconcile(platform, unknown.run_id)
+    done = flows.reconcile_as_operator(platform, unknown.run_id)
     assert done.finding == "undecided" and "workspace" in done.detail
     assert platform.runs.get(unknown.run_id).status == "evidence_failed"
     assert len(flows.manifests(tmp_path / "sink")) == 1
@@ -247,9 +227,9 @@ def test_h1b_a_worker_survives_a_poisoned_sweep(platform: Platform, tmp_path: Pa
 def test_h1c_reconcile_of_a_damaged_row_returns_a_finding(platform: Platform, tmp_path: Path) -> None:
     """Reconcile of a damaged row returns a finding and leaves the run evidence_failed, its lease released. (Found:
     the evidence-failure checkpoint failed the same projection check and raised out of reconcile.)"""
-    _faulty("timeout_after_commit")
-    unknown = _forward(platform, tmp_path, "faulty", "damaged-reconcile")
+    _parquet_faulty("timeout_after_commit")
+    unknown = flows.forward(platform, tmp_path, "faulty", "damaged-reconcile")
     _edit_row(platform, unknown.run_id, row_count=999)
     registry.register_provider("faulty", ParquetFolderProvider)
-    result = _reconcile(platform, unknown.run_id)
+    result = flows.reconcile_as_operator(platform, unknown.run_id)
     assert result.run.status == "evidence_failed"

@@ -13,39 +13,15 @@ import sqlalchemy as sa
 from durable_dataflow.core import checkpoints, ledger
 from durable_dataflow.core.errors import Conflict
 from durable_dataflow.core.schema import ledger_entries
-from durable_dataflow.dataflow import crashpoints, evidence, reconcile, runs, sweeper, transitions
-from durable_dataflow.dataflow.requests import AccessContext, Provenance
+from durable_dataflow.dataflow import crashpoints, evidence, runs, sweeper, transitions
 from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.dataflow.schema import dataflow_runs
 from durable_dataflow.dataflow.transitions import TABLE, Outcome
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.delta import DeltaProvider
-from durable_dataflow.datasources.testing import FaultInjectingProvider
 from durable_dataflow.platform import Platform
 from support import flows
 from support.cli import make_cli
-
-OPERATOR = AccessContext("acme", "tester", ("operator",), (), "test")
-OPERATOR_PROVENANCE = Provenance("tester", "cli")
-
-
-def _faulty(fault: str, inspect_fault: str = "none") -> FaultInjectingProvider:
-    provider = FaultInjectingProvider(DeltaProvider(), fault, inspect_fault)  # type: ignore[arg-type]
-    registry.register_provider("faulty", lambda: provider)
-    return provider
-
-
-def _forward(platform: Platform, tmp_path: Path, provider: str, key: str) -> Run:
-    return platform.runs.run_inline(flows.request(flows.definition(flows.parquet_target(provider)), tmp_path, key)).run
-
-
-def _reconcile(platform: Platform, run_id: str, *, resume: bool = False) -> reconcile.Reconciliation:
-    return reconcile.reconcile(platform.runs, run_id, access=OPERATOR, provenance=OPERATOR_PROVENANCE, resume=resume)
-
-
-def _verify(platform: Platform, run_id: str) -> ledger.Verification:
-    with platform.db.read() as conn:
-        return transitions.verify_run(conn, runs.get(conn, run_id), platform.runs.config.evidence_key)
 
 
 def _entries(platform: Platform, run_id: str) -> list[ledger.Entry]:
@@ -66,16 +42,16 @@ def _exhausted(platform: Platform, tmp_path: Path) -> Run:
 def _terminal_runs(platform: Platform, tmp_path: Path) -> dict[str, Run]:
     made: dict[str, Run] = {}
     made["atomic_succeeded"] = platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "ok")).run
-    made["failed_before_dispatch"] = _forward(platform, tmp_path, "no_such_provider", "missing")
-    _faulty("reject")
-    made["rejected"] = _forward(platform, tmp_path, "faulty", "rejected")
-    _faulty("timeout_after_commit")
-    made["publication_unknown"] = _forward(platform, tmp_path, "faulty", "unknown")
-    _faulty("fail_before_send")
-    never_sent = _forward(platform, tmp_path, "faulty", "absent")
-    made["reconciled_absent"] = _reconcile(platform, never_sent.run_id).run
+    made["failed_before_dispatch"] = flows.forward(platform, tmp_path, "no_such_provider", "missing")
+    flows.install_faulty("reject")
+    made["rejected"] = flows.forward(platform, tmp_path, "faulty", "rejected")
+    flows.install_faulty("timeout_after_commit")
+    made["publication_unknown"] = flows.forward(platform, tmp_path, "faulty", "unknown")
+    flows.install_faulty("fail_before_send")
+    never_sent = flows.forward(platform, tmp_path, "faulty", "absent")
+    made["reconciled_absent"] = flows.reconcile_as_operator(platform, never_sent.run_id).run
     registry.register_provider("faulty", DeltaProvider)
-    made["reconciled_present"] = _reconcile(platform, made["publication_unknown"].run_id).run
+    made["reconciled_present"] = flows.reconcile_as_operator(platform, made["publication_unknown"].run_id).run
     made["swept_exhausted"] = _exhausted(platform, tmp_path)
     return made
 
@@ -100,7 +76,7 @@ def test_every_terminal_state_writes_a_verified_checkpoint_at_its_head(platform:
         assert checkpoint is not None, f"{name}: no checkpoint"
         assert checkpoint.head_seq == _entries(platform, run.run_id)[-1].seq, name
         assert (checkpoint.status, checkpoint.facts["recovery_status"]) == (status, recovery), name
-        assert _verify(platform, run.run_id).ok, name
+        assert flows.verify(platform, run.run_id).ok, name
     # The outcome_unknown state was checkpointed too, before reconcile settled it.
     with platform.db.read() as conn:
         unknown_seq = next(
@@ -116,7 +92,7 @@ def test_every_terminal_state_writes_a_verified_checkpoint_at_its_head(platform:
 
 def test_deleting_a_failed_runs_terminal_entry_is_not_verified(platform: Platform, tmp_path: Path) -> None:
     """Finding 3: deleting the terminal entry of a failed run verified (no checkpoint covered it)."""
-    failed = _forward(platform, tmp_path, "no_such_provider", "missing")
+    failed = flows.forward(platform, tmp_path, "no_such_provider", "missing")
     head = _entries(platform, failed.run_id)[-1]
     assert head.kind == evidence.RUN_FAILED
     with platform.db.begin() as conn:
@@ -125,7 +101,7 @@ def test_deleting_a_failed_runs_terminal_entry_is_not_verified(platform: Platfor
                 ledger_entries.c.subject_id == failed.run_id, ledger_entries.c.seq == head.seq
             )
         )
-    verification = _verify(platform, failed.run_id)
+    verification = flows.verify(platform, failed.run_id)
     assert not verification.ok and verification.broken_seq is not None
 
 
@@ -144,12 +120,12 @@ def test_a_flipped_projection_field_is_not_verified(
 ) -> None:
     """Finding 3: flipping an outcome_unknown row's projection (to succeeded / verified, or any digest or ref)
     removed it from every UNRESOLVED surface and still verified; now verify names the field and the head seq."""
-    _faulty("timeout_after_commit")
-    unknown = _forward(platform, tmp_path, "faulty", "unknown")
-    assert _verify(platform, unknown.run_id).ok
+    flows.install_faulty("timeout_after_commit")
+    unknown = flows.forward(platform, tmp_path, "faulty", "unknown")
+    assert flows.verify(platform, unknown.run_id).ok
     with platform.db.begin() as conn:
         conn.execute(dataflow_runs.update().where(dataflow_runs.c.run_id == unknown.run_id).values({column: value}))
-    verification = _verify(platform, unknown.run_id)
+    verification = flows.verify(platform, unknown.run_id)
     assert not verification.ok
     assert column in verification.reason and verification.broken_seq == _entries(platform, unknown.run_id)[-1].seq
 
@@ -159,8 +135,8 @@ def test_verify_through_the_cli_reports_a_flipped_row_and_a_malformed_payload(
 ) -> None:
     """Through `dataflow verify`: "NOT verified (broken at seq N)" and exit 1, never an internal error, for a projection
     flipped to success and for a payload that is not a JSON object."""
-    _faulty("timeout_after_commit")
-    flipped = _forward(platform, tmp_path, "faulty", "flipped")
+    flows.install_faulty("timeout_after_commit")
+    flipped = flows.forward(platform, tmp_path, "faulty", "flipped")
     damaged = platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "damaged")).run
     with platform.db.begin() as conn:
         conn.execute(
@@ -215,7 +191,7 @@ def test_the_table_and_its_reading_backwards_agree() -> None:
     }
     forward = [Outcome.RECORDED, Outcome.STARTED, Outcome.DISPATCH_AUTHORIZED]
     for outcome, transition in TABLE.items():
-        path = [*prefix.get(outcome, forward), outcome] if outcome != Outcome.RECORDED else [outcome]
+        path: list[Outcome] = [*prefix.get(outcome, forward), outcome] if outcome != Outcome.RECORDED else [outcome]
         entries = _fake_entries(path)
         derived = transitions.derive(entries)
         assert not derived.problem, (outcome, derived.problem)
@@ -243,7 +219,7 @@ _NEW_ATTEMPT = frozenset({Outcome.RECONCILE_STARTED, Outcome.RESUME_AUTHORIZED})
 def test_a_forward_evidence_failed_run_can_be_reconciled(platform: Platform, tmp_path: Path) -> None:
     """Finding 6: a forward run that ended evidence_failed after publishing answered 409 to reconcile, although
     its warning says to reconcile; now its sink is inspected and the publication found settles it."""
-    _faulty("none")
+    flows.install_faulty("none")
     hook_calls: list[str] = []
 
     def break_evidence(point: str) -> None:
@@ -255,20 +231,20 @@ def test_a_forward_evidence_failed_run_can_be_reconciled(platform: Platform, tmp
                 conn.execute(sa.text("UPDATE run_results SET format = 'unknown-format'"))
 
     crashpoints.set_hook(break_evidence)
-    run = _forward(platform, tmp_path, "faulty", "evidence")
+    run = flows.forward(platform, tmp_path, "faulty", "evidence")
     crashpoints.set_hook(None)
     assert (run.status, run.recovery_status) == ("evidence_failed", "evidence_failed"), run
     assert "reconcile" in str(run.warning)
     with platform.db.begin() as conn:
         conn.execute(sa.text("UPDATE run_results SET format = 'arrow-ipc-stream+digest-v3'"))
-    settled = _reconcile(platform, run.run_id)
+    settled = flows.reconcile_as_operator(platform, run.run_id)
     assert (settled.finding, settled.run.status, settled.run.recovery_status) == (
         "present",
         "succeeded",
         "reconciled_present",
     )
     assert len(flows.delta_publications(tmp_path / "sink", run.publication_idempotency_key)) == 1
-    assert _verify(platform, run.run_id).ok
+    assert flows.verify(platform, run.run_id).ok
 
 
 def test_reconcile_sweeps_an_authorized_attempt_whose_lease_expired(platform: Platform, tmp_path: Path) -> None:
@@ -281,14 +257,14 @@ def test_reconcile_sweeps_an_authorized_attempt_whose_lease_expired(platform: Pl
 
     crashpoints.set_hook(crash)
     with pytest.raises(SystemExit):
-        _forward(platform, tmp_path, "delta", "lost")
+        flows.forward(platform, tmp_path, "delta", "lost")
     crashpoints.set_hook(None)
     [lost] = _all_runs(platform)
     assert (lost.status, lost.recovery_status) == ("running", "dispatch_authorized")
     live = _reconcile_conflict(platform, lost.run_id)
     assert "running" in live, "a live attempt is not swept"
     platform.db.advance_clock(60)
-    settled = _reconcile(platform, lost.run_id)
+    settled = flows.reconcile_as_operator(platform, lost.run_id)
     assert (settled.finding, settled.run.status) == ("present", "succeeded")
     kinds = [e.kind for e in _entries(platform, lost.run_id)]
     assert kinds[-4:] == [
@@ -308,6 +284,6 @@ def _all_runs(platform: Platform) -> list[Run]:
 def _reconcile_conflict(platform: Platform, run_id: str) -> str:
     before = _entries(platform, run_id)
     with pytest.raises(Conflict) as refused:
-        _reconcile(platform, run_id)
+        flows.reconcile_as_operator(platform, run_id)
     assert _entries(platform, run_id) == before
     return refused.value.message

@@ -9,8 +9,14 @@ from typing import Any
 import sqlalchemy as sa
 
 from durable_dataflow.core import ledger
+from durable_dataflow.dataflow import reconcile, runs, transitions
 from durable_dataflow.dataflow.definitions import Definition, parse_definition
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.datasources import registry
+from durable_dataflow.datasources.contract import Provider
+from durable_dataflow.datasources.delta import DeltaProvider
+from durable_dataflow.datasources.testing import FaultInjectingProvider
 from durable_dataflow.platform import Platform
 
 ROWS = [
@@ -150,3 +156,32 @@ def delta_publications(table_dir: Path, key: str | None = None) -> list[dict[str
             if info and info.get("dataflow_kind") == "publication" and (key is None or info.get("dataflow_key") == key):
                 found.append(info)
     return found
+
+
+# ---- forward runs, faults and reconciliation, as the recovery tests drive them ----------------------
+
+OPERATOR = AccessContext("acme", "tester", ("operator",), (), "test")
+OPERATOR_PROVENANCE = Provenance("tester", "cli")
+
+
+def install_faulty(fault: str, inspect_fault: str = "none", inner: Provider | None = None) -> FaultInjectingProvider:
+    """Register provider "faulty": ``inner`` (Delta by default) with one publish and one inspect fault."""
+    provider = FaultInjectingProvider(inner or DeltaProvider(), fault, inspect_fault)  # type: ignore[arg-type]
+    registry.register_provider("faulty", lambda: provider)
+    return provider
+
+
+def forward(platform: Platform, base_dir: Path, provider: str, key: str) -> Run:
+    """An inline forward run of the totals definition to ``provider`` at ``<base_dir>/sink``."""
+    return platform.runs.run_inline(request(definition(parquet_target(provider)), base_dir, key)).run
+
+
+def reconcile_as_operator(platform: Platform, run_id: str, *, resume: bool = False) -> reconcile.Reconciliation:
+    """Reconcile as the tenant's operator who submitted the test runs."""
+    return reconcile.reconcile(platform.runs, run_id, access=OPERATOR, provenance=OPERATOR_PROVENANCE, resume=resume)
+
+
+def verify(platform: Platform, run_id: str) -> ledger.Verification:
+    """What `dataflow verify` says of the run as stored now."""
+    with platform.db.read() as conn:
+        return transitions.verify_run(conn, runs.get(conn, run_id), platform.runs.config.evidence_key)
