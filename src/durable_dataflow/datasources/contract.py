@@ -215,7 +215,10 @@ def prepare(provider: Provider, target: PublishTarget) -> None:
     """Run the provider's optional `prepare(target)`: create the sink location (a folder and what
     publish needs inside it) before dispatch can be authorized, so that `inspect` can tell a location
     where nothing was published from one it cannot see. It raises `InputError` for a target it
-    refuses and `OSError` when the location cannot be created; a provider without it passes."""
+    refuses, and `OSError` (or a `DataflowError` with a fixed reason, as the PostgreSQL sink's
+    `ExecutionError` when its database cannot be reached) when the location cannot be created; a
+    provider without it passes. The platform calls it only for a datasource's first run: later runs
+    must find the location (`forward.require_location`)."""
     create = getattr(provider, "prepare", None)
     if create is not None:
         create(target)
