@@ -48,8 +48,10 @@ def definition(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def cli(db_url: str, tmp_path: Path) -> Cli:
-    return make_cli(db_url, tmp_path)
+def cli(sqlite_url: str, tmp_path: Path) -> Cli:
+    """The CLI on SQLite: what these tests prove is the processes' refusal, which reads the chain through
+    ledger.check_key_setting; that check is proven on both engines by the tests at the end of this file."""
+    return make_cli(sqlite_url, tmp_path)
 
 
 def published_rows(definition: Path) -> int:
@@ -195,7 +197,7 @@ def test_reconcile_refuses_a_chain_of_the_other_setting(cli: Cli, definition: Pa
 
 
 def test_verify_without_the_key_does_not_say_verified(
-    cli: Cli, definition: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cli: Cli, definition: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Finding (b): `dataflow verify` of a keyed chain without the key exits 1 naming the missing key (it used
     to print "evidence verified", MACs ignored); `--json` and the API's evidence answer carry ok=false and the
@@ -214,7 +216,7 @@ def test_verify_without_the_key_does_not_say_verified(
     assert cli("verify", run_id, extra_env=WITH_A).code == 0
 
     monkeypatch.delenv("DATAFLOW_EVIDENCE_KEY", raising=False)
-    with Platform(db_url) as platform:
+    with Platform(cli.db_url) as platform:
         token, _ = api_tokens.create_token(platform.db, "default", "viewer", "key-check")
         (tmp_path / "data").mkdir(exist_ok=True)
         with TestClient(create_app(platform, data_root=tmp_path / "data")) as client:
