@@ -164,38 +164,6 @@ def test_an_unmounted_sink_volume_is_undecided_and_never_published_twice(
     assert _publications(name, sink) == 1 and faulty.counters.inner_publish_calls == 1
 
 
-@pytest.mark.parametrize("name", sorted(FILE_PROVIDERS))
-def test_a_later_run_never_recreates_a_registered_location_that_went_missing(
-    platform: Platform, tmp_path: Path, name: str
-) -> None:
-    """Run A publishes and loses the answer; the volume is unmounted (an empty mount point stays). Run B to the same
-    datasource must not prepare a fresh sink in the mount point: that would let A's reconcile prove its key absent
-    there and a resume publish it a second time. B fails before dispatch, writing nothing; A stays undecided; once
-    the volume is back B runs again and A is found present — one publication each."""
-    faulty = FaultInjectingProvider(FILE_PROVIDERS[name](), "timeout_after_commit")
-    registry.register_provider("faulty", lambda: faulty)
-    first = _run(platform, tmp_path, "faulty")
-    assert first.status == "outcome_unknown"
-    sink, volume = tmp_path / "sink", tmp_path / "volume"
-    sink.rename(volume)
-    sink.mkdir()  # the mount point
-    registry.register_provider("faulty", FILE_PROVIDERS[name])
-    defn = flows.definition(flows.parquet_target("faulty"))
-    later = platform.runs.run_inline(flows.request(defn, tmp_path, "k2")).run
-    assert (later.status, later.recovery_status) == ("failed", "no_external_output"), later
-    assert LOCATION_MISSING in str(later.error_message)
-    assert list(sink.iterdir()) == [], "a later run re-created the registered location"
-    assert "dispatch.authorized" not in flows.kinds(platform, later.run_id)
-    assert _reconcile(platform, first.run_id, resume=True).finding == "undecided"
-    assert list(sink.iterdir()) == []
-    sink.rmdir()
-    volume.rename(sink)
-    again = platform.runs.run_inline(flows.request(defn, tmp_path, "k3")).run
-    assert again.status == "succeeded"
-    assert _reconcile(platform, first.run_id).finding == "present"
-    assert _publications(name, sink) == 2  # A's and the third run's, each once
-
-
 SINK_SECRET = "TEST_HONEST_ABSENCE_SINK_DSN"
 
 

@@ -36,7 +36,6 @@ from durable_dataflow.datasources.contract import (
     PublishOutcome,
     PublishTarget,
     Rejected,
-    Undecided,
 )
 
 REQUIRED_CAPABILITIES: tuple[Capability, ...] = ("publish", "inspect")
@@ -101,21 +100,14 @@ def preflight_target(service: Attempts, run: Run, provider: Provider) -> None:
 
 def prepare_target(service: Attempts, run: Run, provider: Provider) -> None:
     """The provider's creation of the sink location, before dispatch can be authorized, so a location
-    missing at a later inspection is never taken for absence. Only the first run to a datasource
-    creates it; once registered (its name at another location is an InputError, before anything is
-    created), a later run must find the location, never create it again. The registration is recorded
-    after the location exists, so a registered location is one the platform created. Nothing is
-    published here, so a failure ends the attempt conclusively; its text is not repeated."""
+    missing at a later inspection is never taken for absence. First the datasource's registration is
+    recorded (a no-op after its first publication; its name at another location is an InputError), so
+    an inspection can tell a location the platform created from one it never did. Nothing is published
+    here, so a failure ends the attempt conclusively; its text is not repeated (it may quote a path)."""
     try:
-        target = publish_target(run, service.run_workspace(run)[1])
-        with service.db.read() as conn:
-            created_before = registry.created_location(conn, run.tenant, run.target or {})
-        if created_before:
-            require_location(provider, run, target)
-        else:
-            contract.prepare(provider, target)
         with service.db.begin() as conn:
             registry.register_target(conn, run.tenant, run.target or {}, run.run_id)
+        contract.prepare(provider, publish_target(run, service.run_workspace(run)[1]))
     except InputError as error:
         raise InputError(f"the target cannot be published to: {error.message}") from None
     except DataflowError:
@@ -124,17 +116,6 @@ def prepare_target(service: Attempts, run: Run, provider: Provider) -> None:
         raise ExecutionError(f"the sink location cannot be created: {contract.describe_exception(error)}") from None
     except Exception as error:
         raise ExecutionError(f"preparing the sink location failed with an unexpected {type(error).__name__}") from None
-
-
-def require_location(provider: Provider, run: Run, target: PublishTarget) -> None:
-    """A location the platform created for an earlier run must still be there: a read-only inspection
-    (no fence) that finds it missing fails the attempt before dispatch, and nothing is re-created."""
-    finding = provider.inspect(publication_key(run), target, fence=None)
-    if isinstance(finding, Undecided) and contract.LOCATION_MISSING in finding.reason:
-        raise ExecutionError(
-            f"the sink location was created for an earlier run and is missing now: {contract.LOCATION_MISSING}; "
-            "restore it (see docs/operations.md, 'A sink location is missing') and run again"
-        )
 
 
 def execute_forward(

@@ -217,8 +217,7 @@ def prepare(provider: Provider, target: PublishTarget) -> None:
     where nothing was published from one it cannot see. It raises `InputError` for a target it
     refuses, and `OSError` (or a `DataflowError` with a fixed reason, as the PostgreSQL sink's
     `ExecutionError` when its database cannot be reached) when the location cannot be created; a
-    provider without it passes. The platform calls it only for a datasource's first run: later runs
-    must find the location (`forward.require_location`)."""
+    provider without it passes."""
     create = getattr(provider, "prepare", None)
     if create is not None:
         create(target)

@@ -276,21 +276,6 @@ def _refuse_conflict(stored: Datasource, name: str, provider: str, location: str
         )
 
 
-def created_location(conn: Connection, tenant: str, target: Mapping[str, Any]) -> bool:
-    """Whether an earlier run of ``tenant`` registered exactly this target's datasource — so the
-    platform created its location, and a later run must find it rather than create it again (an
-    unmounted volume's empty mount point re-created as a fresh sink would hide the publications in
-    the real one). A name registered with another provider or location is the InputError
-    `register_target` raises, before anything is created."""
-    named = _target_of(target)
-    if named is None or tenant == PLATFORM_DECLARED:
-        return False
-    stored = get_datasource_or_none(conn, named[0], tenant=tenant)
-    if stored is None:
-        return False
-    _refuse_conflict(stored, *named)
-    return stored.created_by_run is not None
-
 
 def _target_of(target: Mapping[str, Any] | None) -> tuple[str, str, str] | None:
     if target is None:
