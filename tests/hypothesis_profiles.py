@@ -18,9 +18,10 @@ CI_PROFILE = "ci"
 LONG_PROFILE = "long"
 PROFILE_ENV = "DATAFLOW_HYPOTHESIS_PROFILE"
 
-# ci: each engine gets about a minute on the 2-core machine; enough steps per example to reach
-# "authorize, lose the response, expire, sweep, reconcile, stale publish" (7 steps) many times.
-CI_EXAMPLES = 150
+# ci: each engine gets about two minutes on the 2-core machine (every terminal step now verifies a
+# checkpoint, so a step costs more than it did); enough steps per example to reach "authorize, lose
+# the response, expire, sweep, reconcile, stale publish" (7 steps) many times. `make soak` runs long.
+CI_EXAMPLES = 75
 CI_STEPS = 40
 # long: the soak budget — many more and longer interleavings.
 LONG_EXAMPLES = 2_000
