@@ -25,7 +25,7 @@
 #define NA 7              /* MAXA + 1: attempts 0..MAXA per run slot */
 #define MAX_ATTEMPTS 3    /* dataflow_runs.max_attempts: automatic attempts of a run */
 
-mtype = { NONE, QUEUED, RUNNING, SUCCEEDED, UNKNOWN, REC_ABSENT, FAILED };  /* dataflow_runs.status */
+mtype = { NONE, QUEUED, RUNNING, SUCCEEDED, UNKNOWN, REC_ABSENT, FAILED, CANCELLED };  /* dataflow_runs.status */
 mtype = { ATOMIC, FORWARD };                                               /* dataflow_runs.mode */
 mtype = { PUBLISHED, ALREADY, FENCED, REJECTED, REFUSED, INCONCLUSIVE };  /* publish answers */
 mtype = { PRESENT, ABSENT, UNDECIDED };                                    /* inspect answers */
@@ -54,6 +54,7 @@ bool lease_valid[NR];          /* attempt[r] holds the lease and expires_at > db
 /* ledger_entries: dispatch.authorized and attempt.recovered per attempt; index r * NA + a */
 bool authorized[NR * NA];
 bool recovered[NR * NA];
+bool ever_authorized[NR];      /* any dispatch.authorized in the run's history (what cancel reads) */
 
 /* run_results and checkpoints */
 byte results[NR];              /* stored result rows of the run */
@@ -67,6 +68,7 @@ byte sink_fence[NR];           /* fence recorded for the key by an inspection */
 /* history variables, for the checks only */
 bool ever_succeeded[NR];
 bool ever_failed[NR];
+bool ever_cancelled[NR];
 bool unknown_seen[NR];         /* outcome_unknown was recorded at some point */
 bool unknown_open[NR];         /* outcome_unknown recorded and no conclusive inspection since */
 bool ever_absent[NR];
@@ -91,6 +93,7 @@ byte absent_pubs[NR];          /* publications at the sink when it was declared 
 
 #define record_succeeded(r) status[r] = SUCCEEDED; ever_succeeded[r] = true; checkpoint[r] = true
 #define record_failed(r)    status[r] = FAILED; ever_failed[r] = true
+#define record_cancelled(r) status[r] = CANCELLED; ever_cancelled[r] = true
 #define record_unknown(r)   status[r] = UNKNOWN; unknown_seen[r] = true; unknown_open[r] = true
 
 /* datasources provider publish(key, token, ...): check and write in one atomic step at the sink */
@@ -210,7 +213,7 @@ proctype Worker() {
             if
             :: fenced_ok(r, my) -> /* pre-dispatch */
                  closed_attempt_writes_nothing(r, my);   /* inv 9 */
-                 results[r]++; authorized[AI(r, my)] = true
+                 results[r]++; authorized[AI(r, my)] = true; ever_authorized[r] = true
             :: else -> goto stale
             fi
           }
@@ -244,6 +247,24 @@ proctype Sweeper() {
             fi
        fi }
   od
+}
+
+/* dataflow/cancel.py: an operator cancels the run once, at any moment. A queued run is cancelled
+   with its row locked (a claim either took it first or skips it). A running one: the lease row is
+   locked and closed first, which fences the attempt off (its later writes are StaleAttempt), then
+   the ledger is read: after any dispatch authorization a publication may exist, so the cancel is
+   refused (rolled back, the lease stays) and reconcile settles the run instead. Slot 0 only: slot 1
+   exists only in the mutants without the replay lookup. */
+proctype Canceller() {
+  byte r = 0;
+  atomic {
+    status[r] == QUEUED || status[r] == RUNNING;
+    if
+    :: status[r] == QUEUED -> record_cancelled(r)
+    :: status[r] == RUNNING && ever_authorized[r] -> skip   /* refused: reconcile instead */
+    :: status[r] == RUNNING && !ever_authorized[r] -> lease_valid[r] = false; record_cancelled(r)
+    fi
+  }
 }
 
 /* the sink location is moved away or unmounted at any moment after a publication, and comes back */
@@ -283,7 +304,7 @@ proctype Reconciler() {
      }
   :: atomic {                                     /* resume: the stored bytes, the same key, a new attempt */
        pick_run(resumable); attempt[r]++; m = attempt[r]; lease_valid[r] = true; status[r] = RUNNING;
-       authorized[AI(r, m)] = true }
+       authorized[AI(r, m)] = true; ever_authorized[r] = true }
      publish(r, m, res);
      if :: received = true :: received = (res == REFUSED) :: goto next fi;
      terminal_after_publish(r, m, res, received)
@@ -297,7 +318,10 @@ next:
 #define inv14(r)  (!ever_absent[r] || sink_pubs[r] == 0 || sink_pub_token[r] >= absent_fence[r])
 #define absent_was_true(r) (!ever_absent[r] || absent_pubs[r] == 0)
 #define inv6(r)   (sink_pubs[r] <= 1)
-#define final(r)  ((!ever_succeeded[r] || status[r] == SUCCEEDED) && (!ever_failed[r] || status[r] == FAILED))
+#define final(r)  ((!ever_succeeded[r] || status[r] == SUCCEEDED) && (!ever_failed[r] || status[r] == FAILED) \
+                   && (!ever_cancelled[r] || status[r] == CANCELLED))
+/* cancelled / no_external_output: no result stored, nothing at the sink */
+#define cancelled_nothing(r) (status[r] != CANCELLED || (results[r] == 0 && sink_pubs[r] == 0))
 #define inv8(r)   (!unknown_open[r] || status[r] == UNKNOWN)
 #define inv7(r)   (status[r] != SUCCEEDED || mode[r] == ATOMIC || sink_pubs[r] == 1)
 #define inv4(r)   (mode[r] != ATOMIC || (sink_pubs[r] == 0 && (status[r] == SUCCEEDED) == (results[r] == 1)))
@@ -325,6 +349,7 @@ active proctype Monitor() {
   :: assert(failed_nothing_published(0) && failed_nothing_published(1))   /* Rejected is conclusive */
   :: assert(preflight_refuses(0) && preflight_refuses(1))   /* a target preflight refuses is never authorized */
   :: assert(refused_publishes_nothing(0) && refused_publishes_nothing(1))   /* a refused target is never published */
+  :: assert(cancelled_nothing(0) && cancelled_nothing(1))   /* a cancelled run stored and published nothing */
   od
 }
 
@@ -343,6 +368,6 @@ init {
     submit();                       /* the first submission of the key */
     run Replayer();
     run Worker(); run Worker(); run Worker();
-    run Sweeper(); run Expirer(); run Mount(); run Reconciler()
+    run Sweeper(); run Expirer(); run Mount(); run Reconciler(); run Canceller()
   }
 }

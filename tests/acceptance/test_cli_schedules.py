@@ -166,6 +166,29 @@ def test_a_backfill_over_an_unresolved_day_reports_it_and_does_not_rerun_it(
     assert _count(db_url, "dataflow_runs") == 3
 
 
+def test_a_backfill_started_by_mistake_is_cancelled_but_never_its_unresolved_day(
+    cli: Cli, db_url: str, tmp_path: Path
+) -> None:
+    """Proves `dataflow backfill cancel`: every queued day is cancelled, the unresolved day is refused
+    (exit 5, reconcile named) and left as it is, a day without a run is reported; a re-run of the
+    cancel writes nothing; and the backfill run again submits nothing over the cancelled days."""
+    flow = _write(tmp_path, FLOW)
+    days = cli("backfill", str(flow), "--from", "2026-03-01", "--to", "2026-03-03", "--json").json()
+    _make_unresolved(db_url, days[1]["run_id"])
+    cancelled = cli("backfill", "cancel", str(flow), "--from", "2026-03-01", "--to", "2026-03-04", "--json")
+    assert cancelled.code == 5, cancelled.output
+    report = cancelled.json()
+    assert [d["outcome"] for d in report] == ["cancelled", "refused", "cancelled", "no_run"]
+    assert "dataflow reconcile" in report[1]["detail"] and report[1]["status"] == "outcome_unknown"
+    assert [d["status"] for d in report] == ["cancelled", "outcome_unknown", "cancelled", None]
+    again = cli("backfill", "cancel", str(flow), "--from", "2026-03-01", "--to", "2026-03-01", "--json")
+    assert again.code == 0 and again.json()[0]["outcome"] == "already_cancelled"
+    resubmitted = cli("backfill", str(flow), "--from", "2026-03-01", "--to", "2026-03-03", "--json")
+    assert [d["created"] for d in resubmitted.json()] == [False, False, False]
+    assert [d["status"] for d in resubmitted.json()] == ["cancelled", "outcome_unknown", "cancelled"]
+    assert _count(db_url, "dataflow_runs") == 3
+
+
 def test_a_backfill_uses_the_schedule_ticks_when_there_is_one(cli: Cli, tmp_path: Path) -> None:
     flow = _write(tmp_path, FLOW + SCHEDULE)
     days = cli("backfill", str(flow), "--from", "2026-03-28", "--to", "2026-03-30", "--json").json()

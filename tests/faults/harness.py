@@ -36,9 +36,12 @@ EXAMPLES = REPO / "examples"
 WORKER_CMD = (sys.executable, "-m", "durable_dataflow.cli")
 POLL_S = 0.05
 PROCESS_WAIT_S = 90.0
-TERMINAL = frozenset({"succeeded", "failed", "outcome_unknown", "evidence_failed"})
-SWEEPER_CLOSE = frozenset({evidence.ATTEMPT_RECOVERED, evidence.ATTEMPT_OUTCOME_UNKNOWN})
-TERMINAL_KINDS = frozenset({evidence.RUN_SUCCEEDED, evidence.RUN_FAILED, evidence.EVIDENCE_FAILED})
+TERMINAL = frozenset({"succeeded", "failed", "outcome_unknown", "evidence_failed", "cancelled"})
+# Entries that close an attempt from outside it: nothing of that attempt may follow them.
+SWEEPER_CLOSE = frozenset({evidence.ATTEMPT_RECOVERED, evidence.ATTEMPT_OUTCOME_UNKNOWN, evidence.RUN_CANCELLED})
+TERMINAL_KINDS = frozenset({
+    evidence.RUN_SUCCEEDED, evidence.RUN_FAILED, evidence.EVIDENCE_FAILED, evidence.RUN_CANCELLED,
+})  # fmt: skip
 RECONCILE_KINDS = frozenset({evidence.RECONCILE_STARTED, evidence.RESUME_STARTED})
 
 
@@ -304,8 +307,8 @@ def _inv6_publications(run: Run, pubs: list[Publication]) -> list[str]:
         problems.append(f"inv6: {len(pubs)} publications in the sink: {pubs}")
     if pubs and run.mode == "atomic":
         problems.append("inv6: an atomic run has a publication")
-    if pubs and str(run.status) == "failed":
-        problems.append("inv6: a failed run (no external output) has a publication")
+    if pubs and str(run.status) in ("failed", "cancelled"):
+        problems.append(f"inv6: a {run.status} run (no external output) has a publication")
     return problems
 
 
@@ -350,7 +353,7 @@ def _inv8_no_retry_after_dispatch(run: Run, entries: list[ledger.Entry]) -> list
         problems.append(f"inv8: a retry started after dispatch.authorized of attempt {first}")
     if any(e.kind == evidence.ATTEMPT_RECOVERED and e.attempt >= first for e in entries):
         problems.append("inv8: an authorized attempt was closed as recovered (proven absent)")
-    if str(run.status) in ("queued", "running") or (
+    if str(run.status) in ("queued", "running", "cancelled") or (
         str(run.status) == "failed" and not any(e.kind == evidence.PUBLICATION_REJECTED for e in entries)
     ):
         problems.append(f"inv8: authorized run ended {run.status} without a conclusive rejection")

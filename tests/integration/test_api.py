@@ -25,6 +25,7 @@ from support.api_runs import (
     copy_examples,
     make_atomic_run,
     make_outcome_unknown_run,
+    make_queued_run,
     make_tokens,
     tenant_data_root,
 )
@@ -121,6 +122,8 @@ def test_listings_never_show_another_tenants_runs(world: World) -> None:
         ("viewer", "GET", "/v1/ops/ledger", None, False),
         ("viewer", "GET", "/metrics", None, False),
         ("submitter", "POST", "/v1/runs/{run}/reconcile", {}, False),
+        ("viewer", "POST", "/v1/runs/{run}/cancel", None, False),
+        ("submitter", "POST", "/v1/runs/{run}/cancel", None, False),
         ("submitter", "GET", "/metrics", None, False),
         ("operator", "GET", "/metrics", None, True),
         ("operator", "GET", "/v1/ops/ledger", None, True),
@@ -134,6 +137,29 @@ def test_roles(world: World, role: str, method: str, path: str, body: Any, allow
     else:
         assert answer.status_code == 403, answer.text
         assert answer.json()["error"]["code"] == "permission_denied"
+    assert world.platform.runs.get(world.unknown.run_id).status == "outcome_unknown"
+
+
+def test_operator_cancels_a_queued_run_and_is_refused_after_authorization(world: World) -> None:
+    """A queued run is cancelled, recording the token as who asked; again changes nothing; the
+    outcome_unknown run (dispatch authorized) is 409 with the reconcile instruction and unchanged."""
+    queued = make_queued_run(world.platform, world.examples, "acme", "to-cancel")
+    path = f"/v1/runs/{queued.run_id}/cancel"
+    answer = world.call("POST", path, world.tokens.operator)
+    assert answer.status_code == 200, answer.text
+    data = answer.json()
+    assert data["cancelled"] is True
+    assert (data["run"]["status"], data["run"]["recovery_status"]) == ("cancelled", "no_external_output")
+    evidence = world.call("GET", f"/v1/runs/{queued.run_id}/evidence", world.tokens.viewer).json()
+    head = evidence["entries"][-1]
+    assert head["kind"] == "run.cancelled" and head["payload"]["principal"].startswith("token:")
+    assert head["payload"]["provenance"]["trigger"] == "api" and evidence["verification"]["ok"]
+    again = world.call("POST", path, world.tokens.operator)
+    assert again.status_code == 200 and again.json()["cancelled"] is False
+    refused = world.call("POST", "/v1/runs/{run}/cancel", world.tokens.operator)
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "conflict"
+    assert f"dataflow reconcile {world.unknown.run_id}" in refused.json()["error"]["message"]
     assert world.platform.runs.get(world.unknown.run_id).status == "outcome_unknown"
 
 

@@ -14,9 +14,17 @@ from fastapi.testclient import TestClient
 from durable_dataflow.api.app import create_app
 from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.platform import Platform
-from support.api_runs import Tokens, copy_examples, make_atomic_run, make_outcome_unknown_run, make_tokens, web_login
+from support.api_runs import (
+    Tokens,
+    copy_examples,
+    make_atomic_run,
+    make_outcome_unknown_run,
+    make_queued_run,
+    make_tokens,
+    web_login,
+)
 
-PAGES = ["/ui/runs", "/ui/runs/{run}", "/ui/ops"]
+PAGES = ["/ui/runs", "/ui/runs/{run}", "/ui/ops", "/ui/schedules"]
 
 
 class Web:
@@ -139,6 +147,27 @@ def test_operator_reconciles_from_the_run_page(web: Web) -> None:
     shown = client.get(answer.headers["location"]).text
     assert "Reconciliation result: present" in shown and "reconciled_present" in shown
     assert web.platform.runs.get(web.unknown.run_id).status == "succeeded"
+
+
+def test_operator_cancels_from_the_run_page(web: Web, tmp_path: Path) -> None:
+    """A queued run's page offers the operator a Cancel button (not a viewer, nor the unresolved run's
+    page); the form POST with its CSRF token cancels it and the page says so."""
+    queued = make_queued_run(web.platform, copy_examples(tmp_path / "more"), "acme", "web-cancel")
+    viewer_page = web.client(web.tokens.viewer).get(f"/ui/runs/{queued.run_id}").text
+    assert "Cancel this run</button>" not in viewer_page
+    assert "Cancel this run</button>" not in web.client(web.tokens.operator).get(web.url("/ui/runs/{run}")).text
+    client = web.client(web.tokens.operator)
+    page = client.get(f"/ui/runs/{queued.run_id}").text
+    assert "Cancel this run</button>" in page
+    assert client.post(f"/ui/runs/{queued.run_id}/cancel", data={"csrf": "0" * 64}).status_code == 403
+    assert web.platform.runs.get(queued.run_id).status == "queued"
+    answer = client.post(f"/ui/runs/{queued.run_id}/cancel", data={"csrf": csrf_of(page)})
+    assert answer.status_code == 303
+    shown = client.get(answer.headers["location"]).text
+    assert "<strong>Cancelled.</strong>" in shown and "run.cancelled" in shown
+    assert web.platform.runs.get(queued.run_id).status == "cancelled"
+    refused = client.post(web.url("/ui/runs/{run}/cancel"), data={"csrf": csrf_of(page)})
+    assert refused.status_code == 409 and "dataflow reconcile" in refused.text
 
 
 def test_viewers_cannot_reconcile_or_see_ops(web: Web) -> None:

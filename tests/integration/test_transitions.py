@@ -188,6 +188,7 @@ def test_the_table_and_its_reading_backwards_agree() -> None:
         Outcome.SWEPT_RECOVERED: [Outcome.RECORDED, Outcome.STARTED],
         Outcome.SWEPT_EXHAUSTED: [Outcome.RECORDED, Outcome.STARTED],
         Outcome.EVIDENCE_FAILED: [Outcome.RECORDED, Outcome.STARTED],
+        Outcome.CANCELLED: [Outcome.RECORDED, Outcome.STARTED],
     }
     forward = [Outcome.RECORDED, Outcome.STARTED, Outcome.DISPATCH_AUTHORIZED]
     for outcome, transition in TABLE.items():
@@ -199,6 +200,8 @@ def test_the_table_and_its_reading_backwards_agree() -> None:
             assert derived.values["status"] == transition.status, outcome
         if transition.recovery is not None:
             assert derived.values["recovery_status"] == transition.recovery, outcome
+    late_cancel = _fake_entries([*forward, Outcome.CANCELLED])
+    assert transitions.derive(late_cancel).problem_seq == 4, "a cancel after dispatch authorization"
     stray = _fake_entries([Outcome.RECORDED])
     stray.append(ledger.Entry("dataflow", "r", 2, 1, evidence.RUN_SUCCEEDED, {}, "", "", None, 0))
     assert transitions.derive(stray).problem_seq == 2

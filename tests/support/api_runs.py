@@ -71,6 +71,11 @@ def make_atomic_run(platform: Platform, examples: Path, tenant: str, key: str | 
     return platform.runs.run_inline(request).run
 
 
+def make_queued_run(platform: Platform, examples: Path, tenant: str, key: str | None = None) -> Run:
+    request = _request(examples / "revenue_by_region" / "dataflow.yaml", tenant, key)
+    return platform.runs.submit(request).run
+
+
 def make_outcome_unknown_run(
     platform: Platform,
     examples: Path,
@@ -123,15 +128,25 @@ def web_login(client: TestClient, token: str) -> httpx2.Response:
     return client.post("/ui/login", data={"token": token, "csrf": found.group(1)})
 
 
-# Every authenticated route: (method, path template, JSON body). {run} is a run of tenant acme.
+# Every authenticated route: (method, path template, JSON body). {run} is a run of tenant acme; {name}
+# is sent as written (no schedule has that name: the routes' checks come before the lookup).
+BACKFILL_BODY = {"definition_hash": "sha256:" + "0" * 64, "from": "2026-03-01", "to": "2026-03-07"}
 API_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "/v1/runs", {"definition_hash": "sha256:" + "0" * 64, "parameters": {}}),
     ("GET", "/v1/runs", None),
     ("GET", "/v1/runs/{run}", None),
     ("GET", "/v1/runs/{run}/evidence", None),
     ("POST", "/v1/runs/{run}/reconcile", {"resume": False}),
+    ("POST", "/v1/runs/{run}/cancel", None),
     ("GET", "/v1/definitions", None),
     ("GET", "/v1/datasources", None),
+    ("GET", "/v1/schedules", None),
+    ("POST", "/v1/schedules", {"definition": {"name": "nightly"}}),
+    ("GET", "/v1/schedules/{name}", None),
+    ("POST", "/v1/schedules/{name}/pause", None),
+    ("POST", "/v1/schedules/{name}/resume", None),
+    ("POST", "/v1/backfills", BACKFILL_BODY),
+    ("POST", "/v1/backfills/cancel", BACKFILL_BODY),
     ("GET", "/v1/ops/ledger", None),
     ("GET", "/metrics", None),
     ("GET", "/openapi.json", None),

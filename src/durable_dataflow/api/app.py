@@ -21,7 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from durable_dataflow import __version__
-from durable_dataflow.api import errors, middleware, v1, web
+from durable_dataflow.api import errors, middleware, schedules_api, v1, web
 from durable_dataflow.api.auth import api_caller, platform_of
 from durable_dataflow.api.metrics import Metrics
 from durable_dataflow.api.operations import Caller
@@ -68,6 +68,7 @@ def create_app(
     app.add_middleware(middleware.SecurityHeaders)
     _install_timing(app)
     app.include_router(v1.router)
+    app.include_router(schedules_api.router)
     app.include_router(web.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     _add_platform_routes(app)

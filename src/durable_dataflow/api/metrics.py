@@ -25,6 +25,7 @@ ATTEMPT_OUTCOME_KINDS: dict[str, tuple[str, ...]] = {
     "evidence_failed": (evidence.EVIDENCE_FAILED,),
     "reconciled_present": (evidence.RECONCILE_PRESENT,),
     "reconciled_absent": (evidence.RECONCILE_ABSENT,),
+    "cancelled": (evidence.RUN_CANCELLED,),
 }
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 

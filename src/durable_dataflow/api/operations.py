@@ -18,7 +18,7 @@ from typing import Any
 from durable_dataflow.api.tokens import TokenInfo
 from durable_dataflow.core import checkpoints, ledger
 from durable_dataflow.core.errors import InputError, NotFound, PermissionDenied
-from durable_dataflow.dataflow import reconcile, runs, transitions, views
+from durable_dataflow.dataflow import cancel, reconcile, runs, transitions, views
 from durable_dataflow.dataflow.definitions import parse_definition
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.runs import MODULE, Run
@@ -257,6 +257,13 @@ def reconcile_run(platform: Platform, caller: Caller, run_id: str, resume: bool)
         tenant=caller.tenant,
         resume=resume,
     )
+
+
+def cancel_run(platform: Platform, caller: Caller, run_id: str) -> cancel.Cancellation:
+    """Cancel a run of the caller's tenant (the role is checked by the caller); the ``run.cancelled``
+    entry records the caller's access context digest and provenance."""
+    return cancel.cancel(platform.runs, run_id, access=caller.access(), provenance=caller.provenance(),
+                         tenant=caller.tenant)  # fmt: skip
 
 
 def public_run(view: RunView, now_us: int) -> dict[str, Any]:

@@ -31,7 +31,7 @@ OpsReader = Annotated[Caller, Depends(api_caller(Role.OPERATOR, platform_wide=Tr
 DEFINITION_NAME_CHARS_MAX = 200
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: {"description": "No valid token: `{\"error\": {\"code\": \"unauthenticated\", ...}}`"},
+    401: {"description": 'No valid token: `{"error": {"code": "unauthenticated", ...}}`'},
     403: {"description": "The token's role does not allow this"},
     404: {"description": "Not found, or belongs to another tenant"},
     422: {"description": "Invalid input"},
@@ -144,6 +144,19 @@ def reconcile_run(request: Request, run_id: str, caller: Operator, body: Reconci
         "detail": result.detail,
         "resumed": result.resumed,
     }
+
+
+@router.post(
+    "/runs/{run_id}/cancel",
+    responses={**ERROR_RESPONSES, 409: {"description": "Finished, or dispatch authorized: not cancellable"}},
+)
+def cancel_run(request: Request, run_id: str, caller: Operator) -> dict[str, Any]:
+    """Cancel a queued run, or a running one before dispatch authorization (operator role). After the
+    authorization a publication may exist: 409 with the reconcile instruction."""
+    platform = platform_of(request)
+    result = operations.cancel_run(platform, caller, run_id)
+    view, now_us = operations.view_of(platform, result.run)
+    return {"run": operations.public_run(view, now_us), "cancelled": result.cancelled, "detail": result.detail}
 
 
 @router.get("/definitions", responses=ERROR_RESPONSES)

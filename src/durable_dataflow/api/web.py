@@ -1,7 +1,8 @@
 """The web operator view: server-rendered pages, readable without JavaScript.
 
 Pages: /ui/login, /ui/runs (history, with a warning block on every unresolved run), /ui/runs/{id}
-(ledger timeline, verification, publication references, the Reconcile form for operators) and
+(ledger timeline, verification, publication references, the Reconcile form for operators),
+/ui/schedules (the tenant's schedules, with a warning block on every unresolved last run) and
 /ui/ops (the Ops ledger projection of the operator's tenant, or of every tenant for a platform
 operator, whose token opens no other page). POST forms carry a CSRF token.
 """
@@ -22,7 +23,7 @@ from durable_dataflow.api.errors import HTTP_STATUS_BY_CODE
 from durable_dataflow.api.tokens import Role
 from durable_dataflow.core.errors import DataflowError, Unauthenticated
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import views
+from durable_dataflow.dataflow import schedules, views
 from durable_dataflow.dataflow.runs import RecoveryStatus, RunStatus
 from durable_dataflow.ops import ledger as ops_ledger
 
@@ -151,7 +152,7 @@ def history(
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
-def run_page(request: Request, run_id: str, reconciled: str = "") -> HTMLResponse:
+def run_page(request: Request, run_id: str, reconciled: str = "", cancelled: str = "") -> HTMLResponse:
     """One run: its state, warning, publication references, verification and ledger timeline."""
     caller = web_caller(request)
     found = operations.evidence_of(platform_of(request), caller, run_id)
@@ -164,6 +165,10 @@ def run_page(request: Request, run_id: str, reconciled: str = "") -> HTMLRespons
         "is_operator": caller.token.allows(Role.OPERATOR),
         "finding": finding,
         "finding_text": FINDING_TEXT.get(finding, ""),
+        "cancelled": cancelled == "yes" and found.run.status == RunStatus.CANCELLED,
+        # Offered while nothing can have been published; the cancel itself decides under the lease.
+        "cancellable": found.run.status in (RunStatus.QUEUED, RunStatus.RUNNING)
+        and found.run.publication_idempotency_key is None,
     }
     return render(request, "run.html", context)
 
@@ -175,6 +180,24 @@ def reconcile(request: Request, run_id: str, csrf: str = Form(default=""), resum
     check_csrf(request, csrf)
     result = operations.reconcile_run(platform_of(request), caller, run_id, resume=resume == "yes")
     return RedirectResponse(f"/ui/runs/{result.run.run_id}?reconciled={result.finding}", status_code=303)
+
+
+@router.get("/schedules", response_class=HTMLResponse)
+def schedules_page(request: Request) -> HTMLResponse:
+    """The tenant's schedules: cron, time zone, state, next and last tick, the last run (UNRESOLVED with
+    its warning block when it is), as ``dataflow schedules list`` shows them."""
+    caller = web_caller(request)
+    found = schedules.shown(platform_of(request).db, caller.tenant)
+    return render(request, "schedules.html", {"caller": caller, "items": found})
+
+
+@router.post("/runs/{run_id}/cancel")
+def cancel(request: Request, run_id: str, csrf: str = Form(default="")) -> Response:
+    """Cancel (operator role), then show the run page (POST, redirect, GET); a refusal is the error page."""
+    caller = web_caller(request, Role.OPERATOR)
+    check_csrf(request, csrf)
+    result = operations.cancel_run(platform_of(request), caller, run_id)
+    return RedirectResponse(f"/ui/runs/{result.run.run_id}?cancelled=yes", status_code=303)
 
 
 @router.get("/ops", response_class=HTMLResponse)

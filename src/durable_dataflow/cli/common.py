@@ -227,7 +227,9 @@ def status_text(run: Run | RunView) -> Text:
     view = view_of(run)
     if view.unresolved:
         return Text("UNRESOLVED", style="bold yellow")
-    style = {RunStatus.SUCCEEDED: "green", RunStatus.FAILED: "red"}.get(RunStatus(view.run.status), "cyan")
+    style = {RunStatus.SUCCEEDED: "green", RunStatus.FAILED: "red", RunStatus.CANCELLED: "magenta"}.get(
+        RunStatus(view.run.status), "cyan"
+    )
     return Text(view.run.status, style=style)
 
 

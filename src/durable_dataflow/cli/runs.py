@@ -20,6 +20,7 @@ from durable_dataflow.dataflow.runs import Run, RunStatus
 if TYPE_CHECKING:  # `run` and `reconcile` import what they execute with; `runs` reads only
     from durable_dataflow.dataflow import reconcile
     from durable_dataflow.dataflow.definitions import LoadedDefinition
+    from durable_dataflow.platform import Platform
 
 PARAMS_MAX = 100
 REPLAY_NOTE = "replayed: existing run returned, nothing executed"
@@ -152,14 +153,7 @@ def reconcile_command(
     from durable_dataflow.dataflow import reconcile
 
     with common.open_platform(ctx) as platform:
-        with platform.db.read() as conn:
-            full_id = runs.resolve_run_id(conn, run_id)
-            # The local user at a terminal, acting for the run's tenant: recorded with each attempt started.
-            access = AccessContext.local(runs.get(conn, full_id).tenant)
-            # Reconcile extends this run's chain: it must carry the chain's own key setting.
-            problem = ledger.check_key_setting(conn, platform.runs.config.evidence_key, subject=(runs.MODULE, full_id))
-        if problem:
-            raise InputError(problem)
+        full_id, access = _operator_of(platform, run_id)
         with common.spinner(f"inspecting the sink for run {full_id}"):
             outcome = reconcile.reconcile(
                 platform.runs,
@@ -183,6 +177,43 @@ def reconcile_command(
     raise typer.Exit(code)
 
 
+def _operator_of(platform: Platform, run_id: str) -> tuple[str, AccessContext]:
+    """The full run id and who acts on it from this terminal (the local user, for the run's tenant:
+    recorded with each entry an operator's command appends). The command extends the run's chain, so
+    it must carry the chain's own key setting."""
+    with platform.db.read() as conn:
+        full_id = runs.resolve_run_id(conn, run_id)
+        access = AccessContext.local(runs.get(conn, full_id).tenant)
+        problem = ledger.check_key_setting(conn, platform.runs.config.evidence_key, subject=(runs.MODULE, full_id))
+    if problem:
+        raise InputError(problem)
+    return full_id, access
+
+
+def cancel_command(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id (or its tail as `runs` shows it).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON.")] = False,
+) -> None:
+    """Cancel a queued run, or a running one before its dispatch authorization (its attempt is fenced
+    off: it commits nothing more). After authorization a publication may exist: refused (exit 5) with
+    the reconcile instruction."""
+    from durable_dataflow.dataflow import cancel
+
+    with common.open_platform(ctx) as platform:
+        full_id, access = _operator_of(platform, run_id)
+        outcome = cancel.cancel(
+            platform.runs, full_id, access=access, provenance=Provenance(actor=access.principal, trigger="cli")
+        )
+    if as_json:
+        common.emit_json(common.run_json(outcome.run, cancelled=outcome.cancelled, detail=outcome.detail))
+        return
+    console = common.stdout_console()
+    console.print(Text(printable(f"cancelled: {outcome.detail}" if outcome.cancelled else outcome.detail),
+                       style="bold"))  # fmt: skip
+    console.print(render.run_panel(outcome.run))
+
+
 def _reconcile_exit_code(outcome: reconcile.Reconciliation) -> int:
     if outcome.finding in ("mismatch", "undecided") or outcome.run.unresolved:
         return common.EXIT_UNRESOLVED
@@ -195,4 +226,4 @@ def register(app: typer.Typer) -> None:
     app.command("run")(run_command)
     app.command("runs")(runs_command)
     app.command("reconcile")(reconcile_command)
-
+    app.command("cancel")(cancel_command)

@@ -6,7 +6,9 @@ test use; without it the database clock decides.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,43 +16,23 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
 
 from durable_dataflow.cli import common
 from durable_dataflow.cli import runs as cli_runs
 from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow import backfill as backfill_mod
-from durable_dataflow.dataflow import schedules, views, workspace
-from durable_dataflow.dataflow.definitions import load_definition
+from durable_dataflow.dataflow import schedules, workspace
+from durable_dataflow.dataflow.definitions import LoadedDefinition, load_definition
 from durable_dataflow.dataflow.requests import AccessContext, Provenance
-from durable_dataflow.dataflow.schedule_spec import iso_utc
-from durable_dataflow.dataflow.views import RunView
 
 schedules_app = typer.Typer(
     name="schedules", help="Apply, list, pause and resume schedules; evaluate due ticks.", no_args_is_help=True
 )
 
 Tenant = Annotated[str, typer.Option("--tenant", help="The tenant the schedule belongs to.")]
-Now = Annotated[
-    str | None, typer.Option("--now", metavar="ISO", help="The present instant (else the database clock).")
-]
+Now = Annotated[str | None, typer.Option("--now", metavar="ISO", help="The present instant (else the database clock).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-
-
-def _state(applied: schedules.AppliedSchedule) -> str:
-    if applied.paused:
-        return "paused"
-    return "active" if applied.spec.enabled else "disabled"
-
-
-def _applied_json(applied: schedules.AppliedSchedule) -> dict[str, Any]:
-    spec = applied.spec
-    return {
-        "tenant": applied.tenant, "name": applied.name, "definition_hash": applied.definition_hash,
-        "cron": spec.cron, "timezone": spec.timezone, "overlap": spec.overlap,
-        "catchup_window": spec.catchup_window, "enabled": spec.enabled, "paused": applied.paused,
-        "applied_by": applied.applied_by,
-        "applied_at": iso_utc(schedules.from_us(applied.applied_at_us)),
-    }  # fmt: skip
 
 
 @schedules_app.command("apply")
@@ -69,7 +51,7 @@ def apply_command(
             platform.db, loaded.definition, workspace.local(loaded.base_dir), AccessContext.local(tenant), now=moment
         )
     if as_json:
-        common.emit_json({"schedule": _applied_json(result.schedule), "created": result.created,
+        common.emit_json({"schedule": result.schedule.as_json(), "created": result.created,
                           "changed": result.changed})  # fmt: skip
         return
     applied = result.schedule
@@ -83,9 +65,9 @@ def _pause_or_resume(ctx: typer.Context, name: str, tenant: str, now: str | None
     with common.open_platform(ctx) as platform:
         applied = schedules.set_paused(platform.db, tenant, name, paused, now=moment)
     if as_json:
-        common.emit_json({"schedule": _applied_json(applied)})
+        common.emit_json({"schedule": applied.as_json()})
         return
-    typer.echo(printable(f"schedule {applied.tenant}/{applied.name} {_state(applied)}"))
+    typer.echo(printable(f"schedule {applied.tenant}/{applied.name} {applied.state}"))
 
 
 @schedules_app.command("pause")
@@ -146,14 +128,11 @@ def list_command(
     """Every schedule with its next tick, its last tick and that tick's run (UNRESOLVED when it is)."""
     moment = schedules.parse_now(now)
     with common.open_platform(ctx) as platform:
-        found = list(schedules.statuses(platform.db, tenant, moment))
-        with platform.db.read() as conn:
-            loaded = views.load(conn, platform.db, [s.last_run for s in found if s.last_run is not None])
-    shown: dict[str, RunView] = {view.run.run_id: view for view in loaded}
-    items = [(s, shown.get(s.last_run.run_id) if s.last_run is not None else None) for s in found]
+        shown = schedules.shown(platform.db, tenant, moment)
     if as_json:
-        common.emit_json([s.as_json(v.warning if v else None, bool(v and v.unresolved)) for s, v in items])
+        common.emit_json([item.as_json() for item in shown])
         return
+    items = [(item.status, item.view) for item in shown]
     console = common.stdout_console()
     if not items:
         console.print("no schedules")
@@ -166,7 +145,7 @@ def list_command(
         table.add_row(
             Text(printable(f"{applied.tenant}/{applied.name}")),
             Text(printable(f"{applied.spec.cron} {applied.spec.timezone}")),
-            _state(applied),
+            applied.state,
             status.next_tick.iso if status.next_tick else "-",
             status.last.tick if status.last else "-",
             status.last.decision if status.last else "-",
@@ -181,45 +160,76 @@ def list_command(
             common.print_warning_block(console, view, ctx)
 
 
-def backfill_command(
-    ctx: typer.Context,
-    file: Annotated[Path, typer.Argument(help="The definition (YAML or JSON).")],
-    start: Annotated[str, typer.Option("--from", metavar="DATE", help="The first day, YYYY-MM-DD.")],
-    end: Annotated[str, typer.Option("--to", metavar="DATE", help="The last day (included), YYYY-MM-DD.")],
-    param: Annotated[
-        list[str] | None, typer.Option("--param", help="NAME=VALUE, may use {{ tick.date }} (repeatable).")
-    ] = None,
-    tenant: Tenant = "default",
-    as_json: AsJson = False,
-) -> None:
-    """Queue one run per day (or per tick of the definition's schedule) with the key
-    backfill:<tenant>:<name>:<tick>. Running it again submits nothing that exists and reports every
-    day's run; exit 3 when one of them is unresolved."""
+DefinitionFile = Annotated[Path, typer.Argument(help="The definition (YAML or JSON).")]
+FirstDay = Annotated[str, typer.Option("--from", metavar="DATE", help="The first day, YYYY-MM-DD.")]
+LastDay = Annotated[str, typer.Option("--to", metavar="DATE", help="The last day (included), YYYY-MM-DD.")]
+Params = Annotated[list[str] | None, typer.Option("--param", help="NAME=VALUE, may use {{ tick.date }} (repeatable).")]
+
+
+class _BackfillGroup(TyperGroup):
+    """``dataflow backfill FILE …`` submits and ``dataflow backfill cancel FILE …`` cancels: a first
+    word that names no subcommand is the submit's FILE (``./cancel`` for a file named cancel)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # Any: typer vendors click's Context
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = [SUBMIT, *args]
+        return super().parse_args(ctx, args)
+
+
+SUBMIT = "submit"
+backfill_app = typer.Typer(
+    name="backfill", cls=_BackfillGroup, no_args_is_help=True,
+    help="Queue one run per day of a range (`dataflow backfill FILE --from D --to D`), or cancel them.",
+)  # fmt: skip
+
+
+def _plan(
+    file: Path, start: str, end: str, param: list[str] | None, tenant: str
+) -> tuple[LoadedDefinition, list[backfill_mod.BackfillItem]]:
     loaded = load_definition(file)
     items = backfill_mod.plan(
         loaded.definition, tenant, backfill_mod.parse_day(start, "--from"), backfill_mod.parse_day(end, "--to"),
         cli_runs.parse_params(param or []),
     )  # fmt: skip
+    return loaded, items
+
+
+@contextlib.contextmanager
+def _progress(label: str, total: int, as_json: bool) -> Iterator[Callable[[object], None]]:
+    """A progress bar on stderr (a terminal only, never with --json); yields the per-day advance."""
+    bar = Progress(TextColumn("backfill {task.description}"), BarColumn(), MofNCompleteColumn(),
+                   console=common.stderr_console(), disable=as_json or not sys.stderr.isatty(),
+                   transient=True)  # fmt: skip
+    with bar:
+        task = bar.add_task(label, total=total)
+        yield lambda _: bar.advance(task)
+
+
+@backfill_app.command(SUBMIT)
+def backfill_command(
+    ctx: typer.Context,
+    file: DefinitionFile,
+    start: FirstDay,
+    end: LastDay,
+    param: Params = None,
+    tenant: Tenant = "default",
+    as_json: AsJson = False,
+) -> None:
+    """Queue one run per day (or per tick of the definition's schedule) with the key
+    backfill:<tenant>:<name>:<tick>. Running it again submits nothing that exists and reports every
+    day's run; exit 3 when one of them is unresolved. `submit` may be left out."""
+    loaded, items = _plan(file, start, end, param, tenant)
     access = AccessContext.local(tenant)
-    show_bar = not as_json and sys.stderr.isatty()
-    with common.open_platform(ctx) as platform:
-        bar = Progress(TextColumn("backfill {task.description}"), BarColumn(), MofNCompleteColumn(),
-                       console=common.stderr_console(), disable=not show_bar, transient=True)  # fmt: skip
-        with bar:
-            task = bar.add_task(loaded.definition.name, total=len(items))
-            results = backfill_mod.run(
-                platform.runs, loaded.definition, items, access=access,
-                provenance=Provenance(actor=access.principal, trigger="cli"),
-                workspace=workspace.local(loaded.base_dir), on_item=lambda _: bar.advance(task),
-            )  # fmt: skip
-        with platform.db.read() as conn:
-            loaded_views = views.load(conn, platform.db, [r.run for r in results])
+    with common.open_platform(ctx) as platform, _progress(loaded.definition.name, len(items), as_json) as advance:
+        results = backfill_mod.run(
+            platform.runs, loaded.definition, items, access=access,
+            provenance=Provenance(actor=access.principal, trigger="cli"),
+            workspace=workspace.local(loaded.base_dir), on_item=advance,
+        )  # fmt: skip
+        loaded_views = backfill_mod.load_views(platform.db, results)
     unresolved = [v for v in loaded_views if v.unresolved]
     if as_json:
-        common.emit_json([
-            {**r.as_json(), "unresolved": v.unresolved, "warning": v.warning}
-            for r, v in zip(results, loaded_views, strict=True)
-        ])  # fmt: skip
+        common.emit_json([r.as_json(v) for r, v in zip(results, loaded_views, strict=True)])
     else:
         console = common.stdout_console()
         table = Table("TICK", "RUN", "SUBMITTED", "STATUS", "RECOVERY")
@@ -236,9 +246,44 @@ def backfill_command(
         raise typer.Exit(common.EXIT_UNRESOLVED)
 
 
+@backfill_app.command("cancel")
+def backfill_cancel_command(
+    ctx: typer.Context,
+    file: DefinitionFile,
+    start: FirstDay,
+    end: LastDay,
+    param: Params = None,
+    tenant: Tenant = "default",
+    as_json: AsJson = False,
+) -> None:
+    """Cancel every day's run of the backfill that cannot have published yet (queued, or running before
+    dispatch authorization) and report every day. Exit 5 when a day's run was refused (its dispatch
+    was authorized: reconcile it), else 0."""
+    _, items = _plan(file, start, end, param, tenant)
+    access = AccessContext.local(tenant)
+    with common.open_platform(ctx) as platform, _progress("cancel", len(items), as_json) as advance:
+        results = backfill_mod.cancel_runs(
+            platform.runs, tenant, items, access=access,
+            provenance=Provenance(actor=access.principal, trigger="cli"), on_item=advance,
+        )  # fmt: skip
+    refused = [r for r in results if r.outcome == backfill_mod.CancelOutcome.REFUSED]
+    if as_json:
+        common.emit_json([r.as_json() for r in results])
+    else:
+        console = common.stdout_console()
+        table = Table("TICK", "RUN", "OUTCOME", "STATUS", "DETAIL")
+        for result in results:
+            table.add_row(result.item.tick, common.short_id(result.run.run_id) if result.run else "-",
+                          str(result.outcome), common.status_text(result.run) if result.run else Text("-"),
+                          Text(printable(result.detail)))  # fmt: skip
+        console.print(table)
+        counts = {o: sum(1 for r in results if r.outcome == o) for o in backfill_mod.CancelOutcome}
+        console.print(", ".join(f"{n} {o}" for o, n in counts.items() if n))
+    if refused:
+        raise typer.Exit(common.EXIT_CODES["conflict"])
+
+
 def register(app: typer.Typer) -> None:
     """Add `schedules …` and `backfill` to the main CLI."""
     app.add_typer(schedules_app, name="schedules")
-    app.command("backfill")(backfill_command)
-
-
+    app.add_typer(backfill_app, name="backfill")

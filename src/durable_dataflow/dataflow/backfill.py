@@ -6,27 +6,49 @@ UTC ISO 8601 for one with a schedule. Submitting is idempotent per key, so a bac
 anywhere and run again submits only the days that have no run and reports every day's run as it
 is: succeeded, queued, failed, or unresolved (never re-run: an ``outcome_unknown`` run is settled by
 ``dataflow reconcile``). Everything (range, parameters, every day's request) is checked before the
-first submit.
+first submit. ``cancel_runs`` cancels a backfill started by mistake: every day's run that cannot have
+published yet (docs/schedules.md#cancellation).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.db import Database
+from durable_dataflow.core.errors import Conflict, InputError
+from durable_dataflow.dataflow import cancel, runs, views
 from durable_dataflow.dataflow import parameters as parameters_mod
 from durable_dataflow.dataflow.definitions import Definition
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.runs import Run, RunStatus
 from durable_dataflow.dataflow.schedule_spec import Tick, parse_template, render
 from durable_dataflow.dataflow.service import RunService
 from durable_dataflow.dataflow.workspace import Workspace
 
 BACKFILL_DAYS_MAX = 366  # the widest range one backfill may cover
 BACKFILL_RUNS_MAX = 1000  # the most runs one backfill may submit (a schedule with many ticks a day)
+# Days far enough from the ends of the calendar that a tick, its time zone and a {{ tick.date + N days }}
+# offset (at most 3660 days) always stay inside it.
+BACKFILL_DAY_MIN = dt.date(1900, 1, 1)
+BACKFILL_DAY_MAX = dt.date(2999, 12, 31)
+Given = Mapping[str, str | int | float | bool]  # parameters given to the backfill: literals or templates
+
+
+@dataclass(frozen=True)
+class InputNames:
+    """How the caller's input is named in refusals: the CLI's options, or the API's body fields."""
+
+    first: str
+    last: str
+    parameter: str  # put before a parameter's name
+
+
+CLI_NAMES = InputNames(first="--from", last="--to", parameter="--param ")
+API_NAMES = InputNames(first="from", last="to", parameter="parameters.")
 
 
 @dataclass(frozen=True)
@@ -42,24 +64,42 @@ class BackfillResult:
     run: Run
     created: bool  # False: the key had a run already; nothing was submitted
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self, view: views.RunView | None = None) -> dict[str, Any]:
+        """The day's report; with the run's ``view`` (``load_views``), unresolved and warning as readers
+        show them (an expired lease read on the database clock)."""
+        shown = view if view is not None else views.plain(self.run)
         return {
             "tick": self.item.tick, "idempotency_key": self.item.key, "run_id": self.run.run_id,
             "created": self.created, "status": str(self.run.status),
-            "recovery_status": str(self.run.recovery_status), "unresolved": self.run.unresolved,
-            "warning": self.run.warning,
+            "recovery_status": str(self.run.recovery_status), "unresolved": shown.unresolved,
+            "warning": shown.warning,
         }  # fmt: skip
 
 
+def load_views(db: Database, results: list[BackfillResult]) -> list[views.RunView]:
+    """Every day's run as shown, in the order of ``results``, in one read."""
+    with db.read() as conn:
+        return views.load(conn, db, [r.run for r in results])
+
+
 def parse_day(text: str, option: str) -> dt.date:
+    """A day of the range, named ``option`` in the refusal."""
     try:
-        return dt.date.fromisoformat(text.strip())
+        day = dt.date.fromisoformat(text.strip())
     except ValueError:
         raise InputError(f"{option} must be a date, YYYY-MM-DD") from None
+    if not BACKFILL_DAY_MIN <= day <= BACKFILL_DAY_MAX:
+        raise InputError(f"{option} must be a day from {BACKFILL_DAY_MIN} to {BACKFILL_DAY_MAX}")
+    return day
 
 
 def plan(
-    definition: Definition, tenant: str, first: dt.date, last: dt.date, given: Mapping[str, str]
+    definition: Definition,
+    tenant: str,
+    first: dt.date,
+    last: dt.date,
+    given: Given,
+    names: InputNames = CLI_NAMES,
 ) -> list[BackfillItem]:
     """Every run of the backfill, oldest first, with its key and raw parameters.
 
@@ -67,15 +107,16 @@ def plan(
     overrides the schedule's; a definition without a schedule gives its only ``date`` parameter the
     day unless it is given."""
     if last < first:
-        raise InputError("--to must not be before --from")
+        raise InputError(f"{names.last} must not be before {names.first}")
     days = (last - first).days + 1
     if days > BACKFILL_DAYS_MAX:
         raise InputError(f"a backfill covers at most {BACKFILL_DAYS_MAX} days; this range has {days}")
     for name, value in given.items():
         try:
-            parse_template(value)
+            if isinstance(value, str):
+                parse_template(value)
         except ValueError as error:
-            raise InputError(f"--param {name}: {error}") from None
+            raise InputError(f"{names.parameter}{name}: {error}") from None
     spec = definition.schedule
     if spec is None:
         template: dict[str, str | int | float | bool] = dict(given)
@@ -131,3 +172,69 @@ def run(
         if on_item is not None:
             on_item(result)
     return results
+
+
+# ---- cancelling a backfill -----------------------------------------------------------------------
+
+
+class CancelOutcome(enum.StrEnum):
+    CANCELLED = "cancelled"  # cancelled now
+    ALREADY_CANCELLED = "already_cancelled"
+    FINISHED = "finished"  # succeeded or failed before the cancel: left as it is
+    REFUSED = "refused"  # its dispatch was authorized: a publication may exist; reconcile it
+    NO_RUN = "no_run"  # the day has no run under its key
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    item: BackfillItem
+    run: Run | None
+    outcome: CancelOutcome
+    detail: str
+
+    def as_json(self) -> dict[str, Any]:
+        run = self.run
+        return {
+            "tick": self.item.tick, "idempotency_key": self.item.key, "run_id": run.run_id if run else None,
+            "outcome": str(self.outcome), "detail": self.detail,
+            "status": str(run.status) if run else None,
+            "recovery_status": str(run.recovery_status) if run else None,
+        }  # fmt: skip
+
+
+def cancel_runs(
+    service: RunService,
+    tenant: str,
+    items: list[BackfillItem],
+    *,
+    access: AccessContext,
+    provenance: Provenance,
+    on_item: Callable[[CancelResult], None] | None = None,
+) -> list[CancelResult]:
+    """Cancel every day's run that cannot have published (``dataflow.cancel``) and report every day:
+    one refused or finished day never stops the others."""
+    results = []
+    for item in items:
+        with service.db.read() as conn:
+            found = runs.find_by_key(conn, tenant, item.key)
+        if found is None:
+            result = CancelResult(item, None, CancelOutcome.NO_RUN, "no run under this key")
+        else:
+            result = _cancel_one(service, item, found, access, provenance)
+        results.append(result)
+        if on_item is not None:
+            on_item(result)
+    return results
+
+
+def _cancel_one(
+    service: RunService, item: BackfillItem, found: Run, access: AccessContext, provenance: Provenance
+) -> CancelResult:
+    try:
+        done = cancel.cancel(service, found.run_id, access=access, provenance=provenance, tenant=found.tenant)
+    except Conflict as refused:
+        now = service.get(found.run_id)
+        finished = now.status in (RunStatus.SUCCEEDED, RunStatus.FAILED)
+        return CancelResult(item, now, CancelOutcome.FINISHED if finished else CancelOutcome.REFUSED, refused.message)
+    outcome = CancelOutcome.CANCELLED if done.cancelled else CancelOutcome.ALREADY_CANCELLED
+    return CancelResult(item, done.run, outcome, done.detail)

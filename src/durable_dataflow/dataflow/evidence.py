@@ -39,6 +39,7 @@ RECONCILE_MISMATCH = "reconcile.mismatch"
 RECONCILE_UNDECIDED = "reconcile.undecided"
 RESUME_STARTED = "resume.started"
 RECONCILE_INVALID_TARGET = "reconcile.invalid_target"
+RUN_CANCELLED = "run.cancelled"
 
 CONCLUSIVE_PRESENCE = frozenset({PUBLICATION_CONFIRMED, RECONCILE_PRESENT})
 

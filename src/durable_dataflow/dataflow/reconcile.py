@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.errors import Conflict, DataflowError, EvidenceError, StaleAttempt
-from durable_dataflow.dataflow import crashpoints, evidence, forward, sweeper, transitions
+from durable_dataflow.dataflow import crashpoints, evidence, forward, requests, sweeper, transitions
 from durable_dataflow.dataflow.requests import AccessContext, Provenance
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.service import RunService
@@ -66,7 +66,7 @@ def reconcile(
     ``access`` and ``provenance`` are who asked and how: each attempt this starts records them in its
     start entry, as ``run.recorded`` does for a submit, so an operator's dispatch names its operator."""
     run = service.get(run_id, tenant)
-    asked_by = _asked_by(access, provenance)
+    asked_by = requests.asked_by(access, provenance)
     if run.mode != Mode.FORWARD_RECOVERY or run.publication_idempotency_key is None:
         raise Conflict(f"run {run_id} never authorized a publication: there is nothing at a sink to reconcile")
     if run.status == RunStatus.RUNNING and run.recovery_status == RecoveryStatus.DISPATCH_AUTHORIZED:
@@ -129,15 +129,6 @@ def _unverified(service: RunService, run: Run, asked_by: Mapping[str, Any], prob
     attempt = _take_lease(service, run, Outcome.RECONCILE_STARTED, asked_by)
     service.record_evidence_failure(run.model_copy(update={"attempt": attempt}), attempt, problem)
     return Reconciliation(service.get(run.run_id), Finding.UNDECIDED, detail)
-
-
-def _asked_by(access: AccessContext, provenance: Provenance) -> dict[str, Any]:
-    """Who asked for an operator's attempt, in the fields ``run.recorded`` uses for a submit: never a credential."""
-    return {
-        "provenance": provenance.as_json(),
-        "principal": access.principal,
-        "access_context_digest": access.digest(),
-    }
 
 
 def _take_lease(service: RunService, run: Run, outcome: Outcome, asked_by: Mapping[str, Any]) -> int:

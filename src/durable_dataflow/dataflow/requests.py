@@ -80,6 +80,16 @@ class Provenance:
         }
 
 
+def asked_by(access: AccessContext, provenance: Provenance) -> dict[str, Any]:
+    """Who asked for an operator's action (reconcile, resume, cancel), in the fields ``run.recorded``
+    uses for a submit: never a credential."""
+    return {
+        "provenance": provenance.as_json(),
+        "principal": access.principal,
+        "access_context_digest": access.digest(),
+    }
+
+
 @dataclass(frozen=True)
 class RunRequest:
     """Everything a submit needs. ``parameters`` are raw (strings from the CLI, JSON from the API)."""

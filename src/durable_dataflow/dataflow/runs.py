@@ -40,6 +40,7 @@ class RunStatus(enum.StrEnum):
     FAILED = "failed"  # terminal, and no external output exists (proven)
     OUTCOME_UNKNOWN = "outcome_unknown"  # dispatch may have happened; only an inspection can tell
     EVIDENCE_FAILED = "evidence_failed"  # verification refused the success projection
+    CANCELLED = "cancelled"  # terminal: an operator cancelled it before dispatch authorization
 
 
 class RecoveryStatus(enum.StrEnum):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -34,8 +35,9 @@ from sqlalchemy.engine import Connection
 from durable_dataflow.core import hashing
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import DataflowError, InputError, NotFound
-from durable_dataflow.dataflow import runs
-from durable_dataflow.dataflow.definitions import Definition, canonical_body, definition_hash
+from durable_dataflow.core.invariants import invariant
+from durable_dataflow.dataflow import runs, views
+from durable_dataflow.dataflow.definitions import IDENTIFIER_PATTERN, Definition, canonical_body, definition_hash
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.runs import Run, RunStatus
 from durable_dataflow.dataflow.schedule_schema import schedule_ticks, schedules
@@ -52,6 +54,8 @@ SCHEDULES_PER_EVALUATION_MAX = 10_000
 ERROR_CHARS_MAX = 1000
 ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
 US_PER_S = 1_000_000
+DECISIONS_SHOWN_MAX = 200  # the most tick decisions one read returns
+_NAME = re.compile(IDENTIFIER_PATTERN)
 
 _log = structlog.get_logger("dataflow.schedules")
 
@@ -101,6 +105,23 @@ class AppliedSchedule:
     def active(self) -> bool:
         return self.spec.enabled and not self.paused
 
+    @property
+    def state(self) -> str:
+        """What readers call it: ``paused``, else ``active`` or ``disabled`` (``enabled: false``)."""
+        if self.paused:
+            return "paused"
+        return "active" if self.spec.enabled else "disabled"
+
+    def as_json(self) -> dict[str, Any]:
+        """The applied schedule as `schedules apply|pause|resume --json` and the API show it."""
+        spec = self.spec
+        return {
+            "tenant": self.tenant, "name": self.name, "definition_hash": self.definition_hash,
+            "cron": spec.cron, "timezone": spec.timezone, "overlap": spec.overlap,
+            "catchup_window": spec.catchup_window, "enabled": spec.enabled, "paused": self.paused,
+            "applied_by": self.applied_by, "applied_at": iso_utc(from_us(self.applied_at_us)),
+        }  # fmt: skip
+
 
 @dataclass(frozen=True)
 class ApplyResult:
@@ -128,6 +149,13 @@ def _from_row(row: sa.Row[Any]) -> AppliedSchedule:
 
 def _now_us(conn: Connection, db: Database, now: dt.datetime | None) -> int:
     return to_us(now) if now is not None else db.now_us(conn)
+
+
+def _now_or_db(db: Database, now: dt.datetime | None) -> dt.datetime:
+    if now is not None:
+        return now
+    with db.read() as conn:
+        return from_us(db.now_us(conn))
 
 
 def apply(
@@ -173,11 +201,15 @@ def _write_applied(
 
 
 def get(db: Database, tenant: str, name: str) -> AppliedSchedule:
-    with db.read() as conn:
-        row = conn.execute(sa.select(schedules).filter_by(tenant=tenant, name=name)).first()
+    """The tenant's schedule of that name; NotFound names it only when it is a definition name (never
+    echo other input), and a name no definition can have is not looked up at all."""
+    well_formed = _NAME.fullmatch(name) is not None
+    row = None
+    if well_formed:
+        with db.read() as conn:
+            row = conn.execute(sa.select(schedules).filter_by(tenant=tenant, name=name)).first()
     if row is None:
-        named = f"tenant {tenant!r} has no schedule named {name!r}"
-        raise NotFound(named if name.isprintable() and len(name) <= 200 else "no such schedule")
+        raise NotFound(f"tenant {tenant!r} has no schedule named {name!r}" if well_formed else "no such schedule")
     return _from_row(row)
 
 
@@ -238,12 +270,12 @@ def _decision_of(row: sa.Row[Any], new: bool = False) -> TickDecision:
 
 
 def decisions(db: Database, tenant: str, name: str, *, limit: int = 100) -> list[TickDecision]:
-    """The schedule's decisions, newest tick first."""
+    """The schedule's decisions, newest tick first (at most ``DECISIONS_SHOWN_MAX``)."""
     query = (
         sa.select(schedule_ticks)
         .filter_by(tenant=tenant, name=name)
         .order_by(schedule_ticks.c.tick_us.desc())
-        .limit(limit)
+        .limit(min(limit, DECISIONS_SHOWN_MAX))
     )
     with db.read() as conn:
         return [_decision_of(row) for row in conn.execute(query)]
@@ -397,14 +429,12 @@ def evaluate(
     db: Database, service: RunService, now: dt.datetime | None = None, *, tenant: str | None = None
 ) -> Evaluation:
     """One evaluation of every active schedule (of ``tenant``, or all) at ``now`` (else the database clock)."""
-    if now is None:
-        with db.read() as conn:
-            now = from_us(db.now_us(conn))
+    moment = _now_or_db(db, now)
     found: list[TickDecision] = []
     errors: list[dict[str, str]] = []
     for applied in list_applied(db, tenant):
         try:
-            found.extend(evaluate_one(service, applied, now))
+            found.extend(evaluate_one(service, applied, moment))
         except DataflowError as error:
             errors.append(
                 {"tenant": applied.tenant, "name": applied.name, "code": error.code, "message": error.message}
@@ -426,19 +456,9 @@ class ScheduleStatus:
     last_run: Run | None
 
     def as_json(self, warning: str | None, unresolved: bool) -> dict[str, Any]:
-        spec, run = self.applied.spec, self.last_run
+        run = self.last_run
         return {
-            "tenant": self.applied.tenant,
-            "name": self.applied.name,
-            "definition_hash": self.applied.definition_hash,
-            "cron": spec.cron,
-            "timezone": spec.timezone,
-            "overlap": spec.overlap,
-            "catchup_window": spec.catchup_window,
-            "enabled": spec.enabled,
-            "paused": self.applied.paused,
-            "applied_by": self.applied.applied_by,
-            "applied_at": iso_utc(from_us(self.applied.applied_at_us)),
+            **self.applied.as_json(),
             "next_tick": self.next_tick.iso if self.next_tick is not None else None,
             "last_tick": self.last.tick if self.last is not None else None,
             "last_decision": self.last.decision if self.last is not None else None,
@@ -454,20 +474,56 @@ class ScheduleStatus:
 
 def statuses(db: Database, tenant: str | None, now: dt.datetime | None = None) -> Iterator[ScheduleStatus]:
     """Each applied schedule with its next tick, its newest decision and that decision's run."""
-    if now is None:
-        with db.read() as conn:
-            now = from_us(db.now_us(conn))
+    moment = _now_or_db(db, now)
     for applied in list_applied(db, tenant):
-        newest = decisions(db, applied.tenant, applied.name, limit=1)
-        last = newest[0] if newest else None
-        start = max(now, from_us(applied.applied_at_us))
-        next_tick = applied.spec.next_tick(start) if applied.active else None
-        submitted = _newest_submitted(db, applied)
-        run = None
-        if submitted is not None and submitted.run_id is not None:
-            with db.read() as conn:
-                run = runs.get(conn, submitted.run_id)
-        yield ScheduleStatus(applied, next_tick, last, submitted, run)
+        yield status_of(db, applied, moment)
+
+
+def status_of(db: Database, applied: AppliedSchedule, now: dt.datetime) -> ScheduleStatus:
+    newest = decisions(db, applied.tenant, applied.name, limit=1)
+    last = newest[0] if newest else None
+    start = max(now, from_us(applied.applied_at_us))
+    next_tick = applied.spec.next_tick(start) if applied.active else None
+    submitted = _newest_submitted(db, applied)
+    run = None
+    if submitted is not None and submitted.run_id is not None:
+        with db.read() as conn:
+            run = runs.get(conn, submitted.run_id)
+    return ScheduleStatus(applied, next_tick, last, submitted, run)
+
+
+@dataclass(frozen=True)
+class ShownSchedule:
+    """A schedule's status with its last run as readers show it (``views.load``: the lease read on the
+    database clock, so an unresolved run says UNRESOLVED with its warning)."""
+
+    status: ScheduleStatus
+    view: views.RunView | None  # the view of status.last_run
+
+    @property
+    def unresolved(self) -> bool:
+        return self.view is not None and self.view.unresolved
+
+    def as_json(self) -> dict[str, Any]:
+        """One item of `schedules list --json` and of GET /v1/schedules."""
+        return self.status.as_json(self.view.warning if self.view is not None else None, self.unresolved)
+
+
+def shown(
+    db: Database, tenant: str | None, now: dt.datetime | None = None, *, name: str | None = None
+) -> list[ShownSchedule]:
+    """What the CLI, the API and the web view list: every schedule of ``tenant`` (None: all), or only
+    the one called ``name`` (NotFound when the tenant has none), with its last run's view."""
+    moment = _now_or_db(db, now)
+    if name is None:
+        found = list(statuses(db, tenant, moment))
+    else:
+        invariant(tenant is not None, "a schedule is named within its tenant")
+        found = [status_of(db, get(db, str(tenant), name), moment)]
+    with db.read() as conn:
+        loaded = views.load(conn, db, [s.last_run for s in found if s.last_run is not None])
+    by_run = {view.run.run_id: view for view in loaded}
+    return [ShownSchedule(s, by_run.get(s.last_run.run_id) if s.last_run is not None else None) for s in found]
 
 
 def _newest_submitted(db: Database, applied: AppliedSchedule) -> TickDecision | None:

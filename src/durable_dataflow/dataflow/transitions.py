@@ -55,6 +55,7 @@ class Outcome(enum.StrEnum):
     SWEPT_RECOVERED = "swept_recovered"  # an expired attempt proven absent; queued again
     SWEPT_EXHAUSTED = "swept_exhausted"  # the same, with no attempt left
     SWEPT_UNKNOWN = "swept_unknown"  # an expired attempt after dispatch authorization
+    CANCELLED = "cancelled"  # an operator's cancel, queued or before dispatch authorization
 
 
 class Warning(enum.Enum):
@@ -155,6 +156,12 @@ TABLE: Mapping[Outcome, Transition] = MappingProxyType({
     Outcome.SWEPT_UNKNOWN: _T(
         (evidence.ATTEMPT_OUTCOME_UNKNOWN,), RunStatus.OUTCOME_UNKNOWN, RecoveryStatus.OUTCOME_UNKNOWN,
         True, True, False, Warning.UNRESOLVED,
+    ),
+    # dataflow.cancel closes the lease itself, first: the attempt it ends is fenced off before the
+    # ledger is read for an authorization, so none can commit after that read.
+    Outcome.CANCELLED: _T(
+        (evidence.RUN_CANCELLED,), RunStatus.CANCELLED, RecoveryStatus.NO_EXTERNAL_OUTPUT, True, True, False,
+        Warning.CLEAR,
     ),
 })  # fmt: skip
 # Longest first, so that derive() reads (attempt.recovered, run.failed) as one exhausted sweep.
@@ -328,6 +335,7 @@ _REF_FIELDS = ("publication_ref", "datasource_ref", "materialization_ref")
 def derive(entries: Sequence[ledger.Entry]) -> Derived:
     """Fold the entries through :data:`TABLE`: the state a chain implies, or where it stops making sense."""
     values: dict[str, Any] = dict.fromkeys(DERIVED_FIELDS)
+    authorized = False
     i = 0
     while i < len(entries):
         match = _match(entries, i)
@@ -336,9 +344,12 @@ def derive(entries: Sequence[ledger.Entry]) -> Derived:
             return Derived(values, f"entry {entry.seq} ({entry.kind}) follows no transition of the protocol", entry.seq)
         outcome, transition = match
         group = entries[i : i + len(transition.kinds)]
+        if outcome == Outcome.CANCELLED and authorized:  # a publication may exist: only reconcile settles it
+            return Derived(values, f"entry {group[0].seq} cancels a run whose dispatch was authorized", group[0].seq)
         problem = _fold(values, outcome, transition, group)
         if problem:
             return Derived(values, problem, group[0].seq)
+        authorized = authorized or evidence.DISPATCH_AUTHORIZED in transition.kinds
         i += len(transition.kinds)
     return Derived(values)
 

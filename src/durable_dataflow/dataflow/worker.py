@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from durable_dataflow.core.errors import DataflowError, InputError, StorageUnavailable
+from durable_dataflow.core.errors import DataflowError, InputError, StaleAttempt, StorageUnavailable
 from durable_dataflow.dataflow import runs, schedules, sweeper
 from durable_dataflow.dataflow.runs import RunStatus
 from durable_dataflow.dataflow.service import Claim, RunService
@@ -41,6 +41,7 @@ SWEEP_INTERVAL_S_DEFAULT = 5.0
 # Seconds between evaluations of the schedules' due ticks (dataflow.schedules; every worker may evaluate).
 SCHEDULE_INTERVAL_S_DEFAULT = 15.0
 POLL_INTERVAL_S_DEFAULT = 1.0
+ABANDONED_NOTE = "left to the sweeper once its lease expires; never retried blindly"
 INTERVAL_S_MIN = 0.01
 INTERVAL_S_MAX = 3600.0
 # Back-off after the database was unavailable: doubles from the initial delay up to the maximum.
@@ -266,6 +267,9 @@ class Worker:
         except StorageUnavailable as error:
             self._abandoned(log, "storage_unavailable", error.message)
             return
+        except StaleAttempt as error:  # a sweep, a cancel or a newer attempt closed it: it owns the run now
+            self._abandoned(log, error.code, error.message, "fenced off: this attempt writes nothing more")
+            return
         except DataflowError as error:
             self._abandoned(log, error.code, error.message)
             return
@@ -279,12 +283,11 @@ class Worker:
             unresolved=run.unresolved, error_code=run.error_code,
         )  # fmt: skip
 
-    def _abandoned(self, log: Any, reason: str, detail: str) -> None:
+    def _abandoned(self, log: Any, reason: str, detail: str, note: str = ABANDONED_NOTE) -> None:
         with self._summary_lock:
             self.summary.abandoned += 1
         log.warning(
-            "attempt.abandoned", outcome="abandoned", reason=reason, error=detail,
-            note="left to the sweeper once its lease expires; never retried blindly",
+            "attempt.abandoned", outcome="abandoned", reason=reason, error=detail, note=note,
         )  # fmt: skip
 
 

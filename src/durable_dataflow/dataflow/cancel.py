@@ -1,0 +1,143 @@
+"""Cancellation (docs/schedules.md#cancellation): end a run that cannot have published, or refuse.
+
+- A **queued** run is cancelled under its current attempt, with its row locked (a concurrent claim
+  either took it first, and the run is running, or skips it).
+- A **running** attempt with no dispatch authorization in the run's history is closed under the
+  fence: its lease is closed first, in the same statement a terminal transaction uses, so every
+  later write of that attempt is refused as a stale one (StaleAttempt), exactly as after an expired
+  lease's sweep. Only then is the ledger read: an authorization that committed before the lease was
+  closed is seen, and cancellation refused; none can commit after.
+- After a dispatch authorization the publication may exist: cancellation is refused with the
+  reconcile instruction, and a finished run is left as it is.
+
+Both cancellations append ``run.cancelled`` (who asked, from what state), checkpoint the run
+``cancelled / no_external_output`` and are shown in its history (transitions.Outcome.CANCELLED).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from durable_dataflow.core import leases, ledger
+from durable_dataflow.core.errors import Conflict, StaleAttempt
+from durable_dataflow.dataflow import evidence, requests, runs, transitions
+from durable_dataflow.dataflow.requests import AccessContext, Provenance
+from durable_dataflow.dataflow.runs import MODULE, Run, RunStatus
+from durable_dataflow.dataflow.service import RunService
+from durable_dataflow.dataflow.transitions import Outcome
+
+ERROR_CODE = "cancelled"
+# How often a run that changed state under a cancel (claimed, finished) is looked at again.
+STATE_CHANGES_MAX = 3
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    run: Run
+    cancelled: bool  # False: it already was
+    detail: str
+
+
+class _Moved(Exception):
+    """The run changed state between the read and the locked write: look again."""
+
+
+def cancel(
+    service: RunService,
+    run_id: str,
+    *,
+    access: AccessContext,
+    provenance: Provenance,
+    tenant: str | None = None,
+) -> Cancellation:
+    """Cancel a queued run, or a running one before dispatch authorization; Conflict otherwise, naming
+    what to do instead. Cancelling a cancelled run changes nothing."""
+    asked_by = requests.asked_by(access, provenance)
+    for _ in range(STATE_CHANGES_MAX):
+        run = service.get(run_id, tenant)
+        if run.status == RunStatus.CANCELLED:
+            return Cancellation(run, False, "already cancelled")
+        refusal = refusal_of(run)
+        if refusal:
+            raise Conflict(refusal)
+        try:
+            if run.status == RunStatus.QUEUED:
+                return _cancel_queued(service, run, asked_by)
+            return _cancel_running(service, run, asked_by)
+        except _Moved:
+            continue
+    raise Conflict(f"run {run_id} kept changing state while it was being cancelled: try again")
+
+
+def refusal_of(run: Run) -> str:
+    """Why ``run`` cannot be cancelled as it is now, or "" (a queued or running run may still turn out
+    to be authorized: the locked write looks again)."""
+    if run.publication_idempotency_key is not None or run.status in (
+        RunStatus.OUTCOME_UNKNOWN, RunStatus.EVIDENCE_FAILED,
+    ):  # fmt: skip
+        return _authorized(run)
+    if run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
+        return f"run {run.run_id} is already {run.status}: there is nothing to cancel"
+    return ""
+
+
+def _authorized(run: Run) -> str:
+    return (
+        f"run {run.run_id} is {run.status} ({run.recovery_status}) and its dispatch was authorized, so a "
+        "publication may exist: it cannot be cancelled. Settle it by inspecting the sink: "
+        f"`dataflow reconcile {run.run_id}`"
+    )
+
+
+def _payload(run: Run, asked_by: dict[str, Any]) -> dict[str, Any]:
+    return {**asked_by, "from_status": str(run.status), "no_external_output": True}
+
+
+def _projection(asked_by: dict[str, Any]) -> dict[str, Any]:
+    message = f"cancelled by {asked_by['principal']} before dispatch authorization: no external output"
+    return {"error_code": ERROR_CODE, "error_message": message[: transitions.MESSAGE_CHARS_MAX]}
+
+
+def _cancel_queued(service: RunService, run: Run, asked_by: dict[str, Any]) -> Cancellation:
+    db = service.db
+    with db.begin() as conn:
+        locked = _runs_row(conn, run)
+        if locked.status != RunStatus.QUEUED or locked.attempt != run.attempt:
+            raise _Moved
+        if _dispatch_authorized(conn, run.run_id):  # a queued run never was: the sweeper makes it outcome_unknown
+            raise Conflict(_authorized(locked))
+        done = transitions.apply(
+            conn, db, locked, locked.attempt, Outcome.CANCELLED, [_payload(locked, asked_by)],
+            evidence_key=service.evidence_key, projection=_projection(asked_by),
+        )  # fmt: skip
+    return Cancellation(done, True, "cancelled while queued: no attempt had started")
+
+
+def _cancel_running(service: RunService, run: Run, asked_by: dict[str, Any]) -> Cancellation:
+    db = service.db
+    with db.begin() as conn:
+        try:
+            leases.release(conn, db, MODULE, run.run_id, run.attempt)  # the lease row first, as a fenced write
+        except StaleAttempt:
+            raise _Moved from None  # the attempt ended (or was swept) meanwhile
+        locked = _runs_row(conn, run)
+        if locked.status != RunStatus.RUNNING or locked.attempt != run.attempt:
+            raise _Moved
+        if _dispatch_authorized(conn, run.run_id):
+            raise Conflict(_authorized(locked))  # rolls the lease back: the attempt goes on
+        done = transitions.apply(
+            conn, db, locked, locked.attempt, Outcome.CANCELLED, [_payload(locked, asked_by)],
+            evidence_key=service.evidence_key, projection=_projection(asked_by),
+        )  # fmt: skip
+    return Cancellation(done, True, f"attempt {run.attempt} was closed under the fence before dispatch authorization")
+
+
+def _runs_row(conn: Connection, run: Run) -> Run:
+    return runs.get(conn, run.run_id, for_update=True)
+
+
+def _dispatch_authorized(conn: Connection, run_id: str) -> bool:
+    return any(entry.kind == evidence.DISPATCH_AUTHORIZED for entry in ledger.read(conn, MODULE, run_id))

@@ -1,0 +1,189 @@
+"""Issue 16, item 4: cancellation (dataflow/cancel.py), on both engines.
+
+A queued run becomes ``cancelled / no_external_output``; a running attempt before dispatch
+authorization is closed under the fence (its later writes are refused) and the run becomes the same;
+after authorization a publication may exist, so cancellation is refused with the reconcile
+instruction. Each cancellation is a ``run.cancelled`` entry naming who asked, checkpointed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from pathlib import Path
+
+import pytest
+
+from durable_dataflow.core import checkpoints, ledger
+from durable_dataflow.core.errors import Conflict, StaleAttempt
+from durable_dataflow.dataflow import cancel, crashpoints, evidence
+from durable_dataflow.dataflow.requests import AccessContext, Provenance
+from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.platform import Platform
+from support import flows
+
+CANCELLER = AccessContext("acme", "night-operator", ("operator",), (), "test")
+CANCEL_PROVENANCE = Provenance("night-operator", "api")
+
+
+def _cancel(platform: Platform, run_id: str) -> cancel.Cancellation:
+    return cancel.cancel(platform.runs, run_id, access=CANCELLER, provenance=CANCEL_PROVENANCE)
+
+
+def _entries(platform: Platform, run_id: str) -> list[ledger.Entry]:
+    with platform.db.read() as conn:
+        return ledger.read(conn, "dataflow", run_id)
+
+
+def _assert_cancelled(platform: Platform, run: Run, from_status: str) -> None:
+    stored = platform.runs.get(run.run_id)
+    assert (stored.status, stored.recovery_status) == ("cancelled", "no_external_output")
+    assert stored.error_code == "cancelled" and "night-operator" in (stored.error_message or "")
+    head = _entries(platform, run.run_id)[-1]
+    assert head.kind == evidence.RUN_CANCELLED
+    assert head.payload["principal"] == "night-operator" and head.payload["from_status"] == from_status
+    assert head.payload["provenance"]["trigger"] == "api" and head.payload["no_external_output"] is True
+    with platform.db.read() as conn:
+        checkpoint = checkpoints.latest(conn, "dataflow", run.run_id)
+    assert checkpoint is not None and checkpoint.head_seq == head.seq and checkpoint.status == "cancelled"
+    assert flows.verify(platform, run.run_id).ok
+
+
+def test_a_queued_run_is_cancelled_and_never_claimed(platform: Platform, tmp_path: Path) -> None:
+    queued = platform.runs.submit(flows.request(flows.definition(), tmp_path, "queued")).run
+    done = _cancel(platform, queued.run_id)
+    assert done.cancelled and done.run.status == "cancelled"
+    _assert_cancelled(platform, queued, "queued")
+    assert [e.kind for e in _entries(platform, queued.run_id)] == [evidence.RUN_RECORDED, evidence.RUN_CANCELLED]
+    assert platform.runs.claim_next() is None, "a cancelled run was claimed"
+    again = _cancel(platform, queued.run_id)
+    assert not again.cancelled and again.detail == "already cancelled"
+    assert len(_entries(platform, queued.run_id)) == 2, "a second cancel appended"
+    # A replay of the key returns the cancelled run: nothing is re-run under it.
+    replay = platform.runs.submit(flows.request(flows.definition(), tmp_path, "queued"))
+    assert not replay.created and replay.run.status == "cancelled"
+
+
+def test_a_running_attempt_is_fenced_off_and_commits_nothing(platform: Platform, tmp_path: Path) -> None:
+    """Atomic: the claimed attempt's terminal commit is refused as stale, and no result is stored."""
+    platform.runs.submit(flows.request(flows.definition(), tmp_path, "running"))
+    claim = platform.runs.claim_next()
+    assert claim is not None
+    done = _cancel(platform, claim.run.run_id)
+    assert done.cancelled
+    before = flows.row_counts(platform)
+    with pytest.raises(StaleAttempt):
+        platform.runs.execute(claim)
+    assert flows.row_counts(platform) == before, "the fenced-off attempt wrote"
+    _assert_cancelled(platform, claim.run, "running")
+
+
+def test_a_forward_attempt_cancelled_before_authorization_publishes_nothing(platform: Platform, tmp_path: Path) -> None:
+    """The cancel lands inside the attempt, just before its pre-dispatch commit: that commit is refused."""
+    definition = flows.definition(flows.parquet_target())
+    platform.runs.submit(flows.request(definition, tmp_path, "forward"))
+    claim = platform.runs.claim_next()
+    assert claim is not None
+    outcomes: list[cancel.Cancellation] = []
+
+    def cancel_now(point: str) -> None:
+        if point == crashpoints.BEFORE_PREDISPATCH_COMMIT and not outcomes:
+            outcomes.append(_cancel(platform, claim.run.run_id))
+
+    crashpoints.set_hook(cancel_now)
+    platform.runs.execute(claim)
+    assert outcomes and outcomes[0].cancelled
+    _assert_cancelled(platform, claim.run, "running")
+    assert flows.manifests(tmp_path / "sink") == [], "a cancelled run published"
+    kinds = [e.kind for e in _entries(platform, claim.run.run_id)]
+    assert evidence.DISPATCH_AUTHORIZED not in kinds, kinds
+
+
+def test_after_authorization_cancel_is_refused_and_the_run_publishes_once(platform: Platform, tmp_path: Path) -> None:
+    """The cancel lands right after the pre-dispatch commit: refused with the reconcile instruction, and the
+    attempt goes on (its lease was not closed) to publish once and succeed."""
+    definition = flows.definition(flows.parquet_target())
+    platform.runs.submit(flows.request(definition, tmp_path, "authorized"))
+    claim = platform.runs.claim_next()
+    assert claim is not None
+    refusals: list[str] = []
+
+    def cancel_now(point: str) -> None:
+        if point == crashpoints.AFTER_PREDISPATCH_COMMIT and not refusals:
+            with pytest.raises(Conflict) as refused:
+                _cancel(platform, claim.run.run_id)
+            refusals.append(refused.value.message)
+
+    crashpoints.set_hook(cancel_now)
+    final = platform.runs.execute(claim)
+    assert refusals and f"dataflow reconcile {claim.run.run_id}" in refusals[0]
+    assert "publication may exist" in refusals[0]
+    assert final.status == "succeeded"
+    assert len(flows.manifests(tmp_path / "sink")) == 1
+    assert evidence.RUN_CANCELLED not in [e.kind for e in _entries(platform, claim.run.run_id)]
+
+
+def test_finished_and_unresolved_runs_are_refused(platform: Platform, tmp_path: Path) -> None:
+    succeeded = platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "ok")).run
+    with pytest.raises(Conflict, match="already succeeded"):
+        _cancel(platform, succeeded.run_id)
+    flows.install_faulty("timeout_after_commit")
+    unknown = flows.forward(platform, tmp_path, "faulty", "unknown")
+    assert unknown.status == "outcome_unknown"
+    before = flows.row_counts(platform)
+    with pytest.raises(Conflict, match=f"dataflow reconcile {unknown.run_id}"):
+        _cancel(platform, unknown.run_id)
+    assert flows.row_counts(platform) == before, "a refused cancel wrote"
+
+
+def test_another_tenant_cannot_cancel(platform: Platform, tmp_path: Path) -> None:
+    from durable_dataflow.core.errors import NotFound
+
+    queued = platform.runs.submit(flows.request(flows.definition(), tmp_path, "mine")).run
+    with pytest.raises(NotFound):
+        cancel.cancel(platform.runs, queued.run_id, access=CANCELLER, provenance=CANCEL_PROVENANCE, tenant="other")
+    assert platform.runs.get(queued.run_id).status == "queued"
+
+
+def test_cancels_racing_claims_leave_every_run_consistent(platform: Platform, tmp_path: Path) -> None:
+    """Two threads: one claims and executes every run, the other cancels every run. Whatever the order,
+    each run ends either cancelled (with nothing stored or published) or finished by its attempt, and
+    every chain verifies."""
+    count = 8
+    ids = [
+        platform.runs.submit(flows.request(flows.definition(), tmp_path, f"race-{i}")).run.run_id for i in range(count)
+    ]
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            while (claim := platform.runs.claim_next()) is not None:
+                with contextlib.suppress(StaleAttempt):  # cancelled under it
+                    platform.runs.execute(claim)
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    def cancel_all() -> None:
+        try:
+            for run_id in ids:
+                with contextlib.suppress(Conflict):  # finished first
+                    _cancel(platform, run_id)
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work), threading.Thread(target=cancel_all)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    for run_id in ids:
+        run = platform.runs.get(run_id)
+        assert run.status in ("cancelled", "succeeded"), run.status
+        kinds = [e.kind for e in _entries(platform, run_id)]
+        if run.status == "cancelled":
+            assert kinds[-1] == evidence.RUN_CANCELLED and evidence.RESULT_COMMITTED not in kinds, kinds
+            assert run.output_digest is None
+        else:
+            assert evidence.RUN_CANCELLED not in kinds, kinds
+        assert flows.verify(platform, run_id).ok, run_id
