@@ -1,11 +1,14 @@
-"""Benchmark 4: recovery latency after a worker is SIGKILLed mid-run, for lease TTLs of 2, 5, 10 s.
+"""Benchmark 4: recovery latency after a worker is SIGKILLed mid-run, for lease TTLs of 2, 5, 10, 30 s.
 
 Per round: worker B (``dataflow worker``, sweep interval 1 s) is started and then paused with
 SIGSTOP while idle; a run is submitted; worker A (``dataflow worker --once`` with
 ``DATAFLOW_CRASH_AT=during_execution``) claims it and SIGKILLs itself mid-execution; B is resumed
 at once. Recovery latency is from A's death (observed by the parent) to the ``attempt.started``
-entry of attempt 2 (its ``recorded_at_us``, database clock on this same host). Target: at most
-TTL + 10% + one sweep interval.
+entry of attempt 2 (its ``recorded_at_us``, database clock on this same host).
+
+On PostgreSQL the dead worker's session, and with it its holder lock, ends at once (core/holders.py),
+so B's next sweep decides the attempt whatever the TTL. Target (issue 15): at most 1 s at every TTL,
+30 s included. (Before holder locks the bound was TTL + 10% + one sweep interval: 2.1 / 5.2 / 10.4 s.)
 """
 
 from __future__ import annotations
@@ -22,12 +25,12 @@ from typing import Any
 from common import BenchContext, make_request, print_table, summary, write_result
 
 NAME = "recovery"
-TTLS = {False: (2.0, 5.0, 10.0), True: (2.0,)}
+TTLS = {False: (2.0, 5.0, 10.0, 30.0), True: (30.0,)}
 SWEEP_INTERVAL_S = 1.0
 POLL_INTERVAL_S = 0.05
 WORKER_START_S = 3.0  # B's imports and first sweep before it is paused
 WAIT_MAX_S = 60.0
-TTL_SLACK = 0.10
+BOUND_S = 1.0  # a dead holder's attempt is decided by the next sweep, whatever the TTL
 
 
 def _dataflow_cli() -> str:
@@ -96,7 +99,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
         with Platform(url) as platform:
             for r in range(ctx.rounds):
                 samples.append(_round(ctx, platform, url, base, ttl, f"recovery-{ttl}-{r}"))
-        bound = ttl * (1 + TTL_SLACK) + SWEEP_INTERVAL_S
+        bound = BOUND_S
         from_kill = summary([s["from_kill_s"] for s in samples])
         met = from_kill["max"] <= bound
         results[f"ttl_{ttl:g}s"] = {
@@ -111,7 +114,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
         rows.append((f"{ttl:g}", from_kill["median"], from_kill["p95"], from_kill["max"], bound, met))
     print_table(
         "Recovery latency after SIGKILL mid-run (s, kill -> attempt 2 started)",
-        ["lease TTL", "median", "p95", "max", "bound TTL+10%+sweep", "target (max within bound)"],
+        ["lease TTL", "median", "p95", "max", "bound", "target (max within bound)"],
         rows,
     )
     payload = {"rounds": ctx.rounds, "results": results}

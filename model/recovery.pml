@@ -83,7 +83,11 @@ byte absent_pubs[NR];          /* publications at the sink when it was declared 
 #define below_fence(r, tok) (sink_fence[r] > tok)
 #define leased(r)           (lease_valid[r])
 #define claimable(r)        (status[r] == QUEUED && !lease_valid[r] && attempt[r] < MAXA)
-#define sweepable(r)        (status[r] == RUNNING && !lease_valid[r])
+/* expired, or live with its holder gone (PostgreSQL, core/holders.py: the holder lock is free, because
+   its process died or, rarely, its lock session ended while it lives on). The model lets the sweeper
+   take any live lease at any moment: a superset of what the holder lock allows, safe because the
+   sweep closes the lease first, exactly as for an expiry. */
+#define sweepable(r)        (status[r] == RUNNING)
 #define reconcilable(r)     (status[r] == UNKNOWN && !lease_valid[r] && attempt[r] < MAXA)
 #define resumable(r)        (status[r] == REC_ABSENT && !lease_valid[r] && attempt[r] < MAXA)
 #define pick_run(cond)      if :: cond(0) -> r = 0 :: cond(1) -> r = 1 fi
@@ -231,12 +235,14 @@ crashed:
   forget_locals()
 }
 
-/* dataflow/sweeper.py: one decision per expired lease, in one transaction */
+/* dataflow/sweeper.py: one decision per expired lease, or per live lease whose holder is gone, in one
+   transaction that closes the lease (close_expired / close_dead_holder) */
 proctype Sweeper() {
   byte r;
   do
   :: atomic {
        pick_run(sweepable);
+       lease_valid[r] = false;   /* the lease is closed: its attempt is fenced off */
        if
        :: authorized[AI(r, attempt[r])] -> record_unknown(r)
        :: else ->

@@ -78,6 +78,8 @@ class Platform:
         return service
 
     def close(self) -> None:
+        if self._runs is not None:
+            self._runs.close()  # its holder lock first: the process's leases are then left to sweepers
         self.db.dispose()
 
     def __enter__(self) -> Platform:

@@ -14,21 +14,9 @@ import sqlalchemy as sa
 from durable_dataflow import migrations
 from durable_dataflow.core.db import Database
 from support.cli import CLI_TIMEOUT_S, Cli, make_cli
+from support.flows import DAILY_YAML
 
-FLOW = """\
-name: daily
-version: 1
-parameters:
-  day: {type: date}
-sources:
-  nums: {kind: inline, rows: [{n: 1}], schema: {n: int64}}
-steps:
-  - {name: result, sql: "select $day::DATE as day, sum(n) as total from nums"}
-output:
-  schema: {day: date, total: int64}
-  max_rows: 10
-  max_bytes: 64KiB
-"""
+FLOW = DAILY_YAML
 SCHEDULE = """\
 schedule:
   cron: "30 2 * * *"

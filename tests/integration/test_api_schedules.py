@@ -22,6 +22,7 @@ from durable_dataflow.dataflow import schedules
 from durable_dataflow.dataflow.schedule_schema import schedule_ticks
 from durable_dataflow.dataflow.schedule_schema import schedules as schedules_table
 from durable_dataflow.platform import Platform
+from support import flows
 from support.api_runs import Tokens, make_tokens
 from support.cli import make_cli
 
@@ -30,18 +31,7 @@ TABLES = ("schedules", "schedule_ticks", "dataflow_runs")
 HOSTILE_NAME = '<script>alert("x")</script>\x1b[31m\u202eevil'
 
 
-def flow(schedule: dict[str, Any] | None = None, name: str = "daily") -> dict[str, Any]:
-    """A definition with one date parameter and an inline source (no file to read), with ``schedule``."""
-    document: dict[str, Any] = {
-        "name": name, "version": 1,
-        "parameters": {"day": {"type": "date"}},
-        "sources": {"nums": {"kind": "inline", "rows": [{"n": 1}], "schema": {"n": "int64"}}},
-        "steps": [{"name": "result", "sql": "select $day::DATE as day, sum(n) as total from nums"}],
-        "output": {"schema": {"day": "date", "total": "int64"}, "max_rows": 10, "max_bytes": "64KiB"},
-    }  # fmt: skip
-    if schedule is not None:
-        document["schedule"] = schedule
-    return document
+flow = flows.daily_flow
 
 
 def hourly(**changes: Any) -> dict[str, Any]:

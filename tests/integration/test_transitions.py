@@ -202,6 +202,8 @@ def test_the_table_and_its_reading_backwards_agree() -> None:
             assert derived.values["recovery_status"] == transition.recovery, outcome
     late_cancel = _fake_entries([*forward, Outcome.CANCELLED])
     assert transitions.derive(late_cancel).problem_seq == 4, "a cancel after dispatch authorization"
+    after_cancel = _fake_entries([Outcome.RECORDED, Outcome.STARTED, Outcome.CANCELLED, Outcome.DISPATCH_AUTHORIZED])
+    assert transitions.derive(after_cancel).problem_seq == 4, "an entry after the cancellation"
     stray = _fake_entries([Outcome.RECORDED])
     stray.append(ledger.Entry("dataflow", "r", 2, 1, evidence.RUN_SUCCEEDED, {}, "", "", None, 0))
     assert transitions.derive(stray).problem_seq == 2

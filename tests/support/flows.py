@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+import yaml
 
 from durable_dataflow.core import ledger
 from durable_dataflow.dataflow import reconcile, runs, transitions
@@ -39,6 +40,32 @@ output:
   max_rows: 10
   max_bytes: 64KiB
 """
+
+
+# A definition with one date parameter and an inline source (no file to read): the schedule and
+# backfill tests' flow, as YAML and as a JSON document (with an optional schedule block).
+DAILY_YAML = """\
+name: daily
+version: 1
+parameters:
+  day: {type: date}
+sources:
+  nums: {kind: inline, rows: [{n: 1}], schema: {n: int64}}
+steps:
+  - {name: result, sql: "select $day::DATE as day, sum(n) as total from nums"}
+output:
+  schema: {day: date, total: int64}
+  max_rows: 10
+  max_bytes: 64KiB
+"""
+
+
+def daily_flow(schedule: dict[str, Any] | None = None, name: str = "daily") -> dict[str, Any]:
+    """DAILY_YAML as a JSON document named ``name``, with ``schedule``."""
+    document: dict[str, Any] = {**yaml.safe_load(DAILY_YAML), "name": name}
+    if schedule is not None:
+        document["schedule"] = schedule
+    return document
 
 
 def one_step(

@@ -20,11 +20,13 @@ from typer.core import TyperGroup
 
 from durable_dataflow.cli import common
 from durable_dataflow.cli import runs as cli_runs
+from durable_dataflow.core import ledger
 from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow import backfill as backfill_mod
 from durable_dataflow.dataflow import schedules, workspace
 from durable_dataflow.dataflow.definitions import LoadedDefinition, load_definition
 from durable_dataflow.dataflow.requests import AccessContext, Provenance
+from durable_dataflow.platform import Platform
 
 schedules_app = typer.Typer(
     name="schedules", help="Apply, list, pause and resume schedules; evaluate due ticks.", no_args_is_help=True
@@ -99,6 +101,7 @@ def tick_command(
     may run at once; each tick gets one decision and at most one run)."""
     moment = schedules.parse_now(now)
     with common.open_platform(ctx) as platform:
+        _require_key_setting(platform)
         evaluation = schedules.evaluate(platform.db, platform.runs, moment, tenant=tenant)
     if as_json:
         common.emit_json(evaluation.as_json())
@@ -194,6 +197,12 @@ def _plan(
     return loaded, items
 
 
+def _require_key_setting(platform: Platform) -> None:
+    """Refuse (exit 2) when DATAFLOW_EVIDENCE_KEY, set or not, differs from the ledger's: these commands
+    append to run chains (run.recorded, run.cancelled), as `dataflow submit` does."""
+    ledger.require_key_setting(platform.db, platform.runs.config.evidence_key)
+
+
 @contextlib.contextmanager
 def _progress(label: str, total: int, as_json: bool) -> Iterator[Callable[[object], None]]:
     """A progress bar on stderr (a terminal only, never with --json); yields the per-day advance."""
@@ -221,6 +230,7 @@ def backfill_command(
     loaded, items = _plan(file, start, end, param, tenant)
     access = AccessContext.local(tenant)
     with common.open_platform(ctx) as platform, _progress(loaded.definition.name, len(items), as_json) as advance:
+        _require_key_setting(platform)
         results = backfill_mod.run(
             platform.runs, loaded.definition, items, access=access,
             provenance=Provenance(actor=access.principal, trigger="cli"),
@@ -257,11 +267,13 @@ def backfill_cancel_command(
     as_json: AsJson = False,
 ) -> None:
     """Cancel every day's run of the backfill that cannot have published yet (queued, or running before
-    dispatch authorization) and report every day. Exit 5 when a day's run was refused (its dispatch
-    was authorized: reconcile it), else 0."""
+    dispatch authorization) and report every day. Exit 1 when a day's evidence failed verification
+    (nothing was written for it: verify it), else 5 when a day's run was refused (its dispatch was
+    authorized: reconcile it), else 0."""
     _, items = _plan(file, start, end, param, tenant)
     access = AccessContext.local(tenant)
     with common.open_platform(ctx) as platform, _progress("cancel", len(items), as_json) as advance:
+        _require_key_setting(platform)
         results = backfill_mod.cancel_runs(
             platform.runs, tenant, items, access=access,
             provenance=Provenance(actor=access.principal, trigger="cli"), on_item=advance,
@@ -279,6 +291,8 @@ def backfill_cancel_command(
         console.print(table)
         counts = {o: sum(1 for r in results if r.outcome == o) for o in backfill_mod.CancelOutcome}
         console.print(", ".join(f"{n} {o}" for o, n in counts.items() if n))
+    if any(r.outcome == backfill_mod.CancelOutcome.EVIDENCE_FAILED for r in results):
+        raise typer.Exit(common.EXIT_ERROR)
     if refused:
         raise typer.Exit(common.EXIT_CODES["conflict"])
 

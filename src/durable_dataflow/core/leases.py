@@ -20,6 +20,7 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
+from durable_dataflow.core import holders
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, LeaseUnavailable, StaleAttempt
 from durable_dataflow.core.invariants import invariant
@@ -219,6 +220,49 @@ def list_expired(conn: Connection, db: Database, module: str, limit: int = EXPIR
         .limit(min(limit, EXPIRED_BATCH_MAX))
     ).all()
     return [ExpiredLease(module, r.subject_id, int(r.attempt), r.holder, int(r.expires_at_us)) for r in rows]
+
+
+def _dead_holder(db: Database) -> sa.ColumnElement[bool]:
+    """SQL (PostgreSQL): a live, unreleased lease whose holder's session has ended (core.holders): it was
+    granted after the server started, and its holder's advisory lock can be taken (for this transaction)."""
+    # A server restart ends every session, live holders' too: only a lease granted since the server
+    # started was taken while its holder held the lock (both clocks shifted alike by tests' offsets).
+    started_us = sa.cast(sa.func.extract("epoch", sa.func.pg_postmaster_start_time()) * 1_000_000, sa.BigInteger)
+    return sa.and_(
+        leases.c.released_at_us.is_(None),
+        leases.c.expires_at_us > db.now_us_expr(),
+        leases.c.acquired_at_us > started_us + int(db.clock_offset_s * 1_000_000),
+        sa.func.pg_try_advisory_xact_lock(holders.key_expr(leases.c.holder)),
+    )
+
+
+def list_dead_holders(
+    conn: Connection, db: Database, module: str, limit: int = EXPIRED_BATCH_MAX
+) -> list[ExpiredLease]:
+    """Unexpired leases whose holder process is gone (PostgreSQL; none on SQLite, where the TTL decides)."""
+    if db.dialect != "postgresql":
+        return []
+    rows = conn.execute(
+        sa.select(leases.c.subject_id, leases.c.attempt, leases.c.holder, leases.c.expires_at_us)
+        .where(leases.c.module == module, _dead_holder(db))
+        .order_by(leases.c.acquired_at_us)
+        .limit(min(limit, EXPIRED_BATCH_MAX))
+    ).all()
+    return [ExpiredLease(module, r.subject_id, int(r.attempt), r.holder, int(r.expires_at_us)) for r in rows]
+
+
+def close_dead_holder(conn: Connection, db: Database, module: str, subject_id: str, attempt: int) -> bool:
+    """Close a live lease whose holder is gone, as :func:`close_expired` closes an expired one (False when
+    the holder lives, or another sweeper, a release or a new attempt got there first)."""
+    if db.dialect != "postgresql":
+        return False
+    row = conn.execute(
+        leases.update()
+        .where(_key(module, subject_id), leases.c.attempt == attempt, _dead_holder(db))
+        .values(released_at_us=db.now_us_expr())
+        .returning(leases.c.attempt)
+    ).one_or_none()
+    return row is not None
 
 
 def current(conn: Connection, module: str, subject_id: str) -> Lease | None:

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from croniter import CroniterError
+
 from durable_dataflow.core.db import Database
-from durable_dataflow.core.errors import Conflict, InputError
-from durable_dataflow.dataflow import cancel, runs, views
+from durable_dataflow.core.errors import Conflict, EvidenceError, InputError
+from durable_dataflow.dataflow import cancel, runs, schedules, views
 from durable_dataflow.dataflow import parameters as parameters_mod
 from durable_dataflow.dataflow.definitions import Definition
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
@@ -35,6 +38,7 @@ BACKFILL_RUNS_MAX = 1000  # the most runs one backfill may submit (a schedule wi
 # offset (at most 3660 days) always stay inside it.
 BACKFILL_DAY_MIN = dt.date(1900, 1, 1)
 BACKFILL_DAY_MAX = dt.date(2999, 12, 31)
+_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")  # what the refusal promises; fromisoformat takes more
 Given = Mapping[str, str | int | float | bool]  # parameters given to the backfill: literals or templates
 
 
@@ -85,6 +89,8 @@ def load_views(db: Database, results: list[BackfillResult]) -> list[views.RunVie
 def parse_day(text: str, option: str) -> dt.date:
     """A day of the range, named ``option`` in the refusal."""
     try:
+        if not _DAY.fullmatch(text.strip()):
+            raise ValueError(text)
         day = dt.date.fromisoformat(text.strip())
     except ValueError:
         raise InputError(f"{option} must be a date, YYYY-MM-DD") from None
@@ -130,8 +136,11 @@ def plan(
         start = dt.datetime(first.year, first.month, first.day, tzinfo=zone).astimezone(dt.UTC)
         end_day = last + dt.timedelta(days=1)
         end = dt.datetime(end_day.year, end_day.month, end_day.day, tzinfo=zone).astimezone(dt.UTC)
-        ticks = spec.ticks(start - dt.timedelta(microseconds=1), end - dt.timedelta(microseconds=1),
-                           BACKFILL_RUNS_MAX + 1)  # fmt: skip
+        try:
+            ticks = spec.ticks(start - dt.timedelta(microseconds=1), end - dt.timedelta(microseconds=1),
+                               BACKFILL_RUNS_MAX + 1)  # fmt: skip
+        except CroniterError:
+            raise schedules.no_date_refusal(spec) from None
         template = {**spec.parameters, **given}
         labels = [t.iso for t in ticks]
     if len(ticks) > BACKFILL_RUNS_MAX:
@@ -182,6 +191,7 @@ class CancelOutcome(enum.StrEnum):
     ALREADY_CANCELLED = "already_cancelled"
     FINISHED = "finished"  # succeeded or failed before the cancel: left as it is
     REFUSED = "refused"  # its dispatch was authorized: a publication may exist; reconcile it
+    EVIDENCE_FAILED = "evidence_failed"  # its chain does not verify: nothing was written; `dataflow verify` it
     NO_RUN = "no_run"  # the day has no run under its key
 
 
@@ -212,7 +222,7 @@ def cancel_runs(
     on_item: Callable[[CancelResult], None] | None = None,
 ) -> list[CancelResult]:
     """Cancel every day's run that cannot have published (``dataflow.cancel``) and report every day:
-    one refused or finished day never stops the others."""
+    one refused, finished or evidence_failed day never stops the others."""
     results = []
     for item in items:
         with service.db.read() as conn:
@@ -236,5 +246,7 @@ def _cancel_one(
         now = service.get(found.run_id)
         finished = now.status in (RunStatus.SUCCEEDED, RunStatus.FAILED)
         return CancelResult(item, now, CancelOutcome.FINISHED if finished else CancelOutcome.REFUSED, refused.message)
+    except EvidenceError as broken:  # this day's chain does not verify: nothing was written for it
+        return CancelResult(item, service.get(found.run_id), CancelOutcome.EVIDENCE_FAILED, broken.message)
     outcome = CancelOutcome.CANCELLED if done.cancelled else CancelOutcome.ALREADY_CANCELLED
     return CancelResult(item, done.run, outcome, done.detail)

@@ -1,7 +1,9 @@
 """Cancellation (docs/schedules.md#cancellation): end a run that cannot have published, or refuse.
 
 - A **queued** run is cancelled under its current attempt, with its row locked (a concurrent claim
-  either took it first, and the run is running, or skips it).
+  either took it first, and the run is running, or skips it). An attempt lease still open under a
+  row that says queued (a row edited, or written by a bug) is closed first, as for a running one:
+  the projection alone never decides that no attempt is live.
 - A **running** attempt with no dispatch authorization in the run's history is closed under the
   fence: its lease is closed first, in the same statement a terminal transaction uses, so every
   later write of that attempt is refused as a stale one (StaleAttempt), exactly as after an expired
@@ -16,6 +18,7 @@ Both cancellations append ``run.cancelled`` (who asked, from what state), checkp
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +62,7 @@ def cancel(
     for _ in range(STATE_CHANGES_MAX):
         run = service.get(run_id, tenant)
         if run.status == RunStatus.CANCELLED:
+            _check_cancelled(service, run)
             return Cancellation(run, False, "already cancelled")
         refusal = refusal_of(run)
         if refusal:
@@ -101,9 +105,26 @@ def _projection(asked_by: dict[str, Any]) -> dict[str, Any]:
     return {"error_code": ERROR_CODE, "error_message": message[: transitions.MESSAGE_CHARS_MAX]}
 
 
+def _check_cancelled(service: RunService, run: Run) -> None:
+    """A row that says cancelled is believed only when its ledger's head is ``run.cancelled``."""
+    with service.db.read() as conn:
+        entries = ledger.read(conn, MODULE, run.run_id)
+    if not entries or entries[-1].kind != evidence.RUN_CANCELLED:
+        head = entries[-1].kind if entries else "nothing"
+        raise Conflict(
+            f"run {run.run_id} is shown cancelled but its ledger ends with {head}, not run.cancelled: its "
+            f"projection does not match its evidence. Nothing was written; check it: `dataflow verify {run.run_id}`"
+        )
+
+
 def _cancel_queued(service: RunService, run: Run, asked_by: dict[str, Any]) -> Cancellation:
     db = service.db
     with db.begin() as conn:
+        # A queued run's attempt holds no open lease; if one is open anyway, this closes it before the
+        # ledger is read, so that attempt's later writes are StaleAttempt (the lease row first, as in
+        # every fenced write, so no lock order is reversed).
+        with contextlib.suppress(StaleAttempt):
+            leases.release(conn, db, MODULE, run.run_id, run.attempt)
         locked = _runs_row(conn, run)
         if locked.status != RunStatus.QUEUED or locked.attempt != run.attempt:
             raise _Moved

@@ -136,6 +136,7 @@ def _take_lease(service: RunService, run: Run, outcome: Outcome, asked_by: Mappi
     RESUME_AUTHORIZED to re-dispatch the stored result under the original authorization's digests
     and key (never recomputed)."""
     db = service.db
+    service.holder_lock.ensure()
     with db.begin() as conn:
         lease = leases.acquire(
             conn, db, MODULE, run.run_id, service.config.holder, service.config.lease_ttl_s,

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 import structlog
+from croniter import CroniterError
 from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import hashing
@@ -56,6 +57,8 @@ ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
 US_PER_S = 1_000_000
 DECISIONS_SHOWN_MAX = 200  # the most tick decisions one read returns
 _NAME = re.compile(IDENTIFIER_PATTERN)
+# Where check_has_ticks looks for a first tick: a cron that croniter can match has one within years.
+_TICKS_PROBE_FROM = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 
 _log = structlog.get_logger("dataflow.schedules")
 
@@ -165,6 +168,7 @@ def apply(
     workspace replaces the pinned one, and its ticks start after ``now``; an unchanged one writes nothing."""
     if definition.schedule is None:
         raise InputError(f"definition {definition.name!r} has no schedule: block; nothing to apply")
+    check_has_ticks(definition.schedule)
     d_hash = definition_hash(definition)
     body = hashing.canonical_json(canonical_body(definition)).decode("utf-8")
     spec_json = hashing.canonical_json(definition.schedule.model_dump(mode="json")).decode("utf-8")
@@ -179,6 +183,22 @@ def apply(
     except sa.exc.IntegrityError:  # another apply of the same name committed first: apply over it
         stored = _write_applied(db, key, d_hash, body, spec_json, space_json, access.principal, now)
     return ApplyResult(_from_row(stored), created=existing is None, changed=True)
+
+
+def no_date_refusal(spec: ScheduleSpec) -> InputError:
+    """The refusal of a cron that is well formed but matches no date (``0 0 30 2 *``: February 30)."""
+    return InputError(
+        f"the schedule's cron {spec.cron!r} matches no date (such as February 30): no tick would ever run"
+    )
+
+
+def check_has_ticks(spec: ScheduleSpec) -> None:
+    """InputError unless the cron matches some date: croniter raises on every tick search otherwise,
+    which would stop each evaluation (every tenant's) and every listing of the schedule."""
+    try:
+        spec.next_tick(_TICKS_PROBE_FROM)
+    except CroniterError:
+        raise no_date_refusal(spec) from None
 
 
 def _write_applied(
@@ -434,7 +454,7 @@ def evaluate(
     errors: list[dict[str, str]] = []
     for applied in list_applied(db, tenant):
         try:
-            found.extend(evaluate_one(service, applied, moment))
+            found.extend(_evaluate_checked(service, applied, moment))
         except DataflowError as error:
             errors.append(
                 {"tenant": applied.tenant, "name": applied.name, "code": error.code, "message": error.message}
@@ -442,6 +462,22 @@ def evaluate(
             _log.warning("schedule.evaluation_failed", tenant=applied.tenant, schedule=applied.name,
                          error_code=error.code, error=error.message)  # fmt: skip
     return Evaluation(found, errors)
+
+
+def _evaluate_checked(service: RunService, applied: AppliedSchedule, now: dt.datetime) -> list[TickDecision]:
+    """``evaluate_one``, where a stored cron that matches no date (applied before apply refused it) is
+    that schedule's InputError: it never stops the evaluation of the other schedules."""
+    try:
+        return evaluate_one(service, applied, now)
+    except CroniterError:
+        raise no_date_refusal(applied.spec) from None
+
+
+def _next_tick(spec: ScheduleSpec, after: dt.datetime) -> Tick | None:
+    try:
+        return spec.next_tick(after)
+    except CroniterError:  # a stored cron that matches no date has no next tick
+        return None
 
 
 # ---- what `schedules list` shows ---------------------------------------------------------------------
@@ -483,7 +519,7 @@ def status_of(db: Database, applied: AppliedSchedule, now: dt.datetime) -> Sched
     newest = decisions(db, applied.tenant, applied.name, limit=1)
     last = newest[0] if newest else None
     start = max(now, from_us(applied.applied_at_us))
-    next_tick = applied.spec.next_tick(start) if applied.active else None
+    next_tick = _next_tick(applied.spec, start) if applied.active else None
     submitted = _newest_submitted(db, applied)
     run = None
     if submitted is not None and submitted.run_id is not None:

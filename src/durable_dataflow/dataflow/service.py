@@ -32,6 +32,7 @@ from durable_dataflow.core.errors import (
     StaleAttempt,
 )
 from durable_dataflow.core.heartbeat import KeepAlive
+from durable_dataflow.core.holders import HolderLock
 from durable_dataflow.core.secrets import Secret, SecretScope
 from durable_dataflow.dataflow import (
     catalog,
@@ -85,6 +86,12 @@ class RunService:
         self._definitions: OrderedDict[str, Definition] = OrderedDict()
         self._definitions_lock = threading.Lock()
         self._stored_definitions: set[str] = set()
+        # Held before any lease is taken, so a sweeper can tell this process died (core/holders.py).
+        self.holder_lock = HolderLock(db, self.config.holder)
+
+    def close(self) -> None:
+        """Release the holder lock (``Platform.close``)."""
+        self.holder_lock.close()
 
     def _remember(self, d_hash: str, defn: Definition) -> None:
         with self._definitions_lock:
@@ -226,6 +233,7 @@ class RunService:
         before: list[transitions.Item] | None = None,
         new_at_us: int | None = None,
     ) -> Run:
+        self.holder_lock.ensure()
         lease = leases.acquire(
             conn,
             self.db,

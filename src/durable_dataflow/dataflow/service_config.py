@@ -10,6 +10,7 @@ commands that only read runs (``dataflow runs``, ``show``, ``verify``) never loa
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass, field
 
 from durable_dataflow.core import leases
@@ -37,7 +38,8 @@ def lease_ttl_from_env(explicit: float | None = None) -> float:
 @dataclass(frozen=True)
 class ServiceConfig:
     lease_ttl_s: float = leases.LEASE_TTL_S_DEFAULT
-    holder: str = field(default_factory=lambda: f"{os.uname().nodename}:{os.getpid()}")
+    # Unique per service: the holder id is also the key of the process's liveness lock (core/holders.py).
+    holder: str = field(default_factory=lambda: f"{os.uname().nodename}:{os.getpid()}:{secrets.token_hex(3)}")
     limits: limits.ExecutionLimits = field(default_factory=limits.ExecutionLimits)
     evidence_key: Secret | None = None
     grants: Grants = field(default_factory=Grants)

@@ -1,11 +1,13 @@
 """The recovery sweeper's Dataflow rules (DESIGN §6), safe when many workers sweep at once.
 
-For each expired lease of a dataflow run:
+For each expired lease of a dataflow run, and each live one whose holder process is gone
+(PostgreSQL: its session, and with it its advisory lock, ended; core/holders.py), decided alike:
 - no ``dispatch.authorized`` for that attempt: the attempt is proven absent -> ``attempt.recovered``;
   the run is queued again under the next attempt, or failed once ``max_attempts`` is spent;
 - ``dispatch.authorized`` for that attempt and no terminal entry: ``outcome_unknown``, never retried.
-Exactly one sweeper decides each expired attempt: :func:`core.leases.close_expired` is a guarded
-update and the decision commits in the same transaction, through :func:`transitions.apply`.
+Exactly one sweeper decides each such attempt: :func:`core.leases.close_expired` (or
+``close_dead_holder``) is a guarded update and the decision commits in the same transaction, through
+:func:`transitions.apply`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import enum
 from dataclasses import dataclass
 
 import structlog
+from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.db import Database
@@ -45,6 +48,13 @@ _PAYLOADS: dict[Decision, list[dict[str, object]]] = {
     Decision.RECOVERED: [{"reason": "lease expired before dispatch authorization: proven absent"}],
     Decision.OUTCOME_UNKNOWN: [{"reason": "the attempt's lease expired after dispatch authorization"}],
 }
+# The same decisions for a live lease whose holder process is gone (its session ended).
+_DEAD_HOLDER_PAYLOADS: dict[Decision, list[dict[str, object]]] = {
+    Decision.RECOVERED: [{"reason": "the holder's process is gone before dispatch authorization: proven absent",
+                          "holder_gone": True}],
+    Decision.OUTCOME_UNKNOWN: [{"reason": "the attempt's holder process is gone after dispatch authorization",
+                                "holder_gone": True}],
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -66,17 +76,21 @@ def decide(entries: list[ledger.Entry], attempt: int, max_attempts: int) -> Deci
 
 
 def sweep(db: Database, *, evidence_key: Secret | None = None, batch: int = SWEEP_BATCH_MAX) -> list[SweepDecision]:
-    """Decide every expired dataflow attempt found now (bounded by ``batch``)."""
+    """Decide every expired dataflow attempt found now, then every live one whose holder is gone
+    (bounded by ``batch`` each)."""
     with db.read() as conn:
         expired = leases.list_expired(conn, db, MODULE, limit=batch)
-    return [_isolated(db, lease.subject_id, lease.attempt, evidence_key) for lease in expired]
+    decided = [_isolated(db, lease.subject_id, lease.attempt, evidence_key) for lease in expired]
+    with db.read() as conn:
+        gone = leases.list_dead_holders(conn, db, MODULE, limit=batch)
+    return decided + [_isolated(db, lease.subject_id, lease.attempt, evidence_key, dead=True) for lease in gone]
 
 
-def _isolated(db: Database, run_id: str, attempt: int, key: Secret | None) -> SweepDecision:
+def _isolated(db: Database, run_id: str, attempt: int, key: Secret | None, *, dead: bool = False) -> SweepDecision:
     """One lease's decision; an error deciding it (a damaged row, say) is logged and never stops the
     sweep of the others. A database that is down still raises: the caller backs off."""
     try:
-        return _sweep_one(db, run_id, attempt, key)
+        return _sweep_one(db, run_id, attempt, key, dead)
     except StorageUnavailable:
         raise
     except Exception as error:
@@ -86,30 +100,40 @@ def _isolated(db: Database, run_id: str, attempt: int, key: Secret | None) -> Sw
 
 
 def sweep_run(db: Database, run_id: str, *, evidence_key: Secret | None = None) -> SweepDecision | None:
-    """Decide one run's attempt if its lease has expired (None when it holds no unreleased lease)."""
+    """Decide one run's attempt if its lease has expired or its holder is gone (None when it holds no
+    unreleased lease)."""
     with db.read() as conn:
         lease = leases.current(conn, MODULE, run_id)
     if lease is None:
         return None
-    return _isolated(db, run_id, lease.attempt, evidence_key)
+    decided = _isolated(db, run_id, lease.attempt, evidence_key)
+    if decided.decision == Decision.SKIPPED:
+        return _isolated(db, run_id, lease.attempt, evidence_key, dead=True)
+    return decided
 
 
-def _sweep_one(db: Database, run_id: str, attempt: int, key: Secret | None) -> SweepDecision:
+def _close(conn: Connection, db: Database, run_id: str, attempt: int, dead: bool) -> bool:
+    if dead:
+        return leases.close_dead_holder(conn, db, MODULE, run_id, attempt)
+    return leases.close_expired(conn, db, MODULE, run_id, attempt)
+
+
+def _sweep_one(db: Database, run_id: str, attempt: int, key: Secret | None, dead: bool) -> SweepDecision:
     try:
         with db.begin() as conn:
-            if not leases.close_expired(conn, db, MODULE, run_id, attempt):
+            if not _close(conn, db, run_id, attempt, dead):
                 return SweepDecision(run_id, attempt, Decision.SKIPPED)
             run = runs.get(conn, run_id)
             decision = decide(ledger.read(conn, MODULE, run_id), attempt, run.max_attempts)
             transitions.apply(
-                conn, db, run, attempt, _OUTCOME[decision], _payloads(decision, run.max_attempts),
+                conn, db, run, attempt, _OUTCOME[decision], _payloads(decision, run.max_attempts, dead),
                 evidence_key=key, projection=_projection(decision, run.max_attempts),
             )  # fmt: skip
     except EvidenceError as error:
         # The chain did not verify: the decision is recorded as an evidence failure instead (the
         # lease is closed by the same transaction, so again exactly one sweeper decides).
         with db.begin() as conn:
-            if not leases.close_expired(conn, db, MODULE, run_id, attempt):
+            if not _close(conn, db, run_id, attempt, dead):
                 return SweepDecision(run_id, attempt, Decision.SKIPPED)
             run = runs.get(conn, run_id)
             transitions.apply(
@@ -120,13 +144,14 @@ def _sweep_one(db: Database, run_id: str, attempt: int, key: Secret | None) -> S
     return SweepDecision(run_id, attempt, decision)
 
 
-def _payloads(decision: Decision, max_attempts: int) -> list[dict[str, object]]:
+def _payloads(decision: Decision, max_attempts: int, dead: bool) -> list[dict[str, object]]:
+    chosen = _DEAD_HOLDER_PAYLOADS if dead else _PAYLOADS
     if decision == Decision.FAILED:
         return [
-            *_PAYLOADS[Decision.RECOVERED],
+            *chosen[Decision.RECOVERED],
             {"code": "attempts_exhausted", "message": _exhausted(max_attempts), "no_external_output": True},
         ]
-    return list(_PAYLOADS[decision])
+    return list(chosen[decision])
 
 
 def _projection(decision: Decision, max_attempts: int) -> dict[str, object]:

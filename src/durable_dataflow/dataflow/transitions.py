@@ -335,7 +335,7 @@ _REF_FIELDS = ("publication_ref", "datasource_ref", "materialization_ref")
 def derive(entries: Sequence[ledger.Entry]) -> Derived:
     """Fold the entries through :data:`TABLE`: the state a chain implies, or where it stops making sense."""
     values: dict[str, Any] = dict.fromkeys(DERIVED_FIELDS)
-    authorized = False
+    authorized = cancelled = False
     i = 0
     while i < len(entries):
         match = _match(entries, i)
@@ -346,10 +346,13 @@ def derive(entries: Sequence[ledger.Entry]) -> Derived:
         group = entries[i : i + len(transition.kinds)]
         if outcome == Outcome.CANCELLED and authorized:  # a publication may exist: only reconcile settles it
             return Derived(values, f"entry {group[0].seq} cancels a run whose dispatch was authorized", group[0].seq)
+        if cancelled:  # cancelled is final: nothing of any attempt may follow it
+            return Derived(values, f"entry {group[0].seq} ({group[0].kind}) follows the cancellation", group[0].seq)
         problem = _fold(values, outcome, transition, group)
         if problem:
             return Derived(values, problem, group[0].seq)
         authorized = authorized or evidence.DISPATCH_AUTHORIZED in transition.kinds
+        cancelled = outcome == Outcome.CANCELLED
         i += len(transition.kinds)
     return Derived(values)
 

@@ -37,7 +37,7 @@ from durable_dataflow.dataflow.service import Claim, RunService
 # The database pool holds 8 + 16 connections; each in-flight attempt uses up to two at once (its
 # work and its heartbeat), plus the loop's own: more threads would wait on the pool, not work.
 CONCURRENCY_MAX = 8
-SWEEP_INTERVAL_S_DEFAULT = 5.0
+SWEEP_INTERVAL_S_DEFAULT = 1.0  # a dead holder's run is recovered by the next sweep (core/holders.py)
 # Seconds between evaluations of the schedules' due ticks (dataflow.schedules; every worker may evaluate).
 SCHEDULE_INTERVAL_S_DEFAULT = 15.0
 POLL_INTERVAL_S_DEFAULT = 1.0
@@ -205,7 +205,14 @@ class Worker:
     def _evaluate_schedules(self) -> None:
         """Decide and submit the due ticks; the tick keys make it safe for every worker to do so."""
         self._last_schedules_s = time.monotonic()
-        evaluation = schedules.evaluate(self.service.db, self.service)
+        try:
+            evaluation = schedules.evaluate(self.service.db, self.service)
+        except StorageUnavailable:
+            raise  # the caller backs off
+        except Exception as error:  # a bug in one tenant's schedule must not stop this worker's runs
+            self._log.error("schedules.unevaluated", error_type=type(error).__name__,
+                            note="runs are still claimed; the next evaluation tries again")  # fmt: skip
+            return
         for decided in evaluation.decisions:
             if decided.new:
                 self._log.info("schedule.tick", tenant=decided.tenant, schedule=decided.name, tick=decided.tick,

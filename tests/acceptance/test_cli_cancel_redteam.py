@@ -1,0 +1,61 @@
+"""Red-team finding against `dataflow backfill` (submit and cancel) and `dataflow schedules tick` as real
+processes: they append to run chains but did not check the evidence-key setting as `submit`, `run`,
+`worker`, `serve` and `reconcile` do.
+
+On a keyed platform, `dataflow backfill` without DATAFLOW_EVIDENCE_KEY recorded unkeyed runs (after
+which every keyed worker refused to start, and a running one ended them evidence_failed), and
+`dataflow backfill cancel` without it exited 1 claiming that each run's evidence "fails its keyed
+MAC". Now all three refuse with exit 2, naming the variable (never the key), and write nothing.
+
+SQLite only: what is proven is the processes' refusal; ledger.check_key_setting is proven on both
+engines by tests/integration/test_evidence_key_consistency.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from support.cli import Cli, make_cli
+from support.flows import DAILY_YAML
+
+KEY = "canary-evidence-key-redteam-41c9"
+WITH_KEY = {"DATAFLOW_EVIDENCE_KEY": KEY}
+FLOW = DAILY_YAML
+
+
+@pytest.fixture
+def cli(sqlite_url: str, tmp_path: Path) -> Cli:
+    return make_cli(sqlite_url, tmp_path)
+
+
+def _runs(cli: Cli) -> list[tuple[str, str]]:
+    listed = cli("runs", "--json", extra_env=WITH_KEY)
+    assert listed.code == 0, listed.output
+    data = listed.json()
+    items = data["runs"] if isinstance(data, dict) else data
+    return sorted((item["run_id"], item["status"]) for item in items)
+
+
+def test_backfill_and_tick_refuse_another_evidence_key_setting(cli: Cli, tmp_path: Path) -> None:
+    """Proves the finding: a keyed platform with a queued keyed backfill; without the key, `backfill`,
+    `backfill cancel` and `schedules tick` each exit 2 naming DATAFLOW_EVIDENCE_KEY, and nothing is
+    recorded or cancelled; with the key the cancel works."""
+    flow = tmp_path / "daily.yaml"
+    flow.write_text(FLOW, encoding="utf-8")
+    days = ("--from", "2026-03-01", "--to", "2026-03-02")
+    keyed = cli("backfill", str(flow), *days, "--json", extra_env=WITH_KEY)
+    assert keyed.code == 0, keyed.output
+    before = _runs(cli)
+    assert len(before) == 2
+    for args in (("backfill", str(flow), "--from", "2026-03-03", "--to", "2026-03-04"),
+                 ("backfill", "cancel", str(flow), *days), ("schedules", "tick")):  # fmt: skip
+        refused = cli(*args)
+        assert refused.code == 2, (args, refused.output)
+        assert "error [invalid_input]:" in refused.stderr and "DATAFLOW_EVIDENCE_KEY" in refused.stderr, refused.output
+        assert KEY not in refused.output
+        assert _runs(cli) == before, args
+    cancelled = cli("backfill", "cancel", str(flow), *days, "--json", extra_env=WITH_KEY)
+    assert cancelled.code == 0, cancelled.output
+    assert [day["outcome"] for day in cancelled.json()] == ["cancelled", "cancelled"]
