@@ -14,6 +14,9 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	2>/dev/null && { command -v $$p; break; }; done)
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-x -k ledger"` (.ci/run adds --junitxml).
 PYTEST_ARGS ?=
+# pytest-xdist processes (one per core; whole files stay in one process for their module fixtures);
+# PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 2
 # Extra soak arguments, e.g. `make soak SOAK_ARGS="--runs 2000 --seed 7"`.
 SOAK_ARGS ?=
 
@@ -63,12 +66,12 @@ typecheck: venv
 	$(BIN)/mypy
 
 pytest: venv sysdeps
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test: venv sysdeps
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 	if [ -x model/check ]; then $(MAKE) --no-print-directory model; \
 	else echo "make test: no model/check yet, model check skipped"; fi
 

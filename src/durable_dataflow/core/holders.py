@@ -26,16 +26,10 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool
 
 from durable_dataflow.core.db import Database
+from durable_dataflow.core.leases import holder_key
 
-NAMESPACE = "durable-dataflow.holder:"
 CHECK_INTERVAL_S = 1.0  # how often, at most, a held lock's session is checked before a new lease
 _log = structlog.get_logger("core.holders")
-
-
-def key_expr(holder: sa.ColumnElement[str] | str) -> sa.ColumnElement[int]:
-    """The advisory lock key of a holder id: a 64-bit hash of the namespaced id (PostgreSQL)."""
-    value = holder if isinstance(holder, sa.ColumnElement) else sa.literal(holder, sa.String())
-    return sa.func.hashtextextended(sa.literal(NAMESPACE, sa.String()) + value, 0)
 
 
 class HolderLock:
@@ -75,7 +69,7 @@ class HolderLock:
         conn = self._engine.connect()
         conn.execution_options(isolation_level="AUTOCOMMIT")
         conn.execute(sa.text("SET idle_session_timeout = 0"))  # an idle lock session must not be ended
-        self.held = bool(conn.execute(sa.select(sa.func.pg_try_advisory_lock(key_expr(self._holder)))).scalar())
+        self.held = bool(conn.execute(sa.select(sa.func.pg_try_advisory_lock(holder_key(self._holder)))).scalar())
         if not self.held:
             _log.warning("holder_lock.taken_elsewhere", holder=self._holder, note="the lease TTL decides")
         self._conn = conn

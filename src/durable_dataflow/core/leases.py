@@ -20,7 +20,6 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import holders
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, LeaseUnavailable, StaleAttempt
 from durable_dataflow.core.invariants import invariant
@@ -222,8 +221,17 @@ def list_expired(conn: Connection, db: Database, module: str, limit: int = EXPIR
     return [ExpiredLease(module, r.subject_id, int(r.attempt), r.holder, int(r.expires_at_us)) for r in rows]
 
 
+HOLDER_LOCK_NAMESPACE = "durable-dataflow.holder:"
+
+
+def holder_key(holder: sa.ColumnElement[str] | str) -> sa.ColumnElement[int]:
+    """The advisory lock key of a holder id (core/holders.py): a 64-bit hash of the namespaced id."""
+    value = holder if isinstance(holder, sa.ColumnElement) else sa.literal(holder, sa.String())
+    return sa.func.hashtextextended(sa.literal(HOLDER_LOCK_NAMESPACE, sa.String()) + value, 0)
+
+
 def _dead_holder(db: Database) -> sa.ColumnElement[bool]:
-    """SQL (PostgreSQL): a live, unreleased lease whose holder's session has ended (core.holders): it was
+    """SQL (PostgreSQL): a live, unreleased lease whose holder's session has ended (core/holders.py): it was
     granted after the server started, and its holder's advisory lock can be taken (for this transaction)."""
     # A server restart ends every session, live holders' too: only a lease granted since the server
     # started was taken while its holder held the lock (both clocks shifted alike by tests' offsets).
@@ -232,7 +240,7 @@ def _dead_holder(db: Database) -> sa.ColumnElement[bool]:
         leases.c.released_at_us.is_(None),
         leases.c.expires_at_us > db.now_us_expr(),
         leases.c.acquired_at_us > started_us + int(db.clock_offset_s * 1_000_000),
-        sa.func.pg_try_advisory_xact_lock(holders.key_expr(leases.c.holder)),
+        sa.func.pg_try_advisory_xact_lock(holder_key(leases.c.holder)),
     )
 
 
