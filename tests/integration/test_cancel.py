@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from durable_dataflow.core import checkpoints, ledger
 from durable_dataflow.core.errors import Conflict, StaleAttempt
@@ -121,6 +122,23 @@ def test_after_authorization_cancel_is_refused_and_the_run_publishes_once(platfo
     assert final.status == "succeeded"
     assert len(flows.manifests(tmp_path / "sink")) == 1
     assert evidence.RUN_CANCELLED not in [e.kind for e in _entries(platform, claim.run.run_id)]
+
+
+def test_an_inline_run_cancelled_mid_run_returns_the_cancelled_run(platform: Platform, tmp_path: Path) -> None:
+    """`dataflow run` whose run an operator cancels while it executes answers with the cancelled run (exit 1
+    with its status), not a bare stale-attempt error."""
+    done: list[cancel.Cancellation] = []
+
+    def cancel_now(point: str) -> None:
+        if point == crashpoints.BEFORE_TERMINAL_COMMIT and not done:
+            with platform.db.read() as conn:
+                run_id = conn.execute(sa.text("SELECT run_id FROM dataflow_runs")).scalar_one()
+            done.append(_cancel(platform, run_id))
+
+    crashpoints.set_hook(cancel_now)
+    submission = platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "inline"))
+    assert done and done[0].cancelled
+    assert submission.run.status == "cancelled" and submission.run.run_id == done[0].run.run_id
 
 
 def test_finished_and_unresolved_runs_are_refused(platform: Platform, tmp_path: Path) -> None:

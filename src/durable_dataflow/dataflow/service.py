@@ -367,7 +367,12 @@ class RunService:
         submission = self.submit(request, claim=True)
         if not submission.created:
             return submission
-        run = self.execute(Claim(submission.run, submission.run.attempt), progress_sink)
+        try:
+            run = self.execute(Claim(submission.run, submission.run.attempt), progress_sink)
+        except StaleAttempt:
+            run = self.get(submission.run.run_id)
+            if run.status != RunStatus.CANCELLED:
+                raise  # another attempt owns the run now (its lease was swept): exit 8, as documented
         return Submission(run, created=True)
 
 
