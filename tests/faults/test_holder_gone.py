@@ -133,3 +133,22 @@ def test_on_sqlite_a_killed_workers_run_waits_for_its_ttl(tmp_path: Path) -> Non
         assert sweeper.sweep(platform.db) == []
         platform.db.advance_clock(LEASE_TTL_S + 1)
         assert [str(d.decision) for d in sweeper.sweep(platform.db)] == ["recovered"]
+
+
+@pytest.mark.postgres
+def test_the_holder_lock_session_is_idle_outside_any_transaction(postgres_server: PostgresServer) -> None:
+    """The lock's session must never sit idle in a transaction: idle_in_transaction_session_timeout (which
+    docs/deployment.md recommends, and the fault databases set) would end it and with it the lock, and
+    sweepers would take the live process for dead."""
+    url = harness.fresh_database(postgres_server, "lockidle")
+    with harness.open_platform(url) as platform:
+        platform.runs.holder_lock.ensure()
+        assert platform.runs.holder_lock.held
+        with platform.db.read() as conn:
+            states = conn.execute(
+                sa.text(
+                    "SELECT a.state FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                    "WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database()"
+                )
+            ).scalars().all()
+        assert states == ["idle"], states
