@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
-from durable_dataflow.dataflow import execution, sandbox
+from durable_dataflow.dataflow import execution
 from durable_dataflow.dataflow.definitions import Definition
-from durable_dataflow.dataflow.execution import ExecutionContext, execute, resolve_sources
+from durable_dataflow.dataflow.execution import ExecutionContext, execute, resolve_sources, sandbox
 from durable_dataflow.dataflow.limits import ExecutionLimits
 from durable_dataflow.dataflow.runs import RunStatus
 from durable_dataflow.platform import Platform

@@ -28,11 +28,10 @@ from fastapi.testclient import TestClient
 from durable_dataflow.api import tokens
 from durable_dataflow.api.app import create_app
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
-from durable_dataflow.dataflow import sandbox
 from durable_dataflow.dataflow.definitions import Definition
-from durable_dataflow.dataflow.execution import ExecutionContext, execute, resolve_sources
+from durable_dataflow.dataflow.execution import ExecutionContext, execute, resolve_sources, sandbox
+from durable_dataflow.dataflow.execution.resultstream import ResultCollector
 from durable_dataflow.dataflow.limits import ExecutionLimits
-from durable_dataflow.dataflow.resultstream import ResultCollector
 from durable_dataflow.dataflow.runs import RunStatus
 from durable_dataflow.platform import Platform
 from support import flows

@@ -10,7 +10,6 @@ import pyarrow as pa
 import pytest
 
 from durable_dataflow.core.errors import ExecutionError, InputError, LimitExceeded
-from durable_dataflow.dataflow import sandbox
 from durable_dataflow.dataflow.definitions import Definition
 from durable_dataflow.dataflow.execution import (
     ExecutionContext,
@@ -18,6 +17,7 @@ from durable_dataflow.dataflow.execution import (
     ResolvedSource,
     execute,
     preflight,
+    sandbox,
 )
 from durable_dataflow.dataflow.sources import ArrowTable
 

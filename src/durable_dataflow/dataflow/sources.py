@@ -270,7 +270,7 @@ def _resolve_csv(name: str, spec: CsvSource, ctx: ExecutionContext) -> ResolvedS
     path = confine_path(name, spec.path, ctx)
     stamp = FileStamp.of(name, path)
     _check_size(name, (stamp,), ctx.limits.source_bytes_max)
-    from durable_dataflow.dataflow import sandbox  # the literal quoting rule lives with the engine
+    from durable_dataflow.dataflow.execution import sandbox  # the literal quoting rule lives with the engine
 
     options = [("header", "true" if spec.header else "false"), ("delim", sandbox.string_literal(spec.delimiter))]
     scan = FileScan("read_csv", (stamp,), tuple(options), dict(spec.columns) if spec.columns else None)

@@ -27,8 +27,9 @@ import pyarrow as pa
 
 from durable_dataflow.core import secrets
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
-from durable_dataflow.dataflow import parameters, progress, results, resultstream, sandbox
+from durable_dataflow.dataflow import parameters, progress, results
 from durable_dataflow.dataflow.definitions import Definition, LoadedDefinition, parse_arrow_type
+from durable_dataflow.dataflow.execution import resultstream, sandbox
 from durable_dataflow.dataflow.limits import ExecutionLimits, format_size
 from durable_dataflow.dataflow.postgres_source import PostgresStream, check_query
 from durable_dataflow.dataflow.sources import (
