@@ -2,7 +2,8 @@
 # Installs the system tools the test suite needs, only when they are missing:
 #   - PostgreSQL 15 server binaries (initdb, pg_ctl, postgres) for the distributed tests,
 #   - spin and gcc for the protocol model check (model/check),
-#   - chromium for the browser test.
+#   - chromium for the browser test,
+#   - a Java runtime (OpenJDK 17, headless) for the Spark engine's tests (pyspark starts a JVM).
 # Idempotent: a machine that has everything runs no apt command at all. As root it installs with
 # apt-get; as another user it prints what is missing and exits 0, so the tests that need a missing
 # tool fail loudly in CI (DATAFLOW_REQUIRE_POSTGRES=1) instead of this script hiding it.
@@ -15,6 +16,9 @@ have_postgres() {
 have_chromium() {
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1
 }
+have_java() {
+  command -v java >/dev/null 2>&1 || [ -n "${JAVA_HOME:-}" ]
+}
 
 missing=()      # human-readable names of what is absent
 packages=()     # apt packages that would provide them
@@ -22,9 +26,10 @@ have_postgres || { missing+=("PostgreSQL server (initdb/pg_ctl)"); packages+=("@
 command -v spin >/dev/null 2>&1 || { missing+=("spin"); packages+=("spin"); }
 command -v gcc >/dev/null 2>&1 || { missing+=("gcc"); packages+=("gcc"); }
 have_chromium || { missing+=("chromium"); packages+=("chromium"); }
+have_java || { missing+=("java"); packages+=("openjdk-17-jre-headless"); }
 
 if [ "${#missing[@]}" -eq 0 ]; then
-  echo "install-system-deps: PostgreSQL, spin, gcc and chromium are present"
+  echo "install-system-deps: PostgreSQL, spin, gcc, chromium and java are present"
   exit 0
 fi
 
@@ -62,6 +67,7 @@ still=()
 have_postgres || still+=("PostgreSQL")
 command -v spin >/dev/null 2>&1 || still+=("spin")
 have_chromium || still+=("chromium")
+have_java || still+=("java")
 if [ "${#still[@]}" -gt 0 ]; then
   echo "install-system-deps: still missing after apt-get install: ${still[*]}" >&2
   exit 1

@@ -8,7 +8,9 @@ without them. The machinery lives in tests/support/pg.py.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import signal
 import uuid
 from collections.abc import Iterator
@@ -28,13 +30,39 @@ def _postgres_required() -> bool:
     return bool(os.environ.get("CI")) or os.environ.get("DATAFLOW_REQUIRE_POSTGRES") == "1"
 
 
+# Markers whose tests .ci/run requires to have run and passed (counted from the JUnit XML).
+COUNTED_MARKERS = ("postgres", "spark", "browser")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.postgres)
-        if item.get_closest_marker("postgres") is not None:
-            # Lets .ci/run count the PostgreSQL tests from the JUnit XML.
-            item.user_properties.append(("postgres", "1"))
+        for marker in COUNTED_MARKERS:
+            if item.get_closest_marker(marker) is not None:
+                item.user_properties.append((marker, "1"))
+
+
+def _spark_missing() -> str | None:
+    """Why the Spark tests cannot run here (pyspark or Java absent), or None."""
+    if importlib.util.find_spec("pyspark") is None:
+        return "pyspark is not installed (the spark extra)"
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        return "no Java runtime (java on PATH or $JAVA_HOME)"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Spark tests skip locally without pyspark or Java, and FAIL when they are required ($CI or
+    # DATAFLOW_REQUIRE_POSTGRES=1, which .ci/run sets), like the PostgreSQL tests.
+    if item.get_closest_marker("spark") is None:
+        return
+    missing = _spark_missing()
+    if missing is None:
+        return
+    if _postgres_required():
+        pytest.fail(f"the Spark tests are required here, but {missing}")
+    pytest.skip(missing)
 
 
 def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:

@@ -24,6 +24,8 @@ SCRUBBED_ENV = (
     # Confinement (dataflow/workspace.py) and secrets.
     "DATAFLOW_GRANTS", "DATAFLOW_DATA_ROOT", "DATAFLOW_SINK_ROOT", "DATAFLOW_DATA_ROOTS",
     "DATAFLOW_ALLOW_ABSOLUTE_LOCATIONS", "DATAFLOW_SECRETS_DIR",
+    # Where the Spark engine runs (dataflow/execution/spark_engine.py).
+    "DATAFLOW_SPARK_MASTER", "DATAFLOW_SPARK_REMOTE", "DATAFLOW_SPARK_CONF",
 )
 
 

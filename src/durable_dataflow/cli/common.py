@@ -14,6 +14,7 @@ import contextlib
 import functools
 import inspect
 import json
+import os
 import sys
 import time
 import traceback
@@ -121,6 +122,35 @@ def _limit_parameter(setting: limits.Setting) -> inspect.Parameter:
 LIMIT_PARAMETERS = tuple(_limit_parameter(setting) for setting in limits.SETTINGS)
 
 
+def _spark_parameter(name: str, flag: str, variable: str, meaning: str) -> inspect.Parameter:
+    option = typer.Option(flag, metavar="URL", help=f"{meaning} (else ${variable}).", rich_help_panel="Spark engine",
+                          show_default=False)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=Annotated[str | None, option])
+
+
+# The platform settings of the Spark engine (execution/engine.py): an option given sets its variable
+# for this process, which is where the engine (and any worker thread) reads it.
+SPARK_PARAMETERS = {
+    "spark_master": (_spark_parameter("spark_master", "--spark-master", limits.SPARK_MASTER_ENV,
+                                      "Spark master for engine: spark definitions: local[N], spark://host:7077, …"),
+                     limits.SPARK_MASTER_ENV),
+    "spark_remote": (_spark_parameter("spark_remote", "--spark-remote", limits.SPARK_REMOTE_ENV,
+                                      "Spark Connect server, sc://host:15002 (wins over the master)"),
+                     limits.SPARK_REMOTE_ENV),
+}
+
+
+def _apply_spark_options(given: dict[str, str | None]) -> None:
+    for name, value in given.items():
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if not value.strip() or any(ch.isspace() or not ch.isprintable() for ch in value):
+            fail(f"{flag} must be a URL without spaces or control characters")
+        os.environ[SPARK_PARAMETERS[name][1]] = value
+
+
 def with_limit_options(command: Callable[P, R]) -> Callable[P, R]:
     """Give a command that executes runs the platform-limit options (``limits.SETTINGS``).
 
@@ -135,11 +165,13 @@ def with_limit_options(command: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(command)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         given = {parameter.name: kwargs.pop(parameter.name, None) for parameter in LIMIT_PARAMETERS}
+        spark = {name: kwargs.pop(name, None) for name in SPARK_PARAMETERS}
         # Typer passes every parameter by name, ctx included (a click context, whatever the annotation).
         state_of(kwargs["ctx"]).limits = limits.from_env(**given)  # type: ignore[arg-type]  # typed by the options
+        _apply_spark_options(spark)  # type: ignore[arg-type]  # typed by the options
         return command(*args, **kwargs)
 
-    parameters = [*signature.parameters.values(), *LIMIT_PARAMETERS]
+    parameters = [*signature.parameters.values(), *LIMIT_PARAMETERS, *(p for p, _ in SPARK_PARAMETERS.values())]
     wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
     return wrapper
 

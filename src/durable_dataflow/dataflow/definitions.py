@@ -394,6 +394,8 @@ class Definition(_Model):
     name: Identifier
     version: int = Field(ge=1, le=VERSION_MAX)
     description: str = ""
+    # Where the steps run (docs/engines.md): DuckDB on this machine, or Apache Spark (the spark extra).
+    engine: Literal["duckdb", "spark"] = "duckdb"
     parameters: dict[Identifier, ParameterSpec] = Field(default={}, max_length=PARAMETERS_MAX)
     sources: dict[Identifier, SourceSpec] = Field(max_length=SOURCES_MAX)
     steps: list[StepSpec] = Field(min_length=1, max_length=STEPS_MAX)
@@ -573,6 +575,9 @@ def canonical_body(d: Definition) -> dict[str, Any]:
     # The schedule block is newer still, and likewise invisible when absent.
     if d.schedule is None:
         del body["schedule"]
+    # So is the engine: the default keeps a definition's hash; another engine is another definition.
+    if d.engine == "duckdb":
+        del body["engine"]
     # Column order is meaning: write ordered maps as [name, type] pairs, which RFC 8785 keeps in order.
     body["output"]["schema"] = [[name, t] for name, t in d.output.columns.items()]
     for name, spec in d.sources.items():

@@ -27,6 +27,11 @@ KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
 TiB = 1024**4
+# Where the Spark engine runs (docs/deployment.md): platform settings, not limits, kept here because
+# the same commands take them; the CLI's --spark-* options set the variables for their process.
+SPARK_MASTER_ENV = "DATAFLOW_SPARK_MASTER"  # e.g. local[2] (the default) or spark://host:7077
+SPARK_REMOTE_ENV = "DATAFLOW_SPARK_REMOTE"  # a Spark Connect URL, sc://host:15002; wins over the master
+SPARK_CONF_ENV = "DATAFLOW_SPARK_CONF"  # key=value pairs separated by ';' or newlines
 TIME_LIMIT_S_DEFAULT = 3600.0
 MEMORY_BYTES_MAX_DEFAULT = 4 * GiB
 THREADS_MAX_DEFAULT = 8

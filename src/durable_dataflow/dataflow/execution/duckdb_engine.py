@@ -1,0 +1,321 @@
+"""The DuckDB engine: bind the resolved sources, run the gated steps, stream the bounded result.
+
+File sources (CSV, Parquet) are read by DuckDB itself through views over ``read_csv`` /
+``read_parquet`` in a database confined to exactly those files (``sandbox.open_confined``); a Delta
+snapshot is scanned as a pyarrow dataset with pushdown; a PostgreSQL query streams into a private
+table; inline rows are registered as an Arrow table. One watch thread per execution interrupts the
+engine when the time is up and reports progress (docs/engines.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
+from durable_dataflow.dataflow import parameters, progress
+from durable_dataflow.dataflow.definitions import Definition, parse_arrow_type
+from durable_dataflow.dataflow.execution import resultstream, sandbox
+from durable_dataflow.dataflow.execution.engine import PROGRESS_INTERVAL_S, RESULT_BATCH_ROWS, EngineRun
+from durable_dataflow.dataflow.limits import ExecutionLimits, format_size
+from durable_dataflow.dataflow.postgres_source import PostgresStream
+from durable_dataflow.dataflow.sources import ArrowDataset, ArrowTable, FileScan, ResolvedSource
+
+
+class _Watch:
+    """One thread per execution: interrupts the engine when the time budget runs out and, when
+    someone watches, reports the engine's progress and the result stream's size meanwhile."""
+
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        limits: ExecutionLimits,
+        deadline_at: float,
+        sink: progress.ProgressSink | None,
+        reports_percent: bool,
+        streams: tuple[PostgresStream, ...] = (),
+        own_text: str = "",
+    ) -> None:
+        self.con = con
+        self.own_text = own_text  # the definition's SQL and names: what engine messages may quote
+        self.deadline_at = deadline_at
+        self.streams = streams  # queries the engine may be waiting on: cancelled with it
+        self.time_limit_s = limits.time_limit_s
+        self.memory_limit = limits.memory_limit
+        self.temp_limit = format_size(limits.temp_bytes_max)
+        self.sink = sink
+        self.reports_percent = reports_percent
+        self.collector: resultstream.ResultCollector | None = None
+        self.fired = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="dataflow-execution-watch", daemon=True)
+
+    def __enter__(self) -> _Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        interval = PROGRESS_INTERVAL_S if self.sink is not None else self.time_limit_s
+        while True:  # ends when the execution ends or its time is up
+            remaining = self.deadline_at - time.monotonic()
+            if remaining <= 0:
+                self.fired.set()
+                self.con.interrupt()
+                for stream in self.streams:
+                    stream.cancel()
+                return
+            if self._done.wait(min(interval, remaining)):
+                return
+            self._report()
+
+    def _report(self) -> None:
+        if self.sink is None:
+            return
+        percent = None
+        if self.reports_percent:
+            value = self.con.query_progress()
+            percent = value if value >= 0 else None
+        collector = self.collector
+        progress.report(self.sink, progress.Progress(
+            progress.Phase.EXECUTING, percent,
+            collector.rows if collector else 0, collector.bytes if collector else 0,
+        ))  # fmt: skip
+
+    def exceeded(self, step: str) -> LimitExceeded:
+        return LimitExceeded(f"step {step!r} exceeded the time limit of {self.time_limit_s:g} s")
+
+    def translate(self, step: str, exc: BaseException, what: str = "step") -> DataflowError:
+        """An engine or Arrow error, raised while a statement ran, a source was bound or any batch was read.
+
+        ``what`` names the part that failed (``step`` or ``source``) in the message."""
+        if isinstance(exc, DataflowError):
+            return exc
+        text = sandbox.engine_message(exc, own_text=self.own_text)
+        raw = str(exc)  # classified on the engine's own words, shown only as ``text``
+        part = f"{what} {step!r}"
+        if self.fired.is_set() or isinstance(exc, duckdb.InterruptException) or text.startswith("INTERRUPT"):
+            return LimitExceeded(f"{part} exceeded the time limit of {self.time_limit_s:g} s")
+        if "max_temp_directory_size" in raw:
+            return LimitExceeded(
+                f"{part} exceeded the spill limit of {self.temp_limit} (--temp-max / DATAFLOW_TEMP_MAX): {text}"
+            )
+        if isinstance(exc, duckdb.OutOfMemoryException) or text.startswith("Out of Memory Error"):
+            return LimitExceeded(f"{part} exceeded the memory limit of {self.memory_limit}: {text}")
+        if isinstance(exc, duckdb.PermissionException) or text.startswith("Permission Error"):
+            return InputError(
+                f"{part} tried to reach files, the network or extensions, which the sandbox forbids: {text}"
+            )
+        if isinstance(exc, pa.ArrowCapacityError) or "offset overflow" in raw:
+            return LimitExceeded(f"{part} produced a batch larger than Arrow can hold (2 GiB): {text}")
+        return ExecutionError(f"{part} failed: {text}")
+
+    def run(self, step: str, statement: str, params: dict[str, Any]) -> None:
+        """Execute one statement under the remaining budget, translating every error."""
+        if self.fired.is_set():
+            raise self.exceeded(step)
+        try:
+            self.con.execute(statement, params)
+        except (duckdb.Error, pa.ArrowException, OSError) as exc:
+            raise self.translate(step, exc) from None
+
+    def stream(self, step: str, statement: str, params: dict[str, Any], collector: resultstream.ResultCollector,
+               declared: pa.Schema) -> None:
+        """Stream the statement's result into the collector, which stops at the first bound hit."""
+        if self.fired.is_set():
+            raise self.exceeded(step)
+        self.collector = collector
+        try:
+            reader = self.con.sql(statement, params=params).to_arrow_reader(RESULT_BATCH_ROWS)
+            resultstream.check_columns(reader.schema, declared, step)
+            collector.add_all(reader)
+        except (duckdb.Error, pa.ArrowException, OSError) as exc:
+            raise self.translate(step, exc) from None
+
+
+def _gate_all(cursor: duckdb.DuckDBPyConnection, d: Definition) -> list[sandbox.GatedStep]:
+    """Every step passes the gate before any step runs."""
+    gated = []
+    for step in d.steps:
+        checked = sandbox.gate_step(cursor, step.name, step.sql)
+        undeclared = sorted(checked.parameter_names - set(d.parameters))
+        if undeclared:
+            raise InputError(f"step {step.name!r} uses ${undeclared[0]}, which is not a declared parameter")
+        gated.append(checked)
+    return gated
+
+
+def _gate(d: Definition, limits: ExecutionLimits) -> list[sandbox.GatedStep]:
+    cursor = sandbox.open_cursor(limits)
+    try:
+        return _gate_all(cursor, d)
+    finally:
+        cursor.close()
+
+
+def duckdb_type(arrow_type_name: str) -> str:
+    """The DuckDB type that reads a column declared with this Arrow type name."""
+    t = parse_arrow_type(arrow_type_name)
+    if pa.types.is_decimal(t):
+        return f"DECIMAL({t.precision},{t.scale})"
+    if pa.types.is_timestamp(t):
+        if t.tz is not None:
+            return "TIMESTAMPTZ"
+        return {"s": "TIMESTAMP_S", "ms": "TIMESTAMP_MS", "us": "TIMESTAMP", "ns": "TIMESTAMP_NS"}[t.unit]
+    names = {
+        pa.string(): "VARCHAR", pa.large_string(): "VARCHAR", pa.binary(): "BLOB", pa.large_binary(): "BLOB",
+        pa.int8(): "TINYINT", pa.int16(): "SMALLINT", pa.int32(): "INTEGER", pa.int64(): "BIGINT",
+        pa.uint8(): "UTINYINT", pa.uint16(): "USMALLINT", pa.uint32(): "UINTEGER", pa.uint64(): "UBIGINT",
+        pa.float32(): "FLOAT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN", pa.date32(): "DATE",
+    }
+    return names[t]
+
+
+def _scan_sql(scan: FileScan, columns: dict[str, str] | None) -> str:
+    """The platform-built table function call that reads the scan's files (never user text)."""
+    paths = ", ".join(sandbox.string_literal(s.path) for s in scan.stamps)
+    options = [f"{key} = {value}" for key, value in scan.options]
+    if columns:
+        types = ", ".join(f"{sandbox.string_literal(c)}: {sandbox.string_literal(duckdb_type(t))}"
+                          for c, t in columns.items())
+        options.append(f"types = {{{types}}}")
+    return f"{scan.reader}([{paths}]{''.join(', ' + o for o in options)})"
+
+
+def _bind_csv(con: duckdb.DuckDBPyConnection, name: str, scan: FileScan) -> None:
+    declared = scan.declared or {}
+    header = dict(scan.options).get("header") == "true"
+    if declared and not header:  # without a header line the declared schema names the columns, in order
+        names = ", ".join(sandbox.string_literal(c) for c in declared)
+        scan = FileScan(scan.reader, scan.stamps, (*scan.options, ("names", f"[{names}]")), scan.declared)
+    elif declared:
+        con.execute(f'CREATE TEMP VIEW "{name}" AS SELECT * FROM {_scan_sql(scan, None)}')
+        found = {row[0] for row in con.execute(f'DESCRIBE "{name}"').fetchall()}
+        missing = [c for c in declared if c not in found]
+        if missing:
+            raise ExecutionError(f"source {name!r}: the file has no column {missing[0]!r} that its schema declares")
+        con.execute(f'DROP VIEW "{name}"')
+    con.execute(f'CREATE TEMP VIEW "{name}" AS SELECT * FROM {_scan_sql(scan, declared or None)}')
+
+
+def _bind_one(con: duckdb.DuckDBPyConnection, source: ResolvedSource) -> None:
+    name, binding = source.name, source.binding
+    if isinstance(binding, ArrowTable):
+        con.register(name, binding.table)
+    elif isinstance(binding, ArrowDataset):
+        con.register(name, binding.dataset)
+    elif isinstance(binding, PostgresStream):
+        schema, batches = binding.batches()
+        reader = pa.RecordBatchReader.from_batches(schema, batches)
+        staging = f"dataflow stream {name}"  # a space: no source or step name can collide with it
+        try:
+            con.register(staging, reader)
+            con.execute(f'CREATE TEMP TABLE "{name}" AS SELECT * FROM "{staging}"')
+            con.unregister(staging)
+        except (duckdb.Error, pa.ArrowException, OSError):
+            if binding.failure is not None:  # the stream's own error, which the engine wrapped
+                raise binding.failure from None
+            raise
+        finally:
+            binding.close()
+    elif binding.reader == "read_csv":
+        _bind_csv(con, name, binding)
+    else:
+        con.execute(f'CREATE TEMP VIEW "{name}" AS SELECT * FROM {_scan_sql(binding, None)}')
+
+
+def _bind_sources(con: duckdb.DuckDBPyConnection, resolved: list[ResolvedSource], watch: _Watch) -> None:
+    for source in resolved:
+        if watch.fired.is_set():
+            raise watch.translate(source.name, duckdb.InterruptException("INTERRUPT"), "source")
+        try:
+            _bind_one(con, source)
+        except (duckdb.Error, pa.ArrowException, OSError) as exc:
+            raise watch.translate(source.name, exc, "source") from None
+
+
+def _run_steps(
+    con: duckdb.DuckDBPyConnection,
+    d: Definition,
+    gated: list[sandbox.GatedStep],
+    bound: dict[str, Any],
+    resolved: list[ResolvedSource],
+    limits: ExecutionLimits,
+    deadline_at: float,
+    sink: progress.ProgressSink | None,
+    confined: bool,
+) -> resultstream.BoundedResult:
+    declared = d.output.arrow_schema()
+    bytes_max = d.output.max_bytes_int
+    collector = resultstream.ResultCollector(
+        declared, d.output.max_rows, bytes_max, f"output.max_bytes = {d.output.max_bytes}"
+    )
+    streams = tuple(s.binding for s in resolved if isinstance(s.binding, PostgresStream))
+    own_text = "\n".join([*(s.sql for s in d.steps), *d.sources, *(s.name for s in d.steps), *d.output.columns])
+    with _Watch(con, limits, deadline_at, sink, confined, streams, own_text) as watch:
+        _bind_sources(con, resolved, watch)
+        # Earlier steps become private TEMP tables that later steps read by name; the last step's
+        # result is streamed straight out, in its own order.
+        for step in gated[:-1]:
+            params = {name: bound[name] for name in step.parameter_names}
+            watch.run(step.name, sandbox.materialize_statement(con, step), params)
+        last = gated[-1]
+        params = {name: bound[name] for name in last.parameter_names}
+        watch.stream(last.name, last.sql, params, collector, declared)
+    return collector.finish()
+
+
+def _allowed_paths(resolved: list[ResolvedSource]) -> list[str]:
+    return [s.path for source in resolved if isinstance(source.binding, FileScan) for s in source.stamps]
+
+
+def _needs_own_database(resolved: list[ResolvedSource]) -> bool:
+    """Only executions over inline rows alone share the process's database (they never spill)."""
+    return any(not isinstance(source.binding, ArrowTable) for source in resolved)
+
+
+
+@contextlib.contextmanager
+def _engine(
+    limits: ExecutionLimits, resolved: list[ResolvedSource]
+) -> Iterator[tuple[duckdb.DuckDBPyConnection, bool]]:
+    """The connection an execution runs on: its own confined database (True), or a shared cursor."""
+    if _needs_own_database(resolved):
+        with sandbox.open_confined(limits, _allowed_paths(resolved)) as con:
+            yield con, True
+        return
+    cursor = sandbox.open_cursor(limits)
+    try:
+        yield cursor, False
+    finally:
+        cursor.close()  # drops this execution's registered views and TEMP tables
+
+
+class DuckDBEngine:
+    """The default engine (``engine: duckdb``)."""
+
+    name = "duckdb"
+
+    def gate(self, d: Definition, limits: ExecutionLimits) -> list[sandbox.GatedStep]:
+        return _gate(d, limits)
+
+    def run(self, job: EngineRun, gated: Sequence[object]) -> resultstream.BoundedResult:
+        steps = [step for step in gated if isinstance(step, sandbox.GatedStep)]
+        d = job.definition
+        bound = {name: parameters.to_python(d.parameters[name].type, value) for name, value in job.params.items()}
+        resolved = list(job.resolved)
+        with _engine(job.limits, resolved) as (con, confined):
+            return _run_steps(con, d, steps, bound, resolved, job.limits, job.deadline_at, job.progress_sink,
+                              confined)
+
+
+ENGINE = DuckDBEngine()
