@@ -3,9 +3,9 @@
 Three counts per scenario, each the median of the rounds:
 
 - ``xact_commit`` / ``xact_rollback``: deltas of ``pg_stat_database`` for the platform database —
-  every transaction the server counted, read-only ones and the connection pool's pre-ping
-  included (a pre-ping is an empty statement outside a transaction, which PostgreSQL counts as
-  one committed transaction);
+  every transaction the server counted, read-only ones included (``Database.read()`` runs each
+  statement on its own on PostgreSQL, which the server counts as one committed transaction; a pool
+  pre-ping, were it configured, would count as one too);
 - ``write_transactions``: COMMIT records written to the WAL between two LSNs (``pg_walinspect``).
   Only a transaction that wrote something writes a commit record, so this is exactly the number of
   committed write transactions — the number the budget is about.
@@ -88,6 +88,7 @@ class Attribution:
         event.listen(engine, "commit", lambda conn: self.events.append(("commit", _caller())))
         event.listen(engine, "rollback", lambda conn: self.events.append(("rollback (read-only)", _caller())))
         event.listen(engine.pool, "connect", self._on_connect)
+        self._pool = engine.pool
         event.listen(engine.pool, "checkout", self._on_checkout)
 
     def _on_connect(self, *_: Any) -> None:
@@ -97,7 +98,8 @@ class Attribution:
         if self._fresh:  # a new connection is not pinged
             self._fresh = False
             return
-        self.events.append(("pre-ping (implicit commit)", _caller()))
+        if getattr(self._pool, "_pre_ping", False):  # core/db.py no longer pings: kept to show it if it did
+            self.events.append(("pre-ping (implicit commit)", _caller()))
 
     def clear(self) -> None:
         self.events.clear()
@@ -230,9 +232,9 @@ def _report(ctx: BenchContext, results: dict[str, list[dict[str, Any]]]) -> dict
         "definitions": {
             "write_transactions": "COMMIT records in the WAL (pg_walinspect): committed transactions that wrote",
             "transactions_committed": "pg_stat_database.xact_commit delta minus the baseline (connect only): "
-            "every committed transaction incl. read-only ones and pool pre-pings",
-            "transactions_rolled_back": "pg_stat_database.xact_rollback delta minus the baseline: read-only "
-            "transactions that end in ROLLBACK (Database.read())",
+            "every committed transaction incl. read-only statements (autocommit reads)",
+            "transactions_rolled_back": "pg_stat_database.xact_rollback delta minus the baseline: transactions "
+            "that end in ROLLBACK (on PostgreSQL, Database.read() runs each statement on its own instead)",
         },
         "scenarios": scenarios,
     }

@@ -13,6 +13,12 @@ and 4 worker processes, ours and the peer alternating inside every round:
   span from the first submit until the last run is recorded as succeeded.
 
 Every process does warm-up runs before the clock starts (imports, pools, the DuckDB database).
+
+Each round measures every shape and worker count with the server's ``fsync`` off and then on (the
+server is restarted between the two; ``common.BenchServer.set_fsync``): ``fsync=on`` is
+PostgreSQL's default, where every commit waits for its WAL flush, so a design with fewer commits per
+run gains there. A measurement is at least ``RUNS_PER_MEASUREMENT`` runs (direct: split over the
+processes), and there are ``ROUNDS`` rounds, ours and DBOS alternating first inside each.
 """
 
 from __future__ import annotations
@@ -38,9 +44,11 @@ from common import (
 
 NAME = "throughput"
 CONCURRENCY = (1, 2, 4)
+FSYNC = (False, True)  # the server's fsync setting, a dimension of every figure
+ROUNDS = 7
+ROUNDS_QUICK = 1  # a smoke run: both fsync settings make it as long as two rounds were before
 WARMUP_RUNS = 3
-DIRECT_RUNS_PER_PROCESS = {False: 60, True: 12}  # by quick
-QUEUED_RUNS_PER_WORKER = {False: 60, True: 12}
+RUNS_PER_MEASUREMENT = {False: 300, True: 24}  # by quick: at least this many runs per measurement
 OUR_POLL_S = 0.01  # our worker's minimum poll interval (dataflow.worker.INTERVAL_S_MIN)
 PEER_POLL_S = 0.001  # DBOS's queue poll, set low so its dequeue delay does not cap its throughput
 COMPLETION_POLL_S = 0.005
@@ -176,7 +184,7 @@ def _count_ours(conn: Any, prefix: str) -> int:
 def _direct(ctx: BenchContext, system: str, url: str, base: str, n: int, tag: str) -> dict[str, Any]:
     spawn = mp.get_context("spawn")
     barrier, out = spawn.Barrier(n), spawn.Queue()
-    runs = DIRECT_RUNS_PER_PROCESS[ctx.quick]
+    runs = -(-RUNS_PER_MEASUREMENT[ctx.quick] // n)  # per process, rounded up
     procs = [
         spawn.Process(target=_child_direct, args=(system, url, base, runs, tag, i, barrier, out)) for i in range(n)
     ]
@@ -198,7 +206,7 @@ def _queued(ctx: BenchContext, system: str, url: str, base: str, n: int, tag: st
     procs = [spawn.Process(target=_child_queued, args=(system, url, base, tag, i, ready, go, stop)) for i in range(n)]
     for p in procs:
         p.start()
-    total = QUEUED_RUNS_PER_WORKER[ctx.quick] * n
+    total = RUNS_PER_MEASUREMENT[ctx.quick]
     keys = [f"{tag}-{i}" for i in range(total)]
     dbname = url.rsplit("/", 1)[1]
     try:
@@ -252,6 +260,10 @@ def _work_only(rounds: int) -> dict[str, Any]:
     return summary(samples)
 
 
+def _rounds(ctx: BenchContext) -> int:
+    return ROUNDS_QUICK if ctx.quick else ROUNDS
+
+
 def run(ctx: BenchContext) -> dict[str, Any]:
     from durable_dataflow.platform import Platform
 
@@ -261,68 +273,96 @@ def run(ctx: BenchContext) -> dict[str, Any]:
     prepare_peer(peer_url)
     base = tempfile.mkdtemp(prefix="bench-tp-", dir=ctx.workdir)
     samples: dict[str, list[dict[str, Any]]] = {}
-    for r in range(ctx.rounds):
-        order = ("ours", "dbos") if r % 2 == 0 else ("dbos", "ours")
-        for n in CONCURRENCY:
-            for shape, fn in (("direct", _direct), ("queued", _queued)):
-                for system in order:
-                    url = ours_url if system == "ours" else peer_url
-                    result = fn(ctx, system, url, base, n, f"r{r}-{shape}-{n}-{system}")
-                    samples.setdefault(f"{shape}/{n}/{system}", []).append(result)
-                    print(f"  round {r} {shape} n={n} {system}: {result['runs_per_s']:.1f} runs/s")
-    return _report(ctx, samples, _work_only(ctx.rounds))
+    try:
+        for r in range(_rounds(ctx)):
+            order = ("ours", "dbos") if r % 2 == 0 else ("dbos", "ours")
+            for fsync in FSYNC:
+                ctx.server.set_fsync(fsync)
+                assert ctx.server.fsync_setting() == ("on" if fsync else "off")
+                for n in CONCURRENCY:
+                    for shape, fn in (("direct", _direct), ("queued", _queued)):
+                        for system in order:
+                            url = ours_url if system == "ours" else peer_url
+                            tag = f"r{r}-{_fsync_name(fsync)}-{shape}-{n}-{system}"
+                            result = fn(ctx, system, url, base, n, tag)
+                            samples.setdefault(f"{_fsync_name(fsync)}/{shape}/{n}/{system}", []).append(result)
+                            print(f"  round {r} {_fsync_name(fsync)} {shape} n={n} {system}: "
+                                  f"{result['runs_per_s']:.1f} runs/s")  # fmt: skip
+    finally:
+        ctx.server.set_fsync(False)  # the other benchmarks' setting
+    return _report(ctx, samples, _work_only(_rounds(ctx)))
+
+
+def _fsync_name(fsync: bool) -> str:
+    return "fsync_on" if fsync else "fsync_off"
+
+
+def _median_of(rounds: list[dict[str, Any]], field: str) -> float:
+    return statistics.median([s["latency_s"][field] for s in rounds])
+
+
+def _entry(samples: dict[str, list[dict[str, Any]]], key: str, work: dict[str, Any]) -> dict[str, Any]:
+    ours = [s["runs_per_s"] for s in samples[f"{key}/ours"]]
+    peer = [s["runs_per_s"] for s in samples[f"{key}/dbos"]]
+    ratio = statistics.median(ours) / statistics.median(peer)
+    entry: dict[str, Any] = {
+        "ours_runs_per_s": summary(ours),
+        "dbos_runs_per_s": summary(peer),
+        "ratio_ours_over_dbos": ratio,
+        "target_ratio": TARGET_RATIO,
+        "target_met": ratio >= TARGET_RATIO,
+        "rounds": {"ours": samples[f"{key}/ours"], "dbos": samples[f"{key}/dbos"]},
+    }
+    if "/direct/" in key:  # per-run latency: medians over rounds of each round's p50 and p95
+        for system in ("ours", "dbos"):
+            p50 = _median_of(samples[f"{key}/{system}"], "median")
+            entry[f"{system}_latency_p50_s"] = p50
+            entry[f"{system}_latency_p95_s"] = _median_of(samples[f"{key}/{system}"], "p95")
+            entry[f"{system}_overhead_per_run_s"] = p50 - work["median"]
+        entry["overhead_ratio_ours_over_dbos"] = entry["ours_overhead_per_run_s"] / entry["dbos_overhead_per_run_s"]
+    return entry
 
 
 def _report(ctx: BenchContext, samples: dict[str, list[dict[str, Any]]], work: dict[str, Any]) -> dict[str, Any]:
-    rows, table = [], {}
-    for shape in ("direct", "queued"):
-        for n in CONCURRENCY:
-            ours = [s["runs_per_s"] for s in samples[f"{shape}/{n}/ours"]]
-            peer = [s["runs_per_s"] for s in samples[f"{shape}/{n}/dbos"]]
-            ratio = statistics.median(ours) / statistics.median(peer)
-            entry: dict[str, Any] = {
-                "ours_runs_per_s": summary(ours),
-                "dbos_runs_per_s": summary(peer),
-                "ratio_ours_over_dbos": ratio,
-                "target_ratio": TARGET_RATIO,
-                "target_met": ratio >= TARGET_RATIO,
-                "rounds": {"ours": samples[f"{shape}/{n}/ours"], "dbos": samples[f"{shape}/{n}/dbos"]},
-            }
-            if shape == "direct":
-                ours_lat = statistics.median([s["latency_s"]["median"] for s in samples[f"{shape}/{n}/ours"]])
-                peer_lat = statistics.median([s["latency_s"]["median"] for s in samples[f"{shape}/{n}/dbos"]])
-                entry["ours_latency_median_s"] = ours_lat
-                entry["dbos_latency_median_s"] = peer_lat
-                entry["ours_overhead_per_run_s"] = ours_lat - work["median"]
-                entry["dbos_overhead_per_run_s"] = peer_lat - work["median"]
-            table[f"{shape}/{n}"] = entry
-            rows.append(
-                (shape, n, statistics.median(ours), statistics.median(peer), ratio, entry["target_met"])
-            )
+    rows, latency_rows, table = [], [], {}
+    for fsync in FSYNC:
+        name = _fsync_name(fsync)
+        for shape in ("direct", "queued"):
+            for n in CONCURRENCY:
+                key = f"{name}/{shape}/{n}"
+                entry = table[key] = _entry(samples, key, work)
+                rows.append((name, shape, n, entry["ours_runs_per_s"]["median"], entry["dbos_runs_per_s"]["median"],
+                             entry["ratio_ours_over_dbos"], entry["target_met"]))  # fmt: skip
+                if shape == "direct":
+                    latency_rows.append((
+                        name, n, entry["ours_latency_p50_s"] * 1e3, entry["ours_latency_p95_s"] * 1e3,
+                        entry["dbos_latency_p50_s"] * 1e3, entry["dbos_latency_p95_s"] * 1e3,
+                        entry["ours_overhead_per_run_s"] * 1e3, entry["dbos_overhead_per_run_s"] * 1e3,
+                        entry["overhead_ratio_ours_over_dbos"],
+                    ))  # fmt: skip
     print_table(
         "Throughput, runs/s (median of rounds; PostgreSQL)",
-        ["shape", "workers", "ours", "DBOS", "ours/DBOS", f"target >= {TARGET_RATIO}x"],
+        ["fsync", "shape", "workers", "ours", "DBOS", "ours/DBOS", f"target >= {TARGET_RATIO}x"],
         rows,
     )
-    direct1 = table["direct/1"]
     print_table(
-        "Per-run latency and overhead, one process (median, ms)",
-        ["", "latency", "overhead (latency - work)"],
-        [
-            ("ours", direct1["ours_latency_median_s"] * 1e3, direct1["ours_overhead_per_run_s"] * 1e3),
-            ("DBOS", direct1["dbos_latency_median_s"] * 1e3, direct1["dbos_overhead_per_run_s"] * 1e3),
-            ("work alone (table + GROUP BY)", work["median"] * 1e3, 0.0),
-        ],
-    )
+        f"Per-run latency, direct (ms; medians of rounds; work alone {work['median'] * 1e3:.2f} ms)",
+        ["fsync", "processes", "ours p50", "ours p95", "DBOS p50", "DBOS p95", "ours overhead", "DBOS overhead",
+         "overhead ours/DBOS"],
+        latency_rows,
+    )  # fmt: skip
     payload = {
-        "rounds": ctx.rounds,
+        "rounds": _rounds(ctx),
         "work_only_s": work,
         "settings": {
+            "fsync": {_fsync_name(f): f for f in FSYNC},
+            "synchronous_commit": "on (the default)",
+            "runs_per_measurement": RUNS_PER_MEASUREMENT[ctx.quick],
+            "direct_runs_per_process": {n: -(-RUNS_PER_MEASUREMENT[ctx.quick] // n) for n in CONCURRENCY},
             "warmup_runs_per_process": WARMUP_RUNS,
-            "direct_runs_per_process": DIRECT_RUNS_PER_PROCESS[ctx.quick],
-            "queued_runs_per_worker": QUEUED_RUNS_PER_WORKER[ctx.quick],
             "our_worker_poll_s": OUR_POLL_S,
             "dbos_queue_poll_s": PEER_POLL_S,
+            "overhead": "latency p50 minus the work alone (table + GROUP BY, work_only_s median)",
         },
         "results": table,
     }

@@ -43,21 +43,44 @@ PACKAGES = ("durable-dataflow", "dbos", "sqlalchemy", "psycopg", "duckdb", "pyar
 
 class BenchServer(PostgresServer):
     """The test suite's throwaway cluster, with autovacuum off so no background transaction
-    lands in a commit count, and every statement logged with its backend pid for attribution."""
+    lands in a commit count, and every statement logged with its backend pid for attribution.
+
+    The test cluster runs with ``fsync=off`` (``tests/support/pg.py``: tests need no durability);
+    here fsync is a setting of the benchmark (:meth:`set_fsync`), off unless a benchmark turns it
+    on, so each figure can say which it was measured with. ``fsync=on`` is PostgreSQL's default
+    (with ``synchronous_commit=on``): every commit waits for its WAL flush to the disk."""
+
+    fsync = False
 
     def _options(self) -> str:
         return (
             super()._options()
             + " -c autovacuum=off -c log_line_prefix='%m [%p] ' -c track_counts=on"
             + " -c shared_buffers=256MB -c max_wal_size=4GB"
+            + f" -c fsync={'on' if self.fsync else 'off'}"  # the last -c wins over the test cluster's
         )
+
+    def set_fsync(self, on: bool) -> None:
+        """Restart the server with fsync on or off (a command-line setting: a reload cannot change it)."""
+        if on == self.fsync:
+            return
+        self.fsync = on
+        self.restart("fast")
+
+    def fsync_setting(self) -> str:
+        """``fsync`` as the running server reports it."""
+        with self.connect("postgres") as conn:
+            row = conn.execute("show fsync").fetchone()
+        return str(row[0]) if row else "unknown"
 
 
 @contextmanager
-def bench_server() -> Iterator[PostgresServer]:
+def bench_server(*, fsync: bool = False) -> Iterator[BenchServer]:
     reap_orphans(find_bindir())
     server = BenchServer.launch()
+    assert isinstance(server, BenchServer)
     try:
+        server.set_fsync(fsync)
         yield server
     finally:
         server.destroy()
@@ -65,7 +88,7 @@ def bench_server() -> Iterator[PostgresServer]:
 
 @dataclass
 class BenchContext:
-    server: PostgresServer
+    server: BenchServer
     quick: bool
     workdir: Path
     _db_counter: list[int] = field(default_factory=lambda: [0])
@@ -215,11 +238,17 @@ def read_counters(server: PostgresServer, dbname: str) -> TxCounters:
 
 
 def wait_backends_gone(server: PostgresServer, dbname: str, timeout_s: float = 10.0) -> None:
-    """Backends flush their statistics when they exit: wait until none is connected to dbname."""
+    """Backends flush their statistics when they exit: wait until none is connected to dbname, but for
+    the process's holder-lock session (``core/holders.py``), which lives as long as the process: it
+    runs no transaction of the measured operation (at most a ``SELECT 1`` a second before a lease)."""
     deadline = time.monotonic() + timeout_s
+    query = (
+        "select count(*) from pg_stat_activity where datname = %s and pid not in "
+        "(select pid from pg_locks where locktype = 'advisory' and granted)"
+    )
     with server.connect("postgres") as conn:
         while time.monotonic() < deadline:
-            row = conn.execute("select count(*) from pg_stat_activity where datname = %s", (dbname,)).fetchone()
+            row = conn.execute(query, (dbname,)).fetchone()
             if row is not None and int(row[0]) == 0:
                 return
             time.sleep(0.02)

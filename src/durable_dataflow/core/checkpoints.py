@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from durable_dataflow.core import hashing, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import EvidenceError
+from durable_dataflow.core.invariants import invariant
 from durable_dataflow.core.schema import checkpoints
 from durable_dataflow.core.secrets import Secret
 
@@ -59,6 +60,20 @@ def latest(conn: Connection, module: str, subject_id: str) -> Checkpoint | None:
     )
 
 
+def head_columns(module: str, subject_id: str) -> tuple[sa.Label[int], sa.Label[str]]:
+    """The latest checkpoint's ``checkpoint_head_seq`` and ``checkpoint_head_hash`` as scalar
+    subqueries (NULL without a checkpoint), for a statement that reads them with other things."""
+    newest = (
+        sa.select(checkpoints.c.head_seq, checkpoints.c.head_hash)
+        .where(checkpoints.c.module == module, checkpoints.c.subject_id == subject_id)
+        .order_by(checkpoints.c.head_seq.desc())
+        .limit(1)
+    )
+    seq = newest.with_only_columns(checkpoints.c.head_seq).scalar_subquery().label("checkpoint_head_seq")
+    head_hash = newest.with_only_columns(checkpoints.c.head_hash).scalar_subquery().label("checkpoint_head_hash")
+    return seq, head_hash
+
+
 def verify_subject(
     conn: Connection,
     module: str,
@@ -66,11 +81,20 @@ def verify_subject(
     *,
     evidence_key: Secret | None = None,
     facts_check: FactsCheck | None = None,
+    held: ledger.HeldChain | None = None,
 ) -> ledger.Verification:
-    """Verify the chain against the latest checkpoint's head, then the caller's facts."""
-    previous = latest(conn, module, subject_id)
-    expected = (previous.head_seq, previous.head_hash) if previous is not None else None
-    entries = ledger.read(conn, module, subject_id)
+    """Verify the chain against the latest checkpoint's head, then the caller's facts.
+
+    ``held``: the chain and checkpoint head the caller's transaction already read under the
+    subject's lock, with what it appended since (``ledger.HeldChain``): verified without reading them
+    again."""
+    if held is not None:
+        invariant((held.module, held.subject_id) == (module, subject_id), "the held chain is the subject's")
+        expected, entries = held.verified_head, list(held.entries)
+    else:
+        previous = latest(conn, module, subject_id)
+        expected = (previous.head_seq, previous.head_hash) if previous is not None else None
+        entries = ledger.read(conn, module, subject_id)
     result = ledger.verify_entries(
         entries, module, subject_id, evidence_key=evidence_key, expected_head=expected
     )
@@ -94,9 +118,13 @@ def write_verified(
     *,
     evidence_key: Secret | None = None,
     facts_check: FactsCheck | None = None,
+    held: ledger.HeldChain | None = None,
 ) -> Checkpoint:
-    """Verify the subject's evidence and write a checkpoint; raise EvidenceError on any failure."""
-    result = verify_subject(conn, module, subject_id, evidence_key=evidence_key, facts_check=facts_check)
+    """Verify the subject's evidence (``held``: as :func:`verify_subject`) and write a checkpoint;
+    raise EvidenceError on any failure."""
+    result = verify_subject(
+        conn, module, subject_id, evidence_key=evidence_key, facts_check=facts_check, held=held
+    )
     if not result.ok:
         where = f" at seq {result.broken_seq}" if result.broken_seq is not None else ""
         raise EvidenceError(f"evidence of {module}/{subject_id} failed verification{where}: {result.reason}")

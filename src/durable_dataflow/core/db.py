@@ -14,6 +14,7 @@ a second engine with deferred transactions, so readers never wait for the write 
 from __future__ import annotations
 
 import os
+import select
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from sqlalchemy import event, exc
 from sqlalchemy.engine import Connection, Engine
 
 from durable_dataflow.core.errors import InputError, StorageUnavailable
+from durable_dataflow.core.invariants import invariant
 
 DEFAULT_URL = "sqlite:///./.dataflow/dataflow.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -141,8 +143,17 @@ class Database:
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
-        """A read-only transaction: it never takes the write lock and writes nothing."""
+        """A read-only transaction: it never takes the write lock and writes nothing.
+
+        On PostgreSQL each statement runs on its own (autocommit), so a one-statement read (a
+        replay's lookup) is one round trip instead of three (BEGIN, the read, ROLLBACK); at READ
+        COMMITTED every statement of a transaction takes its own snapshot anyway, so a read sees what
+        it saw before. What the ROLLBACK guaranteed, that nothing is written, :func:`_refuse_writes`
+        now enforces before any statement is sent. SQLite keeps a deferred transaction: a snapshot
+        for the whole read, without any round trip."""
         with translate_errors(), self.read_engine.connect() as conn:
+            if self.dialect == "postgresql":
+                conn.execution_options(isolation_level="AUTOCOMMIT", **{_READ_ONLY: True})
             yield conn
             conn.rollback()
 
@@ -211,10 +222,49 @@ def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
 
 
 def _postgres_engine(url: str) -> Engine:
-    return sa.create_engine(
+    # No pool_pre_ping: a ping is a round trip on every checkout (3 of an inline run's ~20). A pooled
+    # connection the server has ended (a restart, idle_session_timeout, pg_terminate_backend) is
+    # noticed without one by _replace_ended_connection; one that dies later fails its statement, which
+    # SQLAlchemy recognizes as a disconnect (the pool is invalidated) and translate_errors reports as
+    # StorageUnavailable: the same as a connection lost mid-transaction with a ping.
+    engine = sa.create_engine(
         url,
         pool_size=POSTGRES_POOL_SIZE,
         max_overflow=POSTGRES_POOL_OVERFLOW,
-        pool_pre_ping=True,
         connect_args={"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S},
     )
+    event.listen(engine.pool, "checkout", _replace_ended_connection)
+    event.listen(engine, "before_cursor_execute", _refuse_writes)
+    return engine
+
+
+_READ_ONLY = "dataflow_read_only"  # execution option of the connections Database.read() hands out
+_READ_VERBS = ("SELECT", "WITH", "SHOW")
+
+
+def _refuse_writes(conn: Connection, _cursor: Any, statement: str, _params: Any, context: Any, _many: bool) -> None:
+    """A statement that may write, on a read connection (autocommit on PostgreSQL), is a bug: refuse
+    it before it is sent, as the ROLLBACK that ended a read transaction would have undone it."""
+    if not conn.get_execution_options().get(_READ_ONLY):
+        return
+    writes = context is not None and (context.isinsert or context.isupdate or context.isdelete or context.isddl)
+    verb = statement.lstrip()[:6].upper()
+    invariant(not writes and verb.startswith(_READ_VERBS), f"a read-only connection may not run {verb!r}")
+
+
+def _replace_ended_connection(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+    """Refuse a pooled connection whose server side has ended, so the pool replaces it (one system call).
+
+    An idle connection between transactions has nothing to read: the server sends nothing unprompted
+    except when it ends the session (an error message, then end of file) or, rarely, a parameter
+    change after a configuration reload. So a readable socket means the session ended, or costs one
+    needless reconnect; raising DisconnectionError makes the pool connect afresh for this checkout.
+    """
+    try:
+        ended = bool(dbapi_connection.closed or dbapi_connection.broken) or bool(
+            select.select([dbapi_connection.fileno()], [], [], 0)[0]
+        )
+    except Exception:  # no socket any more (the driver's or the OS's error): connect afresh
+        ended = True
+    if ended:
+        raise exc.DisconnectionError("the server ended this pooled connection")

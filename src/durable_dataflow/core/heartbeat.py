@@ -1,13 +1,18 @@
 """Keep a lease alive while its attempt works, and notice at once when it is lost.
 
-A daemon thread extends the lease every ``ttl/3`` through a fenced heartbeat. When the heartbeat is
-refused (the lease expired, e.g. because the process was paused) it stops and sets ``lost``; the
-attempt's next fenced write would be refused anyway, ``lost`` only lets it stop early.
+One daemon thread per :class:`Heartbeats` (one per run service) extends every registered lease
+every ``ttl/3`` through a fenced heartbeat. An attempt registers for as long as it works
+(:meth:`Heartbeats.keep_alive`); one that ends before its first beat is due (most runs, at the
+default 30 s TTL) costs no heartbeat and no thread of its own. When a heartbeat is refused (the
+lease expired, e.g. because the process was paused) that lease's beats stop and its ``lost`` is
+set; the attempt's next fenced write would be refused anyway, ``lost`` only lets it stop early.
 """
 
 from __future__ import annotations
 
+import heapq
 import threading
+import time
 from types import TracebackType
 
 from durable_dataflow.core import fencing, leases
@@ -18,32 +23,89 @@ HEARTBEATS_PER_TTL = 3
 
 
 class KeepAlive:
-    """Context manager: heartbeats ``(module, subject, attempt)`` until exit or until the lease is lost."""
+    """Context manager: the lease ``(module, subject, attempt)`` is heartbeaten until exit or until lost."""
 
-    def __init__(self, db: Database, module: str, subject_id: str, attempt: int, ttl_s: float) -> None:
-        self._db = db
-        self._key = (module, subject_id, attempt)
-        self._ttl_s = ttl_s
-        self._stop = threading.Event()
+    def __init__(self, beats: Heartbeats, module: str, subject_id: str, attempt: int, ttl_s: float) -> None:
+        self._beats = beats
+        self.key = (module, subject_id, attempt)
+        self.ttl_s = ttl_s
         self.lost = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{subject_id}", daemon=True)
+        self.ended = False  # set under the scheduler's lock on exit: no beat is taken after it
 
     def __enter__(self) -> KeepAlive:
-        self._thread.start()
+        self._beats.register(self)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._beats.unregister(self)
 
-    def _loop(self) -> None:  # runs until the attempt ends or its lease is lost
-        module, subject_id, attempt = self._key
-        while not self._stop.wait(self._ttl_s / HEARTBEATS_PER_TTL):
+
+class Heartbeats:
+    """The heartbeat thread of one service: started on the first registration, runs until :meth:`close`."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._cond = threading.Condition()
+        self._due: list[tuple[float, int, KeepAlive]] = []  # heap of (monotonic due time, tie-break, lease)
+        self._counter = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def keep_alive(self, module: str, subject_id: str, attempt: int, ttl_s: float) -> KeepAlive:
+        return KeepAlive(self, module, subject_id, attempt, ttl_s)
+
+    def register(self, alive: KeepAlive) -> None:
+        with self._cond:
+            self._schedule(alive)
+            if self._thread is None or not self._thread.is_alive():
+                self._closed = False
+                self._thread = threading.Thread(target=self._loop, name="heartbeats", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def unregister(self, alive: KeepAlive) -> None:
+        with self._cond:  # a beat in progress holds no lock: it may still finish, and is harmless
+            alive.ended = True
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _schedule(self, alive: KeepAlive) -> None:
+        self._counter += 1
+        heapq.heappush(self._due, (time.monotonic() + alive.ttl_s / HEARTBEATS_PER_TTL, self._counter, alive))
+
+    def _next_due(self) -> KeepAlive | None:
+        """Wait for the next lease whose beat is due; None once closed. Ended leases are dropped."""
+        with self._cond:
+            while not self._closed:
+                while self._due and self._due[0][2].ended:
+                    heapq.heappop(self._due)
+                if not self._due:
+                    self._cond.wait()
+                    continue
+                wait_s = self._due[0][0] - time.monotonic()
+                if wait_s <= 0:
+                    return heapq.heappop(self._due)[2]
+                self._cond.wait(wait_s)
+            return None
+
+    def _loop(self) -> None:  # runs until closed
+        while (alive := self._next_due()) is not None:
+            module, subject_id, attempt = alive.key
             try:
                 with fencing.fenced(self._db, module, subject_id, attempt) as conn:
-                    leases.heartbeat(conn, self._db, module, subject_id, attempt, self._ttl_s)
+                    leases.heartbeat(conn, self._db, module, subject_id, attempt, alive.ttl_s)
             except StaleAttempt:
-                self.lost.set()
-                return
+                alive.lost.set()
+                continue
             except DataflowError:
-                continue  # the database is briefly unavailable: try again next beat; expiry decides
+                pass  # the database is briefly unavailable: try again next beat; expiry decides
+            except Exception:  # one lease's unexpected error must not stop every lease's beats
+                pass  # as an outage: the next beat tries again, and expiry decides if none succeeds
+            with self._cond:
+                if not alive.ended:
+                    self._schedule(alive)

@@ -74,6 +74,34 @@ class Verification:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class HeldChain:
+    """A subject's chain as the caller's write transaction holds it, so nothing of it is read twice.
+
+    ``entries`` were read under the lock that serializes the subject's writers (the fence statement,
+    ``core.fencing.fenced_chain``), followed by what this transaction appended since; ``now_us`` is
+    the database clock that statement read (the time of this transaction's entries) and
+    ``verified_head`` the ``(seq, hash)`` of the subject's latest checkpoint, read alongside.
+    Rows a transaction inserted itself cannot change before it commits, so verifying them as
+    written is verifying them as stored.
+    """
+
+    module: str
+    subject_id: str
+    entries: tuple[Entry, ...]
+    now_us: int
+    verified_head: tuple[int, str] | None
+
+    def head(self) -> tuple[int, str]:
+        """``(seq, hash)`` of the last entry; ``(0, genesis)`` for an empty chain."""
+        if not self.entries:
+            return 0, genesis_hash(self.module, self.subject_id)
+        return self.entries[-1].seq, self.entries[-1].entry_hash
+
+    def extended(self, appended: Sequence[Entry]) -> HeldChain:
+        return HeldChain(self.module, self.subject_id, (*self.entries, *appended), self.now_us, self.verified_head)
+
+
 def genesis_hash(module: str, subject_id: str) -> str:
     """The value the first entry of a subject chains from."""
     return hashing.digest({"genesis": "durable-dataflow/ledger/v1", "module": module, "subject": subject_id})
@@ -134,17 +162,27 @@ def append_many(
     *,
     evidence_key: Secret | None = None,
     new_subject_at_us: int | None = None,
+    held: HeldChain | None = None,
 ) -> list[Entry]:
     """Append entries ``(attempt, kind, payload)`` in order: one head-and-clock read, one insert.
 
     ``new_subject_at_us`` is for a subject created in the caller's transaction: the chain is empty,
     and the given database time (read in that transaction) is the entries' time, so nothing is read.
+    ``held`` is the chain the caller's transaction already read under the subject's lock: its head
+    and clock are used, so nothing is read either.
     """
     if not items:
         raise InputError("append_many needs at least one entry")
     if new_subject_at_us is not None:
         return _insert_chained(conn, module, subject_id, items, 0, genesis_hash(module, subject_id),
                                new_subject_at_us, evidence_key)  # fmt: skip
+    if held is not None:
+        if (held.module, held.subject_id) != (module, subject_id):
+            raise InputError(f"the held chain is {held.module}/{held.subject_id}, not {module}/{subject_id}")
+        seq, prev_hash = held.head()
+        if seq + len(items) > ENTRIES_PER_SUBJECT_MAX:
+            raise InputError(f"subject {module}/{subject_id} reached {ENTRIES_PER_SUBJECT_MAX} ledger entries")
+        return _insert_chained(conn, module, subject_id, items, seq, prev_hash, held.now_us, evidence_key)
     # The head and the database clock in one round trip.
     last = (
         sa.select(ledger_entries.c.seq, ledger_entries.c.entry_hash)
@@ -237,6 +275,24 @@ def read(conn: Connection, module: str, subject_id: str) -> list[Entry]:
         .limit(ENTRIES_PER_SUBJECT_MAX + 1)
     ).all()
     return [_entry_from_row(row) for row in rows]
+
+
+def chain_outerjoin(query: sa.Select[Any], module: str, subject_id: str) -> sa.Select[Any]:
+    """``query`` (one row) outer-joined to every entry of the subject, in seq order: each row carries
+    one entry's columns (NULL when the chain is empty). Read them back with :func:`entries_of_rows`;
+    the caller's own columns must not be named like the entry columns."""
+    on = sa.and_(ledger_entries.c.module == module, ledger_entries.c.subject_id == subject_id)
+    return (
+        query.add_columns(*ledger_entries.c)
+        .outerjoin(ledger_entries, on)
+        .order_by(ledger_entries.c.seq)
+        .limit(ENTRIES_PER_SUBJECT_MAX + 1)
+    )
+
+
+def entries_of_rows(rows: Sequence[sa.Row[Any]]) -> list[Entry]:
+    """The entries of rows read with :func:`chain_outerjoin` (none for an empty chain)."""
+    return [_entry_from_row(row) for row in rows if row.seq is not None]
 
 
 UNREADABLE_PAYLOAD = {"unreadable_payload": True}

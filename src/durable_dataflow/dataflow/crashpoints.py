@@ -14,7 +14,11 @@ from collections.abc import Callable
 AFTER_RECORD = "after_record"  # run.recorded committed (queued submit), before any claim
 AFTER_CLAIM = "after_claim"  # attempt.started committed, before any source is read
 AFTER_PREPARE = "after_prepare"  # forward: target preflighted and sink location prepared, nothing authorized
-DURING_EXECUTION = "during_execution"  # sources resolved, steps not yet finished
+# Sources resolved, steps not yet finished, reached by the engine exactly once per execution and always
+# before the result exists: DuckDB as its run begins; Spark from its watch thread once a Spark job of the
+# execution is seen running, else just before the last step's result reaches the collector (or as the
+# execution fails), whichever comes first.
+DURING_EXECUTION = "during_execution"
 BEFORE_PREDISPATCH_COMMIT = "before_predispatch_commit"  # result computed, dispatch not authorized
 AFTER_PREDISPATCH_COMMIT = "after_predispatch_commit"  # dispatch.authorized durable, provider not called
 AFTER_PROVIDER_CALL = "after_provider_call"  # the sink answered; the answer is not recorded yet
@@ -54,12 +58,18 @@ _actions = _actions_from_env()
 
 
 def reach(point: str) -> None:
-    """Called by the run service at each named point."""
+    """Called by the run service (and the engines, for DURING_EXECUTION) at each named point."""
     if _hook is not None:
         _hook(point)
     action = _actions.get(point)
     if action is not None:
         os.kill(os.getpid(), action)
+
+
+def armed(point: str) -> bool:
+    """Whether reaching ``point`` may do anything (a hook, or an action from the environment): lets a
+    caller skip work it would do only to reach the point at the right moment."""
+    return _hook is not None or point in _actions
 
 
 def set_hook(hook: Hook | None) -> None:

@@ -60,10 +60,13 @@ def _digest_of_format(stored_format: str) -> Callable[[pa.Table], str] | None:
     return digests.get(stored_format)
 
 
-def stored_result_digest(conn: Connection, run_id: str) -> str | None:
+def stored_result_digest(conn: Connection, run_id: str, *, written: tuple[str, bytes] | None = None) -> str | None:
     """The digest recomputed from the stored result bytes (not the digest stored beside them), in the
-    digest format named by the stored format; EvidenceError when this version cannot verify that format."""
-    found = results.stored(conn, run_id)
+    digest format named by the stored format; EvidenceError when this version cannot verify that format.
+
+    ``written``: the ``(format, bytes)`` the caller's transaction stored itself (``results.store``):
+    recomputed from those, not read back (a row inserted by an open transaction cannot change)."""
+    found = written if written is not None else results.stored(conn, run_id)
     if found is None:
         return None
     stored_format, data = found

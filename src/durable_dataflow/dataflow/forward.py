@@ -164,8 +164,10 @@ def authorize_dispatch(service: Attempts, run: Run, attempt: int, result: Execut
         {"publication_idempotency_key": key, "output_digest": result.output_digest, "target": target}
     )
     db = service.db
-    with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
-        verification = checkpoints.verify_subject(conn, MODULE, run.run_id, evidence_key=service.evidence_key)
+    with fencing.fenced_chain(db, MODULE, run.run_id, attempt) as (conn, held):
+        verification = checkpoints.verify_subject(
+            conn, MODULE, run.run_id, evidence_key=service.evidence_key, held=held
+        )
         if not verification.ok:
             where = f" at seq {verification.broken_seq}" if verification.broken_seq is not None else ""
             raise EvidenceError(f"the run's evidence failed verification{where} before dispatch: {verification.reason}")
@@ -178,6 +180,7 @@ def authorize_dispatch(service: Attempts, run: Run, attempt: int, result: Execut
         }
         transitions.apply(
             conn, db, run, attempt, Outcome.DISPATCH_AUTHORIZED, [payload], evidence_key=service.evidence_key,
+            held=held, stored_result=result.ipc_bytes,
             projection={
                 "row_count": result.row_count, "output_digest": result.output_digest,
                 "source_fingerprint_digest": result.source_fingerprint_digest,

@@ -171,11 +171,9 @@ def from_row(row: sa.Row[Any]) -> Run:
     return Run.model_construct(**known, corrupt=", ".join(sorted(set(problems))) or "unreadable")
 
 
-def insert(conn: Connection, values: Mapping[str, Any]) -> int:
-    """Insert a run; returns its ``created_at_us`` (database time of this transaction)."""
-    return int(
-        conn.execute(dataflow_runs.insert().values(**values).returning(dataflow_runs.c.created_at_us)).scalar_one()
-    )
+def insert(conn: Connection, values: Mapping[str, Any]) -> Run:
+    """Insert a run and return it as stored (``created_at_us`` is the database time of this transaction)."""
+    return from_row(conn.execute(dataflow_runs.insert().values(**values).returning(*dataflow_runs.c)).one())
 
 
 def get(conn: Connection, run_id: str, tenant: str | None = None, *, for_update: bool = False) -> Run:

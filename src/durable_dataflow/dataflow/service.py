@@ -31,7 +31,7 @@ from durable_dataflow.core.errors import (
     NotFound,
     StaleAttempt,
 )
-from durable_dataflow.core.heartbeat import KeepAlive
+from durable_dataflow.core.heartbeat import Heartbeats
 from durable_dataflow.core.holders import HolderLock
 from durable_dataflow.core.secrets import Secret, SecretScope
 from durable_dataflow.dataflow import (
@@ -88,9 +88,11 @@ class RunService:
         self._stored_definitions: set[str] = set()
         # Held before any lease is taken, so a sweeper can tell this process died (core/holders.py).
         self.holder_lock = HolderLock(db, self.config.holder)
+        self.heartbeats = Heartbeats(db)  # one thread beats every lease of this service's attempts
 
     def close(self) -> None:
-        """Release the holder lock (``Platform.close``)."""
+        """Stop the heartbeat thread and release the holder lock (``Platform.close``)."""
+        self.heartbeats.close()
         self.holder_lock.close()
 
     def _remember(self, d_hash: str, defn: Definition) -> None:
@@ -156,8 +158,7 @@ class RunService:
         values["workspace_json"] = hashing.canonical_json(space.as_json()).decode("utf-8")
         try:
             with self.db.begin() as conn:
-                recorded = self._record(conn, defn, d_hash, values, request, claim)
-                run = recorded if recorded is not None else runs.get(conn, run_id)
+                run = self._record(conn, defn, d_hash, values, claim)
             # Stored definitions are never deleted: once committed, later submits skip the lookup.
             if len(self._stored_definitions) >= DEFINITIONS_CACHED_MAX:
                 self._stored_definitions.clear()
@@ -208,46 +209,37 @@ class RunService:
             )
         return existing
 
-    def _record(
-        self, conn: Connection, defn: Definition, d_hash: str, values: dict[str, Any], request: RunRequest, claim: bool
-    ) -> Run | None:
+    def _record(self, conn: Connection, defn: Definition, d_hash: str, values: dict[str, Any], claim: bool) -> Run:
+        """The run's row and its first entries; inline (``claim``), attempt 1's lease too, and the row is
+        inserted already holding what Outcome.STARTED projects, so it is written once."""
         if d_hash not in self._stored_definitions:
             catalog.store_definition(conn, self.db, defn, d_hash)
         now = self.db.now_us_expr()
-        created_at_us = runs.insert(conn, {**values, "created_at_us": now, "updated_at_us": now})
-        run_id = values["run_id"]
-        recorded = transitions.items(Outcome.RECORDED, 0, [_recorded_payload(values)])
+        row = {**values, "created_at_us": now, "updated_at_us": now}
+        entries = transitions.items(Outcome.RECORDED, 0, [_recorded_payload(values)])
         if claim:
-            return self._start_attempt(conn, run_id, expected_attempt=0, before=recorded, new_at_us=created_at_us)
+            lease = self._lease(conn, values["run_id"], expected_attempt=0)
+            started = transitions.TABLE[Outcome.STARTED]
+            row.update(attempt=lease.attempt, status=started.status, recovery_status=started.recovery)
+            entries += transitions.items(Outcome.STARTED, lease.attempt, [{"holder": lease.holder}])
+        run = runs.insert(conn, row)
         ledger.append_many(
-            conn, self.db, MODULE, run_id, recorded,
-            evidence_key=self.config.evidence_key, new_subject_at_us=created_at_us,
+            conn, self.db, MODULE, run.run_id, entries,
+            evidence_key=self.config.evidence_key, new_subject_at_us=run.created_at_us,
         )  # fmt: skip
-        return None
+        return run
 
-    def _start_attempt(
-        self,
-        conn: Connection,
-        run_id: str,
-        expected_attempt: int,
-        before: list[transitions.Item] | None = None,
-        new_at_us: int | None = None,
-    ) -> Run:
+    def _lease(self, conn: Connection, run_id: str, expected_attempt: int) -> leases.Lease:
         self.holder_lock.ensure()
-        lease = leases.acquire(
-            conn,
-            self.db,
-            MODULE,
-            run_id,
-            self.config.holder,
-            self.config.lease_ttl_s,
+        return leases.acquire(
+            conn, self.db, MODULE, run_id, self.config.holder, self.config.lease_ttl_s,
             expected_attempt=expected_attempt,
-        )
-        started = transitions.items(Outcome.STARTED, lease.attempt, [{"holder": lease.holder}])
-        ledger.append_many(
-            conn, self.db, MODULE, run_id, [*(before or []), *started],
-            evidence_key=self.config.evidence_key, new_subject_at_us=new_at_us,
         )  # fmt: skip
+
+    def _start_attempt(self, conn: Connection, run_id: str, expected_attempt: int) -> Run:
+        lease = self._lease(conn, run_id, expected_attempt)
+        started = transitions.items(Outcome.STARTED, lease.attempt, [{"holder": lease.holder}])
+        ledger.append_many(conn, self.db, MODULE, run_id, started, evidence_key=self.config.evidence_key)
         projected = transitions.TABLE[Outcome.STARTED]
         return runs.update(
             conn, run_id, self.db.now_us_expr(),
@@ -275,7 +267,7 @@ class RunService:
         """Carry one claimed attempt to its end, heartbeating the lease meanwhile."""
         run, attempt = claim.run, claim.attempt
         final: Run | None = None
-        with KeepAlive(self.db, MODULE, run.run_id, attempt, self.config.lease_ttl_s):
+        with self.heartbeats.keep_alive(MODULE, run.run_id, attempt, self.config.lease_ttl_s):
             if run.mode == Mode.ATOMIC:
                 final = self._execute_atomic(run, attempt, progress_sink)
             else:
@@ -296,7 +288,6 @@ class RunService:
             space, scope = self.run_workspace(run)
             ctx = context_for(space, self.limits_for(defn), self._platform_files, scope).started()
             resolved = sources.resolve_sources(defn, ctx)
-            crashpoints.reach(crashpoints.DURING_EXECUTION)
             return execution.execute(defn, run.parameters, ctx, resolved, progress_sink)
         except DataflowError:
             raise
@@ -331,7 +322,7 @@ class RunService:
 
     def commit_atomic_success(self, run: Run, attempt: int, result: execution.ExecutionResult) -> Run:
         """ONE fenced transaction: result, ledger, verification, checkpoint, projection, release."""
-        with fencing.fenced(self.db, MODULE, run.run_id, attempt) as conn:
+        with fencing.fenced_chain(self.db, MODULE, run.run_id, attempt) as (conn, held):
             results.store(conn, run.run_id, attempt, result)
             return transitions.apply(
                 conn, self.db, run, attempt, Outcome.ATOMIC_SUCCEEDED,
@@ -341,6 +332,7 @@ class RunService:
                     "row_count": result.row_count, "output_digest": result.output_digest,
                     "source_fingerprint_digest": result.source_fingerprint_digest,
                 },
+                held=held, stored_result=result.ipc_bytes,
             )  # fmt: skip
 
     def fail(self, run: Run, attempt: int, error: DataflowError, **facts: Any) -> Run | None:

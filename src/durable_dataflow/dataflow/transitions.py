@@ -25,7 +25,7 @@ from durable_dataflow.core import checkpoints, fencing, hashing, leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import EvidenceError, StaleAttempt
 from durable_dataflow.core.secrets import Secret
-from durable_dataflow.dataflow import evidence, runs
+from durable_dataflow.dataflow import evidence, results, runs
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
 
 MESSAGE_CHARS_MAX = 2000
@@ -200,6 +200,8 @@ def apply(
     projection: Mapping[str, Any] | None = None,
     new_subject_at_us: int | None = None,
     row_attempt: int | None = None,
+    held: ledger.HeldChain | None = None,
+    stored_result: bytes | None = None,
 ) -> Run:
     """Write one transition in the caller's transaction: append → checkpoint → projection → release.
 
@@ -207,13 +209,16 @@ def apply(
     checkpoint that does not verify raises EvidenceError before the projection is written, so the
     caller's transaction carries nothing of this transition. The projection is written only while
     the row names ``row_attempt`` (default: ``attempt``; a transition that starts an attempt names
-    the one it follows).
+    the one it follows). ``held`` is the chain the caller's fence statement read
+    (``fencing.fenced_chain``): appended to and verified without reading it again; ``stored_result``
+    the result bytes the caller's transaction stored, verified as written.
     """
     transition = TABLE[outcome]
-    ledger.append_many(
+    appended = ledger.append_many(
         conn, db, MODULE, run.run_id, items(outcome, attempt, payloads),
-        evidence_key=evidence_key, new_subject_at_us=new_subject_at_us,
+        evidence_key=evidence_key, new_subject_at_us=new_subject_at_us, held=held,
     )  # fmt: skip
+    held = held.extended(appended) if held is not None else None
     values: dict[str, Any] = dict(projection or {})
     if transition.status is not None:
         values["status"] = transition.status
@@ -223,7 +228,8 @@ def apply(
         values["warning"] = warning_text(transition.warning, run.model_copy(update=values), payloads)
     if transition.checkpoint:
         after = run.model_copy(update={**values, "attempt": attempt})
-        _checkpoint(conn, db, after, attempt, outcome, transition, evidence_key)
+        written = (results.STORED_FORMAT, stored_result) if stored_result is not None else None
+        _checkpoint(conn, db, after, attempt, outcome, transition, evidence_key, held, written)
     guard = attempt if row_attempt is None else row_attempt
     final = runs.update(conn, run.run_id, db.now_us_expr(), expected_attempt=guard, **values)
     if transition.releases_lease:
@@ -242,8 +248,10 @@ def terminate(
     projection: Mapping[str, Any] | None = None,
 ) -> Run:
     """One fenced transaction that writes a terminal transition (StaleAttempt when fenced off)."""
-    with fencing.fenced(db, MODULE, run.run_id, attempt) as conn:
-        return apply(conn, db, run, attempt, outcome, payloads, evidence_key=evidence_key, projection=projection)
+    with fencing.fenced_chain(db, MODULE, run.run_id, attempt) as (conn, held):
+        return apply(
+            conn, db, run, attempt, outcome, payloads, evidence_key=evidence_key, projection=projection, held=held
+        )
 
 
 def record_evidence_failure(db: Database, run: Run, attempt: int, reason: str, *, evidence_key: Secret | None) -> Run:
@@ -263,6 +271,8 @@ def _checkpoint(
     outcome: Outcome,
     transition: Transition,
     evidence_key: Secret | None,
+    held: ledger.HeldChain | None,
+    written: tuple[str, bytes] | None,
 ) -> None:
     """A verified checkpoint of the state this transition projects (``after``): the chain verifies,
     the ledger implies exactly that state, and a success shows its facts (digest, evidence, bytes)."""
@@ -271,7 +281,7 @@ def _checkpoint(
         problem = projection_problem(entries, after)
         if problem or transition.success == Success.NONE:
             return problem
-        stored = evidence.stored_result_digest(conn, after.run_id)
+        stored = evidence.stored_result_digest(conn, after.run_id, written=written)
         if transition.success == Success.ATOMIC:
             return evidence.atomic_success_problem(entries, attempt, stored)
         return evidence.forward_success_problem(entries, attempt, stored)
@@ -282,13 +292,13 @@ def _checkpoint(
         # here would leave the run running, or stop a sweeper on it).
         verification = checkpoints.verify_subject(
             conn, MODULE, after.run_id, evidence_key=evidence_key,
-            facts_check=lambda entries: projection_problem(entries, after),
+            facts_check=lambda entries: projection_problem(entries, after), held=held,
         )  # fmt: skip
         if not verification.ok:
             return
     checkpoints.write_verified(
         conn, db, MODULE, after.run_id, attempt, str(after.status), checkpoint_facts(after),
-        evidence_key=evidence_key, facts_check=facts,
+        evidence_key=evidence_key, facts_check=facts, held=held,
     )  # fmt: skip
 
 

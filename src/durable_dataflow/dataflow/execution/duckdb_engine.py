@@ -19,7 +19,7 @@ import duckdb
 import pyarrow as pa
 
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
-from durable_dataflow.dataflow import parameters, progress
+from durable_dataflow.dataflow import crashpoints, parameters, progress
 from durable_dataflow.dataflow.definitions import Definition, parse_arrow_type
 from durable_dataflow.dataflow.execution import resultstream, sandbox
 from durable_dataflow.dataflow.execution.engine import PROGRESS_INTERVAL_S, RESULT_BATCH_ROWS, EngineRun
@@ -309,6 +309,7 @@ class DuckDBEngine:
         return _gate(d, limits)
 
     def run(self, job: EngineRun, gated: Sequence[object]) -> resultstream.BoundedResult:
+        crashpoints.reach(crashpoints.DURING_EXECUTION)  # sources resolved, no step run yet
         steps = [step for step in gated if isinstance(step, sandbox.GatedStep)]
         d = job.definition
         bound = {name: parameters.to_python(d.parameters[name].type, value) for name, value in job.params.items()}
