@@ -14,6 +14,12 @@ Every measurement runs in a fresh process (tpch_child.py), so its peak RSS is it
 - *trivial*: the trivial dataflow of the throughput benchmark (1,000 inline rows, one GROUP BY)
   through the platform in the same shape, atomic and forward to Delta: the fixed per-run cost.
 
+- *spark*: the same definition with ``engine: spark`` through the platform (atomic), on a local Spark
+  session (``local[<cores>]``, ``spark.driver.memory`` = the DuckDB memory limit) started before the
+  clock (its start is reported apart); peak memory is the Python driver's plus its JVM's (driver
+  and executors are one JVM in local mode). Skipped when pyspark is not installed, or with
+  ``BENCH_TPCH_ENGINES=duckdb``. Spark is reported beside DuckDB, not held to the DuckDB targets.
+
 Platform and bare alternate inside every round (the order flips each round). Reported per query:
 median wall time and maximum peak RSS of each side, their ratios, and whether the platform's
 output digest equals the digest of bare DuckDB's result cast to the declared schema. Targets
@@ -48,6 +54,8 @@ from tpch_queries import Query
 NAME = "tpch"
 SCALE_FACTORS = {False: (1.0, 10.0), True: (0.1,)}  # by ctx.quick
 SCALE_FACTORS_ENV = "BENCH_TPCH_SCALE_FACTORS"  # e.g. "1" to run SF1 alone; recorded in the settings
+ENGINES_ENV = "BENCH_TPCH_ENGINES"  # "duckdb" leaves Spark out; default: duckdb and spark (when installed)
+ROUNDS_ENV = "BENCH_TPCH_ROUNDS"  # overrides the rounds per scale factor
 ROUNDS = {False: 3, True: 1}
 TABLES = ("region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem")
 DATA_DIR = ROOT / "benchmarks" / ".data"
@@ -133,13 +141,15 @@ def _limits_spec(folder: Path) -> dict[str, Any]:
     }
 
 
-def run_child(folder: Path, spec: dict[str, Any], data_dir: Path | None) -> dict[str, Any]:
+def run_child(
+    folder: Path, spec: dict[str, Any], data_dir: Path | None, extra_env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Run one measurement in a fresh interpreter; a crash or timeout is a failed measurement."""
     (folder / "spill").mkdir(parents=True, exist_ok=True)
     spec = {**_limits_spec(folder), **spec, "result_path": str(folder / "result.json")}
     spec_path = folder / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    env = dict(os.environ)
+    env = {**os.environ, **(extra_env or {})}
     if data_dir is not None:
         env["DATAFLOW_DATA_ROOTS"] = str(data_dir)
     began = time.perf_counter()
@@ -183,8 +193,18 @@ def bare_spec(query: Query, data_dir: Path, folder: Path) -> dict[str, Any]:
     return {"kind": "bare", "sql": query.sql.strip(), "tables": tables, "ipc_path": str(folder / "bare.arrow")}
 
 
+def spark_conf() -> str:
+    """The Spark settings of the spark kind: the DuckDB side's memory for the driver (and its executors)."""
+    return f"spark.driver.memory={MEMORY_BYTES // 1024**2}m"
+
+
 def measure(kind: str, query: Query, data_dir: Path, folder: Path) -> dict[str, Any]:
-    """One measurement of a query: ``platform`` (atomic), ``forward`` (Delta sink) or ``bare``."""
+    """One measurement of a query: ``platform`` (atomic), ``forward`` (Delta sink), ``spark`` or ``bare``."""
+    if kind == "spark":
+        definition = {**tpch_queries.definition(query, data_dir), "engine": "spark"}
+        spec = {**platform_spec(definition, folder, f"tpch-{folder.name}", {}), "spark": True}
+        return run_child(folder, spec, data_dir, {"DATAFLOW_SPARK_MASTER": f"local[{THREADS}]",
+                                                  "DATAFLOW_SPARK_CONF": spark_conf()})
     if kind == "bare":
         result = run_child(folder, bare_spec(query, data_dir, folder), None)
         if result["ok"]:
@@ -248,10 +268,21 @@ def declared_digest(query: Query, data_dir: Path, table: Any) -> str:
 # ---- rounds --------------------------------------------------------------------------------------
 
 
+def engines() -> tuple[str, ...]:
+    """The engines measured: DuckDB always; Spark unless left out or not installed."""
+    import importlib.util
+
+    configured = os.environ.get(ENGINES_ENV, "").strip()
+    wanted = tuple(e.strip() for e in configured.split(",") if e.strip()) if configured else ("duckdb", "spark")
+    return tuple(e for e in wanted if e == "duckdb" or importlib.util.find_spec("pyspark") is not None)
+
+
 def kinds_of(query: Query, round_index: int) -> list[str]:
     kinds = ["platform", "bare"]
     if query is tpch_queries.FORWARD_QUERY:
         kinds.insert(1, "forward")
+    if "spark" in engines():
+        kinds.append("spark")
     return kinds if round_index % 2 == 0 else kinds[::-1]
 
 
@@ -358,7 +389,28 @@ def summarize(samples: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, 
         if "forward" in by_kind:
             modes["forward"] = compare(by_kind["forward"], by_kind["bare"], fixed["forward"]["wall_s_median"])
         queries[query.name] = modes
-    return {"fixed_per_run_cost": fixed, "queries": queries}
+    spark = {q.name: spark_summary(samples[q.name]) for q in tpch_queries.QUERIES if "spark" in samples[q.name]}
+    return {"fixed_per_run_cost": fixed, "queries": queries, "spark": spark}
+
+
+def spark_summary(by_kind: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The Spark engine beside DuckDB for one query: wall time, driver + JVM peak, the same answer."""
+    side = by_kind["spark"]
+    ok = [r for r in side if r["ok"]]
+    duck = side_summary(by_kind["platform"])
+    bare_digests = {r.get("bare_digest") for r in by_kind["bare"]}
+    entry: dict[str, Any] = {
+        "completed": len(ok), "measured": len(side),
+        "wall_s_median": statistics.median(r["wall_s"] for r in ok) if ok else None,
+        "session_start_s_median": statistics.median(r["session_start_s"] for r in ok) if ok else None,
+        "driver_rss_peak_mib_max": max(r["rss_peak_kib"] for r in ok) / 1024 if ok else None,
+        "jvm_rss_peak_mib_max": max(r["jvm_rss_peak_kib"] for r in ok) / 1024 if ok else None,
+        "errors": sorted({f"{r.get('error_code')}: {_short(r.get('error_message'))}" for r in side if not r["ok"]}),
+        "same_result": bool(ok) and len(ok) == len(side) and all(r["output_digest"] in bare_digests for r in ok),
+    }  # fmt: skip
+    if ok and duck["wall_s_median"]:
+        entry["time_vs_duckdb_platform"] = entry["wall_s_median"] / duck["wall_s_median"]
+    return entry
 
 
 def reference_trivial_run() -> dict[str, Any] | None:
@@ -366,9 +418,9 @@ def reference_trivial_run() -> dict[str, Any] | None:
     try:
         document = json.loads(THROUGHPUT_RESULT.read_text())
         return {
-            "source": f"{THROUGHPUT_RESULT.name} results.direct/1.ours_latency_median_s (recorded "
-            f"{document['recorded_at']}, PostgreSQL, warm process)",
-            "wall_s": document["results"]["direct/1"]["ours_latency_median_s"],
+            "source": f"{THROUGHPUT_RESULT.name} results.fsync_off/direct/1.ours_latency_p50_s (recorded "
+            f"{document['recorded_at']}, PostgreSQL with fsync off, warm process)",
+            "wall_s": document["results"]["fsync_off/direct/1"]["ours_latency_p50_s"],
         }
     except (OSError, KeyError, ValueError):
         return None
@@ -419,11 +471,31 @@ def print_report(per_sf: dict[str, Any]) -> None:
         for kind, side in scale["summary"]["fixed_per_run_cost"].items():
             fixed_rows.append((label, f"trivial, {kind}", _num(side["wall_s_median"]), _num(side["rss_peak_mib_max"])))
     print_table("Fixed per-run cost (trivial dataflow, same shape)", ["SF", "run", "median s", "peak MiB"], fixed_rows)
+    spark_rows = []
+    for label, scale in per_sf.items():
+        for query_name, e in scale["summary"].get("spark", {}).items():
+            duck = scale["summary"]["queries"][query_name]["atomic"]["platform"]
+            spark_rows.append((
+                label, query_name.upper(), _num(e["wall_s_median"]), _num(duck["wall_s_median"]),
+                _num(e.get("time_vs_duckdb_platform")), _num(e["session_start_s_median"]),
+                _num(e["driver_rss_peak_mib_max"]), _num(e["jvm_rss_peak_mib_max"]), _mib(duck),
+                _mark(e["same_result"]),
+            ))  # fmt: skip
+    if spark_rows:
+        print_table(
+            "TPC-H on the Spark engine beside DuckDB (platform, atomic; median s; max peak MiB)",
+            ["SF", "query", "spark s", "duckdb s", "spark/duckdb", "session start s", "driver MiB", "JVM MiB",
+             "duckdb MiB (start)", "same result"],
+            spark_rows,
+        )  # fmt: skip
     for label, scale in per_sf.items():
         for query_name, modes in scale["summary"]["queries"].items():
             for mode, e in modes.items():
                 for side in ("platform", "bare"):
                     print_failures(f"SF{label} {query_name} {mode} {side}", e[side])
+        for query_name, e in scale["summary"].get("spark", {}).items():
+            for error in e["errors"]:
+                console.print(f"  SF{label} {query_name} spark failed: {error}", markup=False, highlight=False)
 
 
 def print_failures(where: str, side: dict[str, Any]) -> None:
@@ -435,7 +507,7 @@ def print_failures(where: str, side: dict[str, Any]) -> None:
 
 
 def versions_extra() -> dict[str, str]:
-    return {name: _version(name) for name in ("tpchgen-cli", "deltalake")}
+    return {name: _version(name) for name in ("tpchgen-cli", "deltalake", "pyspark")}
 
 
 def _version(name: str) -> str:
@@ -458,6 +530,8 @@ def targets(per_sf: dict[str, Any]) -> dict[str, Any]:
         "time_met": all(e["time_target_met"] is True for e in entries),
         "rss_met": all(e["rss_target_met"] is True for e in entries),
         "same_results": all(e["same_result"] is True for e in entries),
+        "spark_same_results": all(e["same_result"] is True for s in per_sf.values()
+                                  for e in s["summary"].get("spark", {}).values()),
         f"sf{sf_label(REQUIRED_COMPLETE_SF)}_completes": sf10,
     }
 
@@ -470,7 +544,7 @@ def scale_factors(quick: bool) -> tuple[float, ...]:
 
 
 def run(ctx: BenchContext) -> dict[str, Any]:
-    rounds = ROUNDS[ctx.quick]
+    rounds = int(os.environ.get(ROUNDS_ENV, "").strip() or ROUNDS[ctx.quick])
     workdir = Path(tempfile.mkdtemp(prefix="bench-tpch-", dir=ctx.workdir))
     per_sf: dict[str, Any] = {}
     for scale_factor in scale_factors(ctx.quick):
@@ -494,6 +568,9 @@ def run(ctx: BenchContext) -> dict[str, Any]:
             "fixed_per_run_cost": "median of the trivial dataflow's run_inline measured in the same shape "
             "(atomic for atomic, forward to Delta for forward)",
             "reference_trivial_run": reference_trivial_run(),
+            "engines": list(engines()),
+            "spark": f"local[{THREADS}], {spark_conf()}; the session is started before the clock "
+            "(session_start_s); peak memory = the driver's VmHWM + its JVM's VmHWM",
             "versions": versions_extra(),
         },
         "targets": targets(per_sf),

@@ -10,6 +10,9 @@ file rather than printed, because the platform may log to stdout.
 - ``platform``: a Platform on a fresh SQLite file runs the definition with ``run_inline`` (what
   ``dataflow run`` does). Timed: ``run_inline`` alone; opening the platform (migrations) and
   parsing the definition are reported as ``setup_s``.
+  With ``"spark": true`` the definition runs on the Spark engine: the process's Spark session is
+  started before the clock (``session_start_s``), and the peak resident set of the JVM it launched
+  (driver and, in ``local[N]``, the executors) is reported as ``jvm_rss_peak_kib``.
 - ``bare``: a fresh in-memory DuckDB in the sandbox shape the platform is moving to (same memory
   limit, threads and spill folder; ``allowed_paths`` = exactly the source files, then
   ``enable_external_access = false`` and ``lock_configuration = true``; one view per table over
@@ -20,6 +23,7 @@ file rather than printed, because the platform may log to stdout.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -42,6 +46,32 @@ def _rss_peak_kib() -> int:
     except OSError:
         pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # elsewhere: the best there is
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of a process (from /proc/<pid>/task/*/children)."""
+    found: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            kids = [int(k) for k in children.read_text().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            found += [kid, *_descendants(kid)]
+    return found
+
+
+def _jvm_rss_peak_kib() -> int:
+    """The summed VmHWM of this process's descendants: the Spark JVM (driver and local executors)."""
+    total = 0
+    for pid in _descendants(os.getpid()):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
 
 
 def _limits(spec: dict[str, Any]) -> Any:
@@ -80,12 +110,20 @@ def measure_platform(spec: dict[str, Any]) -> dict[str, Any]:
         max_attempts=1,  # a failure is reported as it is, not retried
     )
     setup_s = time.perf_counter() - began
+    session_start_s = None
+    if spec.get("spark"):
+        from durable_dataflow.dataflow.execution import spark_engine
+
+        session_began = time.perf_counter()
+        spark_engine.session()
+        session_start_s = time.perf_counter() - session_began
     rss_before_kib = _rss_peak_kib()
     started_us = time.time_ns() // 1000
     started = time.perf_counter()
     run = platform.runs.run_inline(request).run
     wall_s = time.perf_counter() - started
     rss_peak_kib = _rss_peak_kib()
+    jvm_rss_peak_kib = _jvm_rss_peak_kib() if spec.get("spark") else None
     try:
         timeline = _ledger_timeline(platform, run.run_id, started_us)
     except Exception as exc:  # the timeline is informative only; the measurement stands without it
@@ -104,6 +142,8 @@ def measure_platform(spec: dict[str, Any]) -> dict[str, Any]:
         "output_digest": run.output_digest,
         "publication_ref": run.publication_ref,
         "ledger_ms": timeline,
+        "session_start_s": session_start_s,
+        "jvm_rss_peak_kib": jvm_rss_peak_kib,
     }
 
 
