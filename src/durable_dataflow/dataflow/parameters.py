@@ -117,7 +117,8 @@ def _decimal(raw: Any) -> str:
         raise ParameterValueError("NaN and infinity are not allowed")
     if len(value.as_tuple().digits) > DECIMAL_DIGITS_MAX:
         raise ParameterValueError(f"more than {DECIMAL_DIGITS_MAX} digits")
-    text = format(value.normalize(), "f")
+    # normalize() rounds to its context's precision, 28 digits by default: every digit allowed is kept.
+    text = format(value.normalize(decimal.Context(prec=DECIMAL_DIGITS_MAX)), "f")
     return "0" if text in ("-0", "0") else text
 
 

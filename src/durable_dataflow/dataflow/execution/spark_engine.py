@@ -68,6 +68,7 @@ APP_CONF = {
 }  # fmt: skip
 # How long a Spark call may still take to return once the time is up (a cancelled job fails in ms).
 CALL_GRACE_S = 1.0
+REAP_INTERVAL_S = 0.5  # how often the jobs of an abandoned call are cancelled
 # Settings of every execution's session; runSQLOnFiles off: no ``parquet.`/path``` in user SQL.
 SESSION_CONF = {
     "spark.sql.session.timeZone": "UTC",
@@ -603,15 +604,27 @@ def _bounded(watch: _Watch, part: str, call: Callable[..., _T], *args: Any) -> _
                 else:
                     watch.spark.sparkContext.removeJobTag(watch.tag)
 
-    return call(*args)
     thread = threading.Thread(target=target, name="dataflow-spark-call", daemon=True)
     thread.start()
     thread.join(max(0.0, watch.deadline_at - time.monotonic()) + CALL_GRACE_S)
+    if thread.is_alive():  # once Spark returns from the driver's work, it may start the call's job: cancel it
+        threading.Thread(target=_cancel_while, args=(watch, thread), name="dataflow-spark-reaper", daemon=True).start()
     if thread.is_alive() or (watch.fired.is_set() and not failed):
         raise LimitExceeded(f"{part} exceeded the time limit of {watch.limits.time_limit_s:g} s")
     if failed:
         raise failed[0]
     return done[0]
+
+
+def _cancel_while(watch: _Watch, thread: threading.Thread) -> None:
+    """Cancel the execution's tagged jobs until an abandoned call's thread ends (the watch has stopped)."""
+    while thread.is_alive():
+        with contextlib.suppress(Exception):
+            if watch.remote:
+                watch.spark.interruptTag(watch.tag)
+            else:
+                watch.spark.sparkContext.cancelJobsWithTag(watch.tag)
+        thread.join(REAP_INTERVAL_S)
 
 
 def _planned(df: DataFrame) -> DataFrame:

@@ -10,6 +10,7 @@ with each ``$name`` replaced by a literal the platform builds, parses that text 
 Rules, in brief:
 
 - exactly one query: SELECT, WITH … SELECT, UNION/INTERSECT/EXCEPT, a parenthesised query or VALUES;
+  VALUES only where Spark reads it as a relation too (not ``x IN (VALUES …)``, a call of ``values`` there);
 - relations are unqualified names that are a declared relation (case-insensitive, like Spark) or a
   CTE in scope; ``db.t``, ``catalog.db.t``, ``parquet.`path``` and table functions other than
   ``range(…)`` are refused, and so are TABLESAMPLE and time travel;
