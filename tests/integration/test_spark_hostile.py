@@ -32,12 +32,31 @@ import yaml
 
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
 from durable_dataflow.dataflow.definitions import Definition
-from durable_dataflow.dataflow.execution import ExecutionContext, ExecutionLimits, execute, preflight, spark_gate
+
+# No importorskip: without pyspark or Java the `spark` marker skips these locally and fails them in CI.
+from durable_dataflow.dataflow.execution import (
+    ExecutionContext,
+    ExecutionLimits,
+    execute,
+    preflight,
+    spark_engine,
+    spark_gate,
+)
 from support.cli import make_cli
 from support.hostile import canaries_in, start_server
 
-pytest.importorskip("pyspark")
-spark_engine = pytest.importorskip("durable_dataflow.dataflow.execution.spark_engine")
+POLL_S = 0.1
+ABANDONED_JOBS_WAIT_S = 30.0
+JVM_GONE_WAIT_S = 10.0
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process still runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 # The other suites' hostile lists, where they are module constants (imported, not copied).
 from test_hostile_tenant import REFUSED_QUERIES, STEP_READS  # noqa: E402
@@ -632,9 +651,15 @@ def test_an_abandoned_call_cannot_start_a_job_that_outlives_its_execution(
         release.set()
     assert entered.is_set(), "the collect was not reached within the time limit"
     assert isinstance(error, LimitExceeded), error
-    time.sleep(8)  # Spark starts the collect's jobs one after another: each must be cancelled
-    started = sorted(set(tracker.getJobIdsForGroup()) - before)
-    running = [job for job in started if str(getattr(tracker.getJobInfo(job), "status", "")) == "RUNNING"]
+    # Spark starts the collect's jobs one after another once it is released: each must be cancelled. A
+    # job that was not would run for hours; poll (bounded) until the started jobs are all over.
+    deadline = time.monotonic() + ABANDONED_JOBS_WAIT_S
+    while True:
+        started = sorted(set(tracker.getJobIdsForGroup()) - before)
+        running = [job for job in started if str(getattr(tracker.getJobInfo(job), "status", "")) == "RUNNING"]
+        if (started and not running) or time.monotonic() > deadline:
+            break
+        time.sleep(POLL_S)
     assert started and not running, f"the abandoned call's jobs {started} still run: {running}"
 
 
@@ -774,6 +799,10 @@ def test_zz_a_lost_spark_jvm_is_replaced_by_the_next_execution(tmp_path: Path) -
     every later execution of that worker or server failed with a raw ConnectionRefusedError until the
     process restarted. Now the next execution notices the dead JVM and starts a new session. (Runs last:
     the rest of the module shares the session it replaces.)"""
-    os.kill(_jvm_pid(), signal.SIGKILL)
-    time.sleep(1)
+    pid = _jvm_pid()
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + JVM_GONE_WAIT_S
+    while _alive(pid) and time.monotonic() < deadline:  # bounded: until the JVM is gone (or a zombie)
+        time.sleep(POLL_S)
+    assert not _alive(pid)
     assert run(definition("select s as v from t where n = 1"), tmp_path).table.to_pylist() == [{"v": "a"}]
