@@ -50,6 +50,22 @@ ABANDONED_JOBS_WAIT_S = 30.0
 JVM_GONE_WAIT_S = 10.0
 
 
+def _stall_collects(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Make every collect (``DataFrame.toArrow``) wait up to 60 s for ``release``; ``entered`` is set once one waits."""
+    from pyspark.sql.classic.dataframe import DataFrame
+
+    entered, release = threading.Event(), threading.Event()
+    real = DataFrame.toArrow
+
+    def stalled(self: Any) -> Any:
+        entered.set()
+        release.wait(60)
+        return real(self)
+
+    monkeypatch.setattr(DataFrame, "toArrow", stalled)
+    return entered, release
+
+
 def _alive(pid: int) -> bool:
     """Whether a process still runs (a zombie, killed and not yet reaped, does not)."""
     try:
@@ -604,17 +620,7 @@ def test_a_spark_call_that_does_not_return_ends_at_the_time_limit(
     not be stopped, and a collect returning late even let the execution succeed past its limit. Now each
     call is awaited only until the time is up: here a collect stalled for 60 s ends as limit_exceeded
     about a second after an 8 s limit."""
-    from pyspark.sql.classic.dataframe import DataFrame
-
-    entered, release = threading.Event(), threading.Event()
-    real = DataFrame.toArrow
-
-    def stalled(self: Any) -> Any:
-        entered.set()
-        release.wait(60)
-        return real(self)
-
-    monkeypatch.setattr(DataFrame, "toArrow", stalled)
+    entered, release = _stall_collects(monkeypatch)
     started = time.monotonic()
     try:
         error = failure(definition("select s as v from t"), tmp_path, time_limit_s=8)
@@ -631,17 +637,7 @@ def test_an_abandoned_call_cannot_start_a_job_that_outlives_its_execution(
     """Proves the other half of abandoning a call: when Spark comes back from its driver-side work after the
     execution ended (here a stalled collect released then), the job it starts (a cross join of hours) is
     cancelled within seconds instead of running on with no watch to stop it."""
-    from pyspark.sql.classic.dataframe import DataFrame
-
-    entered, release = threading.Event(), threading.Event()
-    real = DataFrame.toArrow
-
-    def stalled(self: Any) -> Any:
-        entered.set()
-        release.wait(60)
-        return real(self)
-
-    monkeypatch.setattr(DataFrame, "toArrow", stalled)
+    entered, release = _stall_collects(monkeypatch)
     tracker = spark.sparkContext.statusTracker()
     sql = "select cast(count(*) as string) as v from range(200000) a cross join range(200000) b where a.id + b.id < 0"
     try:
