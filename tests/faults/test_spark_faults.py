@@ -32,7 +32,7 @@ from durable_dataflow.core.errors import ExecutionError
 from durable_dataflow.dataflow import crashpoints as cp
 from durable_dataflow.dataflow import evidence, results, runs, sweeper
 from durable_dataflow.dataflow.definitions import Definition, load_definition
-from durable_dataflow.dataflow.execution import ExecutionContext, ExecutionLimits, execute
+from durable_dataflow.dataflow.execution import ExecutionContext, ExecutionLimits, execute, spark_engine
 from durable_dataflow.dataflow.forward import publication_key
 from durable_dataflow.dataflow.runs import MODULE, Run
 from durable_dataflow.platform import Platform
@@ -213,7 +213,6 @@ def test_the_crash_point_is_reached_once_per_execution_and_before_the_result(tmp
     """Proves the engines reach during_execution exactly once per execution: Spark from its watch thread once
     a job of the execution has started (a job failure and a short job: once too); DuckDB in the execution's
     own thread, before any step."""
-    spark_engine = pytest.importorskip("durable_dataflow.dataflow.execution.spark_engine")
     tracker = spark_engine.session().sparkContext.statusTracker()
     reached: list[tuple[str, set[int]]] = []  # (thread, the jobs started by then)
 
@@ -285,12 +284,18 @@ class Outcome:
         return describe(self.runs[name], self.entries[name], self.log)
 
 
+KILLED_WAIT_S = 300.0  # Spark's session start alone took 40 s on a loaded machine
+
+
 def _run_until_killed(proc: Any, marker: str) -> tuple[set[int], set[int]]:
     """Watch the worker until it exits: every process it started (its children and the marked ones), and
     of those the driver JVMs (``SparkSubmit``) seen alive."""
     seen: set[int] = set()
     drivers: set[int] = set()
+    # Sampling, not waiting for an order: the worker's crash point kills it; the poll is bounded by that.
+    deadline = time.monotonic() + KILLED_WAIT_S
     while proc.poll() is None:
+        assert time.monotonic() < deadline, f"the worker did not reach its crash point in {KILLED_WAIT_S:g} s"
         now = children(proc.pid) | set(marked(marker))
         drivers |= {pid for pid in now if "org.apache.spark.deploy.SparkSubmit" in _cmdline(pid)}
         seen |= now
