@@ -87,7 +87,7 @@ bench: venv sysdeps
 
 soak: venv sysdeps
 	$(BIN)/python scripts/soak.py $(SOAK_ARGS)
-	$(BIN)/pytest --hypothesis-profile=long tests/integration/test_state_machine.py
+	$(BIN)/pytest -n 2 --hypothesis-profile=long tests/integration/test_state_machine.py
 
 screenshots: venv sysdeps
 	DATAFLOW_SCREENSHOT_DIR=docs/img $(BIN)/pytest tests/acceptance/test_browser.py

@@ -147,8 +147,11 @@ def request_for(definition: Path, parameters: Mapping[str, str], key: str | None
     )  # fmt: skip
 
 
-def inline_definition(folder: Path, name: str, *, publish_to: str | None = None) -> Path:
-    """A cheap definition: a few inline rows scaled by an integer parameter ``n``."""
+def inline_definition(folder: Path, name: str, *, publish_to: str | None = None, provider: str = "parquet",
+                      options: Mapping[str, Any] | None = None) -> Path:  # fmt: skip
+    """A cheap definition: a few inline rows scaled by an integer parameter ``n``; with ``publish_to``,
+    a forward-recovery definition appending to that location of ``provider`` (a folder for
+    ``parquet`` and ``delta``, a table name for ``postgres``, whose DSN goes in ``options``)."""
     folder.mkdir(parents=True, exist_ok=True)
     body: dict[str, Any] = {
         "name": name,
@@ -166,9 +169,11 @@ def inline_definition(folder: Path, name: str, *, publish_to: str | None = None)
     }
     if publish_to is not None:
         body["target"] = {
-            "type": "datasources.publication", "provider": "parquet", "datasource": f"soak.{name}",
+            "type": "datasources.publication", "provider": provider, "datasource": f"soak.{name}",
             "location": publish_to, "mode": "append",
         }  # fmt: skip
+        if options:
+            body["target"]["options"] = dict(options)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(body, sort_keys=False))
     return path
@@ -454,12 +459,28 @@ def wait_all_terminal(db: Database, expected_runs: int, timeout_s: float, what: 
         time.sleep(FLEET_POLL_S)
 
 
-def stop_fleet(procs: list[subprocess.Popen[bytes]], log_path: Path) -> list[int]:
-    """SIGTERM every worker (they stop claiming and drain), then collect their exit codes."""
+def stop_fleet(procs: list[subprocess.Popen[bytes]], log_path: Path, timeout_s: float = PROCESS_WAIT_S) -> list[int]:
+    """SIGTERM every worker (they stop claiming and drain), then collect their exit codes.
+
+    A worker with a pause point stops itself each time it reaches it, draining included: every
+    stopped worker is resumed until all have exited, so none waits for a SIGCONT that never comes.
+    """
     for proc in procs:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-    return [wait_exit(proc, log_path) for proc in procs]
+    deadline = time.monotonic() + timeout_s
+    while any(proc.poll() is None for proc in procs):
+        if time.monotonic() > deadline:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            raise AssertionError(f"the fleet did not exit in {timeout_s}s after SIGTERM; log:\n{tail(log_path)}")
+        for proc in procs:
+            if proc.poll() is None and is_stopped(proc.pid):
+                resume(proc)
+        time.sleep(POLL_S)
+    return [int(proc.returncode) for proc in procs]
 
 
 def log_events(log_path: Path) -> Counter[str]:

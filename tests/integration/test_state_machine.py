@@ -45,7 +45,7 @@ from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunReq
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.service import Claim, RunService
 from durable_dataflow.datasources.contract import AlreadyPublished, Fenced, Published, PublishOutcome, PublishTarget
-from hypothesis_profiles import LONG_PROFILE, machine_settings
+from hypothesis_profiles import CI_EXAMPLES, LONG_PROFILE, machine_settings
 from support.statemachine import (
     LEASE_TTL_S,
     WORKERS,
@@ -94,7 +94,7 @@ def event(name: str) -> None:
 
 # The ci run takes 1-2 minutes; a failure adds up to 5 minutes of shrinking (hypothesis' own cap).
 # The long profile has no time limit.
-TIMEOUT_S = 0 if machine_settings().max_examples > 500 else 900
+TIMEOUT_S = 0 if machine_settings().max_examples > CI_EXAMPLES else 900
 
 
 @dataclass(repr=False)
