@@ -7,6 +7,7 @@ the sinks themselves — so it judges what a crash or a pause really left behind
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -479,7 +480,10 @@ def stop_fleet(procs: list[subprocess.Popen[bytes]], log_path: Path, timeout_s: 
         for proc in procs:
             if proc.poll() is None and is_stopped(proc.pid):
                 resume(proc)
-        time.sleep(POLL_S)
+        waiting = next((proc for proc in procs if proc.poll() is None), None)
+        if waiting is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                waiting.wait(timeout=POLL_S)  # returns as soon as it exits; else look for stopped ones again
     return [int(proc.returncode) for proc in procs]
 
 
