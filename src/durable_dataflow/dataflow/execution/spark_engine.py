@@ -5,6 +5,10 @@ hostile SQL before a run is recorded. One Spark session serves the process (star
 ``DATAFLOW_SPARK_REMOTE`` — a Spark Connect URL — or ``DATAFLOW_SPARK_MASTER``, default ``local[2]``,
 plus ``DATAFLOW_SPARK_CONF``); each execution works in ``newSession()``, whose temp views and SQL
 settings are its own. Only the platform creates views: one per source, then one per earlier step.
+Through Spark Connect an execution's session is released on the server when it ends, the client
+retries an unanswered call for about CONNECT_RETRY_S only, and a server that is lost, refuses the
+token or forgot the session is an ExecutionError naming the gRPC status (never the URL, which may hold
+the token); the next execution connects again.
 
 * Parquet files and a Delta snapshot without partition columns are read by Spark from exactly the
   resolved files (``file://`` URIs, never a folder or a glob); a partitioned Delta snapshot, inline
@@ -40,6 +44,7 @@ import re
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -87,7 +92,17 @@ _PATH = re.compile(r"""(?:\bfile:/*|(?<![\w.:/])/)[A-Za-z0-9_.~-][^\s"'`,;)\]]*"
 _KEPT_PARAMETER = re.compile(r"(?i)(type|config|conf)$")  # message parameters naming types and settings
 _QUOTING_LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager")
 _FILE_REFUSALS = ("AccessDeniedException", "AccessControlException", "FileNotFoundException", "NoSuchFileException")
+# 50 ms, 200 ms, 800 ms, then 2 s apart (plus jitter): about CONNECT_RETRY_S before a lost server is an error.
+CONNECT_RETRIES = 6
+CONNECT_BACKOFF_MAX_MS = 2000
+CONNECT_RETRY_S = 8.0
+_GRPC_STATUS = re.compile(r"StatusCode\.([A-Z_]+)")
+# gRPC statuses of a Spark Connect call that Spark itself never answered.
+_CONNECT_LOST = ("UNAVAILABLE", "UNAUTHENTICATED", "PERMISSION_DENIED", "DEADLINE_EXCEEDED")
 _MEMORY_CONDITIONS = ("UNABLE_TO_ACQUIRE_MEMORY", "SPARK_OUT_OF_MEMORY", "OUT_OF_MEMORY")
+
+# pyspark warns on stderr each time a Connect call gives up retrying; the engine reports that error itself.
+warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]", category=UserWarning)
 
 _session: SparkSession | None = None
 _session_lock = threading.Lock()
@@ -117,18 +132,18 @@ def _start() -> SparkSession:
         PySparkLogger.getLogger(name).setLevel(logging.CRITICAL + 1)
     conf = spark_conf_from_env()
     remote = os.environ.get(SPARK_REMOTE_ENV, "").strip()
+    if remote:  # the server's application settings are its own; a session of the platform's own
+        spark = SparkSession.builder.remote(remote).create()  # no option: each would be a call
+        _configure(spark, {**conf, **SESSION_CONF})
+        return spark
+    # pyspark marks the whole process as Spark Connect once it made a Connect session, and from then on
+    # builds Connect sessions only: the platform's settings, not that mark, choose the kind.
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     builder = SparkSession.builder.appName("durable-dataflow")
-    if remote:  # the server's application settings are its own
-        builder = builder.remote(remote)
-        conf = {**conf, **SESSION_CONF}
-    else:
-        builder = builder.master(os.environ.get(SPARK_MASTER_ENV, "").strip() or SPARK_MASTER_DEFAULT)
-        conf = {**conf, **APP_CONF, **SESSION_CONF}
-    for key, value in conf.items():
+    builder = builder.master(os.environ.get(SPARK_MASTER_ENV, "").strip() or SPARK_MASTER_DEFAULT)
+    for key, value in {**conf, **APP_CONF, **SESSION_CONF}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    if remote:
-        return spark
     spark.sparkContext.setLogLevel("ERROR")
     with contextlib.suppress(Exception):  # a failed task's log quotes the values it failed on
         log4j = spark.sparkContext._jvm.org.apache.logging.log4j  # type: ignore[union-attr]
@@ -137,13 +152,17 @@ def _start() -> SparkSession:
     return spark
 
 
-def _stop() -> None:
+def stop_session(lost: bool = False) -> None:
+    """Stop the process's session; ``lost``: a Connect server that no longer answers is not asked to
+    release it (it restarted, or the call would only wait for the retries to run out)."""
     global _session
     with _session_lock:
         spark, _session = _session, None
     if spark is not None and not _is_remote(spark) and not _jvm_answers():
         _discard(spark)
     elif spark is not None:
+        if lost:
+            spark.release_session_on_close = False  # type: ignore[attr-defined]
         with contextlib.suppress(Exception):
             spark.stop()
 
@@ -162,8 +181,6 @@ def _jvm_answers() -> bool:
 def _discard(spark: SparkSession) -> None:
     """Forget a classic session whose JVM died, and pyspark's handles on that JVM: pyspark would reuse its
     dead gateway for every later session, so each later execution failed (ConnectionRefusedError)."""
-    import warnings
-
     from pyspark import SparkContext
     from pyspark.sql import SparkSession as Session
 
@@ -199,7 +216,7 @@ def session() -> SparkSession:
             _session = None
         if _session is None or (not _is_remote(_session) and _session.sparkContext._jsc is None):
             _session = _start()
-            atexit.register(_stop)
+            atexit.register(stop_session)
         return _session
 
 
@@ -438,8 +455,12 @@ class _Watch:
         if self.fired.is_set():
             return LimitExceeded(f"{part} exceeded the time limit of {self.limits.time_limit_s:g} s")
         if isinstance(exc, Py4JNetworkError | ConnectionError):
-            _stop()  # the JVM is gone: the next execution starts a new session
+            stop_session()  # the JVM is gone: the next execution starts a new session
             return ExecutionError(f"{part} failed: the Spark engine was lost ({type(exc).__name__})")
+        lost = _connect_lost(exc)
+        if lost is not None:
+            stop_session(lost=True)  # the next execution connects again, with a session the server knows
+            return ExecutionError(f"{part} failed: the Spark engine was lost ({lost})")
         chain = _chain(exc)
         text = spark_message(exc, self.own_text, chain)
         classes = " ".join(link[0] for link in chain)
@@ -456,6 +477,66 @@ class _Watch:
         if isinstance(exc, pa.ArrowCapacityError):
             return LimitExceeded(f"{part} produced a batch larger than Arrow can hold (2 GiB): {text}")
         return ExecutionError(f"{part} failed: {text}")
+
+
+def _connect_lost(exc: BaseException) -> str | None:
+    """What says that a Spark Connect server did not answer, refused the credentials or no longer knows
+    the session (it restarted), as "Spark Connect: <status or condition>"; None for any other error. The
+    rest of such an error (addresses, the server's text) is withheld."""
+    if type(exc).__module__ != "pyspark.errors.exceptions.connect":
+        return None
+    spark_exc: Any = exc
+    condition = str(spark_exc.getCondition() or "") if hasattr(exc, "getCondition") else ""
+    if condition.startswith("INVALID_HANDLE"):
+        return f"Spark Connect: {condition.split('.')[-1]}"
+    if condition:
+        return None
+    code = spark_exc.getGrpcStatusCode().name if hasattr(exc, "getGrpcStatusCode") else "UNKNOWN"
+    if code == "UNKNOWN":  # a client-side error wraps the RPC's own
+        found = _GRPC_STATUS.search(str(exc))
+        code = found.group(1) if found else code
+    return f"Spark Connect: {code}" if code in _CONNECT_LOST else None
+
+
+def _retry_briefly(spark: SparkSession) -> None:
+    """A Connect client retries a call the server did not answer for at most about CONNECT_RETRY_S
+    (pyspark's default policy waits up to 10 minutes, longer than any time limit, before failing)."""
+    if _is_remote(spark):
+        from pyspark.sql.connect.client.retries import DefaultPolicy
+
+        policy = DefaultPolicy(max_retries=CONNECT_RETRIES, initial_backoff=50, max_backoff=CONNECT_BACKOFF_MAX_MS)
+        spark.client.set_retry_policies([policy])
+
+
+def _configure(spark: SparkSession, conf: Mapping[str, str]) -> None:
+    """Set a new session's SQL settings; a Connect session that cannot take them is closed without
+    asking the server (else pyspark asks it again at exit, retrying a lost server at length)."""
+    _retry_briefly(spark)  # before any call, so an unreachable server fails in seconds
+    try:
+        for key, value in conf.items():
+            spark.conf.set(key, value)
+    except BaseException:
+        if _is_remote(spark):
+            spark.release_session_on_close = False  # type: ignore[attr-defined]
+            with contextlib.suppress(Exception):
+                spark.stop()
+        raise
+
+
+def execution_session() -> SparkSession:
+    """A session of the execution's own (``newSession()``: its temp views and SQL settings), with the
+    engine's settings; an engine that cannot be started or reached is an ExecutionError naming why."""
+    try:
+        spark = session().newSession()
+        _configure(spark, SESSION_CONF)
+    except Exception as exc:
+        lost = _connect_lost(exc)
+        if lost is not None:
+            stop_session(lost=True)
+            raise ExecutionError(f"the Spark engine could not be reached ({lost}); see {SPARK_REMOTE_ENV}") from None
+        where = f"; see {SPARK_REMOTE_ENV}" if os.environ.get(SPARK_REMOTE_ENV, "").strip() else ""
+        raise ExecutionError(f"the Spark engine could not be started: {spark_message(exc)}{where}") from None
+    return spark
 
 
 def _file_uri(source: str, path: str) -> str:
@@ -591,6 +672,7 @@ def _bounded(watch: _Watch, part: str, call: Callable[..., _T], *args: Any) -> _
     def target() -> None:
         try:
             if watch.remote:  # job tags are thread-local, in the JVM and in a Connect client alike
+                _make_active(watch.spark)
                 watch.spark.addTag(watch.tag)
             else:
                 watch.spark.sparkContext.addJobTag(watch.tag)
@@ -614,6 +696,17 @@ def _bounded(watch: _Watch, part: str, call: Callable[..., _T], *args: Any) -> _
     if failed:
         raise failed[0]
     return done[0]
+
+
+def _make_active(spark: SparkSession) -> None:
+    """Make a Connect session the calling thread's active one. pyspark (4.0 to 4.3) binds the DataFrame
+    that ``localCheckpoint`` returns to the thread's active session, not to the session that made it,
+    so a checkpoint of ``newSession()`` was looked up in the process's first session and not found
+    (CONNECT_INVALID_PLAN.DATAFRAME_NOT_FOUND). Each call runs in a thread of its own, so this is safe
+    for concurrent executions; pyspark has no public setter for it."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    ConnectSession._active_session.session = spark
 
 
 def _cancel_while(watch: _Watch, thread: threading.Thread) -> None:
@@ -690,9 +783,7 @@ class SparkEngine:
 
         d = job.definition
         declared = collector.declared
-        spark = session().newSession()  # private temp views and settings; the SparkContext is shared
-        for key, value in SESSION_CONF.items():
-            spark.conf.set(key, value)
+        spark = execution_session()  # private temp views and settings; the SparkContext is shared
         checkpoints: list[DataFrame] = []
         views = [*d.sources, *(step.name for step in steps[:-1])]
         try:
@@ -726,6 +817,9 @@ class SparkEngine:
             for source in job.resolved:
                 if isinstance(source.binding, PostgresStream):
                     source.binding.close()
+            if _is_remote(spark):  # the server keeps a session until it is released (or idles out)
+                with contextlib.suppress(Exception):
+                    spark.stop()
 
 
 ENGINE = SparkEngine()
