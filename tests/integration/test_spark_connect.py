@@ -5,8 +5,8 @@ token) serves this module. Through it: the cross-engine digests equal DuckDB's, 
 before Spark is asked, an execution's session refuses file relations and substitution, errors quote no
 file contents, the time limit interrupts the server's job, a server that stops answering or refuses
 the token is an ExecutionError naming the gRPC status (never the URL or the token), a restarted server
-is reconnected to, and `dataflow run` / `dataflow worker` with `--spark-remote` publish the Spark
-example once and verify.
+is reconnected to, and `dataflow run` / `dataflow worker` on the server publish the Spark example
+once and verify (the token in a variable: a token on the command line is refused).
 """
 
 from __future__ import annotations
@@ -213,15 +213,16 @@ def test_cli_run_with_spark_remote_publishes_once_and_verifies(server: ConnectSe
     folder = _example(tmp_path)
     cli = make_cli(sqlite_url, tmp_path)
     args = ("run", str(folder / "dataflow.yaml"), "--param", "year_start=1994-01-01", "--idempotency-key", "c-1",
-            "--spark-remote", server.url, "--json")
-    first = cli(*args)
+            "--spark-remote", server.url_without_token, "--json")
+    token = {"SPARK_CONNECT_AUTHENTICATE_TOKEN": server.token}  # never on the command line
+    first = cli(*args, extra_env=token)
     assert first.code == 0, first.output
     found = first.json()
     assert (found["status"], found["recovery_status"]) == ("succeeded", "verified"), found
     table = folder / "warehouse" / "revenue_by_nation"
     assert len(delta_publications(table)) == 1
     assert deltalake.DeltaTable(str(table)).to_pyarrow_table().num_rows == found["row_count"]
-    second = cli(*args)
+    second = cli(*args, extra_env=token)
     assert second.code == 0 and second.json()["replayed"] is True, second.output
     assert len(delta_publications(table)) == 1
     verified = cli("verify", found["run_id"])
@@ -236,9 +237,9 @@ def test_cli_run_and_worker_with_a_wrong_token_fail_the_run_cleanly(server: Conn
     worker then runs the next queued run with the right one."""
     folder = _example(tmp_path)
     cli = make_cli(sqlite_url, tmp_path)
-    wrong = f"sc://localhost:{server.port}/;token=wrong-{CANARY}"
+    wrong = {SPARK_REMOTE_ENV: f"sc://localhost:{server.port}/;token=wrong-{CANARY}"}
     base = ("--param", "year_start=1994-01-01", "--json")
-    ran = cli("run", str(folder / "dataflow.yaml"), *base, "--idempotency-key", "w-1", "--spark-remote", wrong)
+    ran = cli("run", str(folder / "dataflow.yaml"), *base, "--idempotency-key", "w-1", extra_env=wrong)
     assert ran.code != 0, ran.output
     assert CANARY not in ran.output and "UNAUTHENTICATED" in ran.output, ran.output
     ids = []
@@ -246,9 +247,9 @@ def test_cli_run_and_worker_with_a_wrong_token_fail_the_run_cleanly(server: Conn
         submitted = cli("submit", str(folder / "dataflow.yaml"), *base, "--idempotency-key", key)
         assert submitted.code == 0, submitted.output
         ids.append(submitted.json()["run_id"])
-    worked = cli("worker", "--once", "--spark-remote", wrong)
+    worked = cli("worker", "--once", extra_env=wrong)
     assert CANARY not in worked.output, worked.output
-    worked = cli("worker", "--until-idle", "--poll-interval", "0.05", "--spark-remote", server.url)
+    worked = cli("worker", "--until-idle", "--poll-interval", "0.05", extra_env={SPARK_REMOTE_ENV: server.url})
     assert worked.code == 0, worked.output
     shown = [cli("show", run_id, "--json").json() for run_id in ids]
     listed = cli("runs", "--json")
@@ -257,6 +258,23 @@ def test_cli_run_and_worker_with_a_wrong_token_fail_the_run_cleanly(server: Conn
     assert "UNAUTHENTICATED" in shown[0]["error_message"] and CANARY not in shown[0]["error_message"], shown[0]
     assert shown[1]["status"] == "succeeded", shown[1]
     assert server.token not in worked.output + listed.output
+
+
+@pytest.mark.parametrize("command", [["run", "{definition}"], ["worker", "--once"], ["serve", "--port", "0"]])
+def test_a_token_on_the_command_line_is_refused(tmp_path: Path, sqlite_url: str, command: list[str]) -> None:
+    """Proves `--spark-remote sc://…/;token=…` is refused by `run`, `worker` and `serve` with exit 2
+    before anything is recorded or started, without echoing the token: every user of a shared machine
+    reads another's command line (ps). The variables are the way."""
+    folder = _example(tmp_path)
+    cli = make_cli(sqlite_url, tmp_path)
+    argv = [part.format(definition=folder / "dataflow.yaml") for part in command]
+    for url in (f"sc://localhost:15002/;token={CANARY}", f"sc://h:1/;use_ssl=true;TOKEN={CANARY}", f"sc://h:1/; token = {CANARY}"):
+        refused = cli(*argv, "--spark-remote", url)
+        assert refused.code == 2, refused.output
+        assert "visible to every user" in refused.output and SPARK_REMOTE_ENV in refused.output, refused.output
+        assert CANARY not in refused.output, refused.output
+    listed = cli("runs", "--json")
+    assert listed.code == 0 and listed.json() == [], listed.output
 
 
 CARELESS_URLS = [

@@ -15,6 +15,7 @@ import functools
 import inspect
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -141,11 +142,18 @@ SPARK_PARAMETERS = {
 }
 
 
+_CONNECT_TOKEN = re.compile(r"(?i);\s*token\s*=")  # a Spark Connect URL's bearer-token parameter
+
+
 def _apply_spark_options(given: dict[str, str | None]) -> None:
     for name, value in given.items():
         if value is None:
             continue
         flag = "--" + name.replace("_", "-")
+        if name == "spark_remote" and _CONNECT_TOKEN.search(value):
+            fail(f"{flag}: a token on the command line is visible to every user of the machine (ps); "
+                 f"put the URL with its token in {limits.SPARK_REMOTE_ENV}, or the token in "
+                 "SPARK_CONNECT_AUTHENTICATE_TOKEN")
         if not value.strip() or any(ch.isspace() or not ch.isprintable() for ch in value):
             fail(f"{flag} must be a URL without spaces or control characters")
         os.environ[SPARK_PARAMETERS[name][1]] = value
