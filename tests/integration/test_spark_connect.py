@@ -24,9 +24,9 @@ import pytest
 from test_spark_conformance import QUERIES, tpch, tpch_queries  # noqa: F401  (tpch: the TPC-H data fixture)
 from test_spark_hostile import (
     CANARY,
-    CANARY_ERRORS,
     DUCKDB_HOSTILE,
     KNOWN_DANGEROUS,
+    assert_canary_errors_withheld,
     assert_refused_before_spark,
     canary_files,  # noqa: F401  (a fixture)
     definition,
@@ -134,14 +134,7 @@ def test_errors_through_connect_never_quote_file_contents_or_paths(server: Conne
                                                                     canary_files: Path) -> None:  # noqa: F811
     """Proves Connect's error shape (conditions and parameters sent by the server) is withheld alike: each
     of the canary errors fails as ExecutionError without the canary, the file's folder or the home folder."""
-    sources = {"c": {"kind": "csv", "path": "c.csv", "schema": {"s": "string", "j": "string"}},
-               "p": {"kind": "parquet", "path": "p.parquet"}}  # fmt: skip
-    for sql in CANARY_ERRORS:
-        error = failure(definition(sql, sources=sources), canary_files)
-        message = error.message
-        assert isinstance(error, ExecutionError), message
-        assert CANARY not in message and str(canary_files) not in message and str(Path.home()) not in message, message
-        assert "\n" not in message and len(message) <= 400, message
+    assert_canary_errors_withheld(canary_files)
 
 
 def test_a_string_that_is_not_utf8_fails_through_connect(server: ConnectServer, tmp_path: Path) -> None:
@@ -268,7 +261,9 @@ def test_a_token_on_the_command_line_is_refused(tmp_path: Path, sqlite_url: str,
     folder = _example(tmp_path)
     cli = make_cli(sqlite_url, tmp_path)
     argv = [part.format(definition=folder / "dataflow.yaml") for part in command]
-    for url in (f"sc://localhost:15002/;token={CANARY}", f"sc://h:1/;use_ssl=true;TOKEN={CANARY}", f"sc://h:1/; token = {CANARY}"):
+    urls = (f"sc://localhost:15002/;token={CANARY}", f"sc://h:1/;use_ssl=true;TOKEN={CANARY}",
+            f"sc://h:1/; token = {CANARY}")
+    for url in urls:
         refused = cli(*argv, "--spark-remote", url)
         assert refused.code == 2, refused.output
         assert "visible to every user" in refused.output and SPARK_REMOTE_ENV in refused.output, refused.output

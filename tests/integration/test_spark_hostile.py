@@ -496,6 +496,8 @@ def canary_files(tmp_path: Path) -> Path:
     return tmp_path
 
 
+CANARY_SOURCES = {"c": {"kind": "csv", "path": "c.csv", "schema": {"s": "string", "j": "string"}},
+                  "p": {"kind": "parquet", "path": "p.parquet"}}  # fmt: skip
 CANARY_ERRORS = [
     "select cast(s as int) as v from c", "select format_string(s, 1) as v from c",
     "select cast(from_json(j, 'a int', map('mode', 'FAILFAST')) as string) as v from c",
@@ -513,10 +515,15 @@ def test_errors_never_quote_file_contents_paths_or_the_home_folder(canary_files:
     a regex, a duplicate map key, an unresolved column (whose suggestion lists the file's header), a
     hidden _metadata column (file path, file name) — fail as ExecutionError without the canary, the
     file's folder or the service user's home, in one line of bounded length."""
-    sources = {"c": {"kind": "csv", "path": "c.csv", "schema": {"s": "string", "j": "string"}},
-               "p": {"kind": "parquet", "path": "p.parquet"}}  # fmt: skip
-    d = definition([*CANARY_ERRORS], sources=sources)  # only to check they all pass the gate
+    d = definition([*CANARY_ERRORS], sources=CANARY_SOURCES)  # only to check they all pass the gate
     assert len(d.steps) == len(CANARY_ERRORS)
+    assert_canary_errors_withheld(canary_files)
+
+
+def assert_canary_errors_withheld(canary_files: Path) -> None:
+    """Each of CANARY_ERRORS fails as an ExecutionError of one bounded line without the canary, the
+    files' folder or the home folder (also run through Spark Connect, test_spark_connect.py)."""
+    sources = CANARY_SOURCES
     for sql in CANARY_ERRORS:
         error = failure(definition(sql, sources=sources), canary_files)
         message = error.message
