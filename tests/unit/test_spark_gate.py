@@ -8,6 +8,7 @@ import datetime as dt
 import decimal
 import logging
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -649,8 +650,15 @@ def spark() -> Iterator[Any]:
     from pyspark.logger import PySparkLogger
     from pyspark.sql import SparkSession
 
+    from durable_dataflow.dataflow.execution import spark_engine
+
     for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
         PySparkLogger.getLogger(name).setLevel(logging.CRITICAL + 1)
+    # An engine session left by an earlier module of this process has the engine's settings (substitution
+    # off): getOrCreate would return it. And pyspark's mark of a process that made a Connect session
+    # would make the builder build a Connect one.
+    spark_engine.stop_session()
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     session = (
         SparkSession.builder.master("local[1]")
         .config("spark.ui.enabled", "false")
@@ -661,6 +669,9 @@ def spark() -> Iterator[Any]:
         .config("spark.sql.codegen.wholeStage", "false")
         .config("spark.sql.codegen.factoryMode", "NO_CODEGEN")
         .config("spark.sql.adaptive.enabled", "false")
+        # Spark's default, stated: the substitution test shows what the engine turns off, and a JVM that
+        # served the engine earlier in this process may still carry the engine's setting.
+        .config("spark.sql.variable.substitute", "true")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
