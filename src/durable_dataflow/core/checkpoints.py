@@ -60,9 +60,12 @@ def latest(conn: Connection, module: str, subject_id: str) -> Checkpoint | None:
     )
 
 
-def head_columns(module: str, subject_id: str) -> tuple[sa.Label[int], sa.Label[str]]:
+def head_columns(
+    module: str | sa.ColumnElement[str], subject_id: str | sa.ColumnElement[str]
+) -> tuple[sa.Label[int], sa.Label[str]]:
     """The latest checkpoint's ``checkpoint_head_seq`` and ``checkpoint_head_hash`` as scalar
-    subqueries (NULL without a checkpoint), for a statement that reads them with other things."""
+    subqueries (NULL without a checkpoint), for a statement that reads them with other things (the
+    subject as values or as bind parameters)."""
     newest = (
         sa.select(checkpoints.c.head_seq, checkpoints.c.head_hash)
         .where(checkpoints.c.module == module, checkpoints.c.subject_id == subject_id)
@@ -130,19 +133,18 @@ def write_verified(
         raise EvidenceError(f"evidence of {module}/{subject_id} failed verification{where}: {result.reason}")
     facts_json = hashing.canonical_json(dict(facts)).decode("utf-8")
     now_us = conn.execute(
-        checkpoints.insert().values(
-            module=module,
-            subject_id=subject_id,
-            head_seq=result.head_seq,
-            attempt=attempt,
-            head_hash=result.head_hash,
-            status=status,
-            facts_json=facts_json,
-            verified_at_us=db.now_us_expr(),
-        )
-        .returning(checkpoints.c.verified_at_us)
-    ).scalar_one()
+        db.statement(_insert_statement),
+        {
+            "module": module, "subject_id": subject_id, "head_seq": result.head_seq, "attempt": attempt,
+            "head_hash": result.head_hash, "status": status, "facts_json": facts_json,
+        },
+    ).scalar_one()  # fmt: skip
     return Checkpoint(module, subject_id, attempt, result.head_seq, result.head_hash, status, facts, now_us)
+
+
+def _insert_statement(db: Database) -> sa.Insert:
+    """A checkpoint at the database time (the other values come with the execution)."""
+    return checkpoints.insert().values(verified_at_us=db.now_us_expr()).returning(checkpoints.c.verified_at_us)
 
 
 def count_by_module(

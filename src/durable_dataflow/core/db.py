@@ -6,6 +6,10 @@ server inside the transaction that uses it. Tests may shift that clock with
 :meth:`Database.advance_clock`, which adds an offset to the expression, so lease expiry can be
 produced without sleeping.
 
+Hot statements are built once per database (:meth:`Database.statement`) and take their values as
+bind parameters: building a SQLAlchemy statement and computing its cache key cost more Python time
+per run than sending it (issue 15, docs/performance.md).
+
 SQLite runs in WAL mode with a busy timeout; every write transaction starts with
 ``BEGIN IMMEDIATE`` so two writers serialize at the start instead of failing at commit. Reads use
 a second engine with deferred transactions, so readers never wait for the write lock.
@@ -16,11 +20,11 @@ from __future__ import annotations
 import os
 import select
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
@@ -36,6 +40,10 @@ POSTGRES_POOL_OVERFLOW = 16
 POSTGRES_CONNECT_TIMEOUT_S = 10
 
 Dialect = Literal["sqlite", "postgresql"]
+Built = TypeVar("Built")
+# Statements built by Database.statement and kept; past this many (shapes x clock offsets, which
+# only tests change) the cache starts again.
+STATEMENTS_CACHED_MAX = 256
 
 
 def url_from_env(url: str | None = None) -> str:
@@ -102,6 +110,7 @@ class Database:
         else:
             self.engine = _postgres_engine(self.url)
             self.read_engine = self.engine
+        self._statements: dict[tuple[Any, ...], Any] = {}
 
     def files(self) -> tuple[Path, ...]:
         """The files that hold this database on this host (SQLite: the file and its journals)."""
@@ -129,6 +138,21 @@ class Database:
         else:
             sql = f"(CAST(extract(epoch from clock_timestamp()) * 1000000 AS BIGINT) + {offset_us})"
         return sa.literal_column(sql, type_=sa.BigInteger())
+
+    def statement(self, build: Callable[..., Built], *shape: Hashable) -> Built:
+        """``build(self, *shape)``, built once for this database and its clock, then kept.
+
+        For the statements every run executes: ``build`` makes one whose values are bind parameters
+        (``sa.bindparam``, or the execution's parameters for an INSERT or UPDATE), so neither the
+        statement nor its SQLAlchemy cache key is computed again. ``shape`` (hashable) selects among
+        a builder's variants, e.g. the columns an UPDATE sets; it must never hold a value."""
+        key = (build, self.clock_offset_s, *shape)
+        built = self._statements.get(key)
+        if built is None:
+            if len(self._statements) >= STATEMENTS_CACHED_MAX:
+                self._statements.clear()
+            built = self._statements[key] = build(self, *shape)
+        return built
 
     def now_us(self, conn: Connection) -> int:
         """Read the database clock inside an open transaction."""

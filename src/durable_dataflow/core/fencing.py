@@ -30,14 +30,31 @@ from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import StaleAttempt
 from durable_dataflow.core.schema import leases
 
+# The subject, as the fence statements' bind parameters (they are built once per database).
+_MODULE = sa.bindparam("fence_module", type_=sa.String())
+_SUBJECT_ID = sa.bindparam("fence_subject_id", type_=sa.String())
 
-def _fence_select(db: Database, module: str, subject_id: str) -> sa.Select[Any]:
+
+def _fence_select(db: Database) -> sa.Select[Any]:
     return sa.select(
         leases.c.attempt.label("lease_attempt"),
         leases.c.released_at_us.label("lease_released_at_us"),
         leases.c.expires_at_us.label("lease_expires_at_us"),
         db.now_us_expr().label("now_us"),
-    ).where(leases.c.module == module, leases.c.subject_id == subject_id)
+    ).where(leases.c.module == _MODULE, leases.c.subject_id == _SUBJECT_ID)
+
+
+def _fence_statement(db: Database) -> sa.Select[Any]:
+    return _fence_select(db).with_for_update()
+
+
+def _fence_and_chain_statement(db: Database) -> sa.Select[Any]:
+    query = _fence_select(db).add_columns(*checkpoints.head_columns(_MODULE, _SUBJECT_ID))
+    return ledger.chain_outerjoin(query, _MODULE, _SUBJECT_ID).with_for_update(of=leases)
+
+
+def _subject(module: str, subject_id: str) -> dict[str, str]:
+    return {"fence_module": module, "fence_subject_id": subject_id}
 
 
 def _check(row: sa.Row[Any] | None, module: str, subject_id: str, attempt: int) -> None:
@@ -59,7 +76,7 @@ def _check(row: sa.Row[Any] | None, module: str, subject_id: str, attempt: int) 
 
 def check_fence(conn: Connection, db: Database, module: str, subject_id: str, attempt: int) -> None:
     """Lock the lease row and raise StaleAttempt unless ``attempt`` is current and live."""
-    row = conn.execute(_fence_select(db, module, subject_id).with_for_update()).one_or_none()
+    row = conn.execute(db.statement(_fence_statement), _subject(module, subject_id)).one_or_none()
     _check(row, module, subject_id, attempt)
 
 
@@ -68,8 +85,7 @@ def check_fence_and_read(
 ) -> ledger.HeldChain:
     """:func:`check_fence` that also returns the subject's chain and latest checkpoint head, read by
     the same statement (one row per entry; the lease row alone is locked)."""
-    query = _fence_select(db, module, subject_id).add_columns(*checkpoints.head_columns(module, subject_id))
-    rows = conn.execute(ledger.chain_outerjoin(query, module, subject_id).with_for_update(of=leases)).all()
+    rows = conn.execute(db.statement(_fence_and_chain_statement), _subject(module, subject_id)).all()
     _check(rows[0] if rows else None, module, subject_id, attempt)
     first = rows[0]
     verified = None

@@ -102,21 +102,9 @@ def acquire(
         return Lease(
             module, subject_id, int(first.attempt), holder, int(first.acquired_at_us), int(first.expires_at_us)
         )
-    now = db.now_us_expr()
-    guard = sa.or_(leases.c.released_at_us.is_not(None), leases.c.expires_at_us <= now)
-    if expected_attempt is not None:
-        guard = sa.and_(guard, leases.c.attempt == expected_attempt)
     row = conn.execute(
-        leases.update()
-        .where(_key(module, subject_id), guard)
-        .values(
-            attempt=leases.c.attempt + 1,
-            holder=holder,
-            acquired_at_us=now,
-            expires_at_us=now + ttl_us(ttl_s),
-            released_at_us=None,
-        )
-        .returning(leases.c.attempt, leases.c.acquired_at_us, leases.c.expires_at_us)
+        db.statement(_next_grant_statement, expected_attempt is not None),
+        {**_match(module, subject_id, expected_attempt), "set_holder": holder, "ttl_us": ttl_us(ttl_s)},
     ).one_or_none()
     if row is None:
         row = _insert_first(conn, db, module, subject_id, holder, ttl_s, expected_attempt)
@@ -136,24 +124,68 @@ def _insert_first(
     """The first grant of a subject: ``INSERT … ON CONFLICT DO NOTHING RETURNING``, one statement."""
     if expected_attempt not in (None, 0):
         raise LeaseUnavailable(f"{module}/{subject_id} is leased by another holder or its attempt moved on")
-    now = db.now_us_expr()
-    insert = sqlite_insert if db.dialect == "sqlite" else postgresql_insert
     row = conn.execute(
-        insert(leases)
-        .values(
-            module=module,
-            subject_id=subject_id,
-            attempt=1,
-            holder=holder,
-            acquired_at_us=now,
-            expires_at_us=now + ttl_us(ttl_s),
-        )
-        .on_conflict_do_nothing(index_elements=["module", "subject_id"])
-        .returning(leases.c.attempt, leases.c.acquired_at_us, leases.c.expires_at_us)
+        db.statement(_first_grant_statement),
+        {"module": module, "subject_id": subject_id, "attempt": 1, "holder": holder, "ttl_us": ttl_us(ttl_s)},
     ).one_or_none()
     if row is None:
         raise LeaseUnavailable(f"{module}/{subject_id} is leased by another holder")
     return row
+
+
+# The statements every run executes, built once per database (Database.statement): the values are
+# bind parameters, the subject and attempt are the ``match_*`` ones (``_match``).
+def _match(module: str, subject_id: str, attempt: int | None) -> dict[str, Any]:
+    return {"match_module": module, "match_subject_id": subject_id, "match_attempt": attempt}
+
+
+def _matched_key() -> sa.ColumnElement[bool]:
+    return sa.and_(
+        leases.c.module == sa.bindparam("match_module"), leases.c.subject_id == sa.bindparam("match_subject_id")
+    )
+
+
+def _next_grant_statement(db: Database, guarded: bool) -> sa.Update:
+    """The grant of the next attempt over a released or expired lease (``guarded``: only while the
+    lease still names ``match_attempt``)."""
+    now = db.now_us_expr()
+    free = sa.or_(leases.c.released_at_us.is_not(None), leases.c.expires_at_us <= now)
+    if guarded:
+        free = sa.and_(free, leases.c.attempt == sa.bindparam("match_attempt"))
+    return (
+        leases.update()
+        .where(_matched_key(), free)
+        .values(
+            attempt=leases.c.attempt + 1,
+            holder=sa.bindparam("set_holder"),
+            acquired_at_us=now,
+            expires_at_us=now + sa.bindparam("ttl_us", type_=sa.BigInteger()),
+            released_at_us=None,
+        )
+        .returning(leases.c.attempt, leases.c.acquired_at_us, leases.c.expires_at_us)
+    )
+
+
+def _first_grant_statement(db: Database) -> sa.Insert:
+    """A subject's first grant, ``INSERT … ON CONFLICT DO NOTHING RETURNING`` (the columns' values
+    come with the execution)."""
+    now = db.now_us_expr()
+    insert = sqlite_insert if db.dialect == "sqlite" else postgresql_insert
+    return (
+        insert(leases)
+        .values(acquired_at_us=now, expires_at_us=now + sa.bindparam("ttl_us", type_=sa.BigInteger()))
+        .on_conflict_do_nothing(index_elements=["module", "subject_id"])
+        .returning(leases.c.attempt, leases.c.acquired_at_us, leases.c.expires_at_us)
+    )
+
+
+def _release_statement(db: Database) -> sa.Update:
+    return (
+        leases.update()
+        .where(_matched_key(), leases.c.attempt == sa.bindparam("match_attempt"), leases.c.released_at_us.is_(None))
+        .values(released_at_us=db.now_us_expr())
+        .returning(leases.c.attempt)
+    )
 
 
 def heartbeat(conn: Connection, db: Database, module: str, subject_id: str, attempt: int, ttl_s: float) -> int:
@@ -177,12 +209,7 @@ def heartbeat(conn: Connection, db: Database, module: str, subject_id: str, atte
 
 def release(conn: Connection, db: Database, module: str, subject_id: str, attempt: int) -> None:
     """Release the lease of a live attempt (inside its fenced terminal transaction)."""
-    row = conn.execute(
-        leases.update()
-        .where(_key(module, subject_id), leases.c.attempt == attempt, leases.c.released_at_us.is_(None))
-        .values(released_at_us=db.now_us_expr())
-        .returning(leases.c.attempt)
-    ).one_or_none()
+    row = conn.execute(db.statement(_release_statement), _match(module, subject_id, attempt)).one_or_none()
     if row is None:
         raise StaleAttempt(f"release refused: attempt {attempt} of {module}/{subject_id} is not the current lease")
 

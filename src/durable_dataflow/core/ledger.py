@@ -183,24 +183,30 @@ def append_many(
         if seq + len(items) > ENTRIES_PER_SUBJECT_MAX:
             raise InputError(f"subject {module}/{subject_id} reached {ENTRIES_PER_SUBJECT_MAX} ledger entries")
         return _insert_chained(conn, module, subject_id, items, seq, prev_hash, held.now_us, evidence_key)
-    # The head and the database clock in one round trip.
-    last = (
-        sa.select(ledger_entries.c.seq, ledger_entries.c.entry_hash)
-        .where(ledger_entries.c.module == module, ledger_entries.c.subject_id == subject_id)
-        .order_by(ledger_entries.c.seq.desc())
-        .limit(1)
-        .subquery()
-    )
-    head = conn.execute(
-        sa.select(db.now_us_expr().label("now_us"), last.c.seq, last.c.entry_hash).select_from(
-            sa.select(sa.literal(1).label("one")).subquery().outerjoin(last, sa.true())
-        )
-    ).one()
+    head = conn.execute(db.statement(_head_statement), {"head_module": module, "head_subject_id": subject_id}).one()
     seq = 0 if head.seq is None else int(head.seq)
     if seq + len(items) > ENTRIES_PER_SUBJECT_MAX:
         raise InputError(f"subject {module}/{subject_id} reached {ENTRIES_PER_SUBJECT_MAX} ledger entries")
     prev_hash = genesis_hash(module, subject_id) if head.seq is None else str(head.entry_hash)
     return _insert_chained(conn, module, subject_id, items, seq, prev_hash, int(head.now_us), evidence_key)
+
+
+def _head_statement(db: Database) -> sa.Select[tuple[int, int | None, str | None]]:
+    """The subject's head ``(seq, entry_hash)`` (NULLs for an empty chain) and the database clock,
+    in one round trip."""
+    last = (
+        sa.select(ledger_entries.c.seq, ledger_entries.c.entry_hash)
+        .where(
+            ledger_entries.c.module == sa.bindparam("head_module"),
+            ledger_entries.c.subject_id == sa.bindparam("head_subject_id"),
+        )
+        .order_by(ledger_entries.c.seq.desc())
+        .limit(1)
+        .subquery()
+    )
+    return sa.select(db.now_us_expr().label("now_us"), last.c.seq, last.c.entry_hash).select_from(
+        sa.select(sa.literal(1).label("one")).subquery().outerjoin(last, sa.true())
+    )
 
 
 def _insert_chained(
@@ -223,8 +229,11 @@ def _insert_chained(
         entries.append(entry)
         rows.append(_row(entry, payload_json))
         prev_hash = entry.entry_hash
-    conn.execute(ledger_entries.insert(), rows)
+    conn.execute(_INSERT_ENTRIES, rows)
     return entries
+
+
+_INSERT_ENTRIES = ledger_entries.insert()  # built once: every run appends through it
 
 
 def _chained(
@@ -277,10 +286,12 @@ def read(conn: Connection, module: str, subject_id: str) -> list[Entry]:
     return [_entry_from_row(row) for row in rows]
 
 
-def chain_outerjoin(query: sa.Select[Any], module: str, subject_id: str) -> sa.Select[Any]:
-    """``query`` (one row) outer-joined to every entry of the subject, in seq order: each row carries
-    one entry's columns (NULL when the chain is empty). Read them back with :func:`entries_of_rows`;
-    the caller's own columns must not be named like the entry columns."""
+def chain_outerjoin(
+    query: sa.Select[Any], module: str | sa.ColumnElement[str], subject_id: str | sa.ColumnElement[str]
+) -> sa.Select[Any]:
+    """``query`` (one row) outer-joined to every entry of the subject (values or bind parameters), in
+    seq order: each row carries one entry's columns (NULL when the chain is empty). Read them back
+    with :func:`entries_of_rows`; the caller's own columns must not be named like the entry columns."""
     on = sa.and_(ledger_entries.c.module == module, ledger_entries.c.subject_id == subject_id)
     return (
         query.add_columns(*ledger_entries.c)

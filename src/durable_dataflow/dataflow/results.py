@@ -44,14 +44,18 @@ class Computed(Protocol):
     def sources(self) -> Sequence[tuple[str, str, str]]: ...
 
 
+_INSERT = run_results.insert()  # built once: every run that ends its execution stores through it
+
+
 def store(conn: Connection, run_id: str, attempt: int, result: Computed) -> None:
     """Store the bounded result, once per run: it is stored only by the commit that ends execution
     (atomic terminal or forward pre-dispatch), which never happens twice for a run."""
     conn.execute(
-        run_results.insert().values(
-            run_id=run_id, attempt=attempt, output_digest=result.output_digest, format=STORED_FORMAT,
-            row_count=result.row_count, bytes=result.ipc_bytes,
-        )
+        _INSERT,
+        {
+            "run_id": run_id, "attempt": attempt, "output_digest": result.output_digest, "format": STORED_FORMAT,
+            "row_count": result.row_count, "bytes": result.ipc_bytes,
+        },
     )  # fmt: skip
 
 

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy.engine import Connection
 
+from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, NotFound, StaleAttempt
 from durable_dataflow.dataflow.schema import dataflow_runs
 
@@ -171,9 +172,15 @@ def from_row(row: sa.Row[Any]) -> Run:
     return Run.model_construct(**known, corrupt=", ".join(sorted(set(problems))) or "unreadable")
 
 
-def insert(conn: Connection, values: Mapping[str, Any]) -> Run:
-    """Insert a run and return it as stored (``created_at_us`` is the database time of this transaction)."""
-    return from_row(conn.execute(dataflow_runs.insert().values(**values).returning(*dataflow_runs.c)).one())
+def insert(conn: Connection, db: Database, values: Mapping[str, Any]) -> Run:
+    """Insert a run and return it as stored (``created_at_us`` and ``updated_at_us``: the database
+    time of this transaction)."""
+    return from_row(conn.execute(db.statement(_insert_statement), dict(values)).one())
+
+
+def _insert_statement(db: Database) -> sa.Insert:
+    now = db.now_us_expr()
+    return dataflow_runs.insert().values(created_at_us=now, updated_at_us=now).returning(*dataflow_runs.c)
 
 
 def get(conn: Connection, run_id: str, tenant: str | None = None, *, for_update: bool = False) -> Run:
@@ -188,31 +195,38 @@ def get(conn: Connection, run_id: str, tenant: str | None = None, *, for_update:
     return from_row(row)
 
 
+# Built once: every submit with a key looks its run up (a replay is only this read).
+_BY_KEY = sa.select(dataflow_runs).where(
+    dataflow_runs.c.tenant == sa.bindparam("match_tenant"),
+    dataflow_runs.c.idempotency_key == sa.bindparam("match_key"),
+)
+
+
 def find_by_key(conn: Connection, tenant: str, idempotency_key: str) -> Run | None:
-    row = conn.execute(
-        sa.select(dataflow_runs).where(
-            dataflow_runs.c.tenant == tenant, dataflow_runs.c.idempotency_key == idempotency_key
-        )
-    ).one_or_none()
+    row = conn.execute(_BY_KEY, {"match_tenant": tenant, "match_key": idempotency_key}).one_or_none()
     return from_row(row) if row is not None else None
 
 
 def update(
     conn: Connection,
+    db: Database,
     run_id: str,
-    now_us: int | sa.ColumnElement[int],
     *,
     expected_attempt: int | None = None,
     **values: Any,
 ) -> Run:
     """Update the projection of one run and return it; the caller's transaction is fenced or guarded.
+    ``updated_at_us`` becomes the database time.
 
     With ``expected_attempt`` the row changes only while it still names that attempt (StaleAttempt
     otherwise): a projection is never written for an attempt the row has moved past."""
-    statement = dataflow_runs.update().where(dataflow_runs.c.run_id == run_id)
-    if expected_attempt is not None:
-        statement = statement.where(dataflow_runs.c.attempt == expected_attempt)
-    row = conn.execute(statement.values(updated_at_us=now_us, **values).returning(*dataflow_runs.c)).one_or_none()
+    guarded = expected_attempt is not None
+    statement = db.statement(_update_statement, tuple(sorted(values)), guarded)
+    parameters = {f"set_{name}": value for name, value in values.items()}
+    parameters["match_run_id"] = run_id
+    if guarded:
+        parameters["match_attempt"] = expected_attempt
+    row = conn.execute(statement, parameters).one_or_none()
     if row is None:
         if expected_attempt is not None:
             raise StaleAttempt(
@@ -220,6 +234,19 @@ def update(
             )
         raise NotFound(_missing(run_id))
     return from_row(row)
+
+
+def _update_statement(db: Database, columns: tuple[str, ...], guarded: bool) -> sa.Update:
+    """The UPDATE … RETURNING of :func:`update` for one set of columns (their values come with the
+    execution; the ``match_*`` parameters select the row)."""
+    unknown = [name for name in columns if name not in dataflow_runs.c or name == "updated_at_us"]
+    if unknown:
+        raise InputError(f"a run has no updatable column {unknown[0]!r}")
+    statement = dataflow_runs.update().where(dataflow_runs.c.run_id == sa.bindparam("match_run_id"))
+    if guarded:
+        statement = statement.where(dataflow_runs.c.attempt == sa.bindparam("match_attempt"))
+    values = {name: sa.bindparam(f"set_{name}", type_=dataflow_runs.c[name].type) for name in columns}
+    return statement.values(updated_at_us=db.now_us_expr(), **values).returning(*dataflow_runs.c)
 
 
 def list_page(
@@ -284,15 +311,17 @@ def resolve_run_id(conn: Connection, text: str) -> str:
 def oldest_queued(conn: Connection, *, skip_locked: bool) -> sa.Row[str, int] | None:
     """The oldest queued run's ``(run_id, attempt)``, for a claim. ``skip_locked`` (PostgreSQL) locks
     the row ``FOR UPDATE SKIP LOCKED``, so concurrent claimers each take a different run."""
-    query = (
-        sa.select(dataflow_runs.c.run_id, dataflow_runs.c.attempt)
-        .where(dataflow_runs.c.status == RunStatus.QUEUED)
-        .order_by(dataflow_runs.c.created_at_us)
-        .limit(1)
-    )
-    if skip_locked:
-        query = query.with_for_update(skip_locked=True)
-    return conn.execute(query).one_or_none()
+    return conn.execute(_OLDEST_QUEUED_SKIP_LOCKED if skip_locked else _OLDEST_QUEUED).one_or_none()
+
+
+# Built once: every claim and every idle poll of a worker runs one of them.
+_OLDEST_QUEUED = (
+    sa.select(dataflow_runs.c.run_id, dataflow_runs.c.attempt)
+    .where(dataflow_runs.c.status == RunStatus.QUEUED)
+    .order_by(dataflow_runs.c.created_at_us)
+    .limit(1)
+)
+_OLDEST_QUEUED_SKIP_LOCKED = _OLDEST_QUEUED.with_for_update(skip_locked=True)
 
 
 # ---- read-only statements of the Ops projection (ops.ledger) ---------------------------------

@@ -214,15 +214,14 @@ class RunService:
         inserted already holding what Outcome.STARTED projects, so it is written once."""
         if d_hash not in self._stored_definitions:
             catalog.store_definition(conn, self.db, defn, d_hash)
-        now = self.db.now_us_expr()
-        row = {**values, "created_at_us": now, "updated_at_us": now}
+        row = dict(values)
         entries = transitions.items(Outcome.RECORDED, 0, [_recorded_payload(values)])
         if claim:
             lease = self._lease(conn, values["run_id"], expected_attempt=0)
             started = transitions.TABLE[Outcome.STARTED]
             row.update(attempt=lease.attempt, status=started.status, recovery_status=started.recovery)
             entries += transitions.items(Outcome.STARTED, lease.attempt, [{"holder": lease.holder}])
-        run = runs.insert(conn, row)
+        run = runs.insert(conn, self.db, row)
         ledger.append_many(
             conn, self.db, MODULE, run.run_id, entries,
             evidence_key=self.config.evidence_key, new_subject_at_us=run.created_at_us,
@@ -242,7 +241,7 @@ class RunService:
         ledger.append_many(conn, self.db, MODULE, run_id, started, evidence_key=self.config.evidence_key)
         projected = transitions.TABLE[Outcome.STARTED]
         return runs.update(
-            conn, run_id, self.db.now_us_expr(),
+            conn, self.db, run_id,
             attempt=lease.attempt, status=projected.status, recovery_status=projected.recovery,
         )  # fmt: skip
 

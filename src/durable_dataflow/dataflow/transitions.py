@@ -231,7 +231,7 @@ def apply(
         written = (results.STORED_FORMAT, stored_result) if stored_result is not None else None
         _checkpoint(conn, db, after, attempt, outcome, transition, evidence_key, held, written)
     guard = attempt if row_attempt is None else row_attempt
-    final = runs.update(conn, run.run_id, db.now_us_expr(), expected_attempt=guard, **values)
+    final = runs.update(conn, db, run.run_id, expected_attempt=guard, **values)
     if transition.releases_lease:
         leases.release(conn, db, MODULE, run.run_id, attempt)
     return final

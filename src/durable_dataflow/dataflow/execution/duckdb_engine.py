@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -154,12 +155,24 @@ def _gate_all(cursor: duckdb.DuckDBPyConnection, d: Definition) -> list[sandbox.
     return gated
 
 
+# A definition is immutable, so the steps it passed the gate with are kept per object (keyed by
+# id(), dropped by a finalizer when it dies): a submit's preflight and the execution gate it once.
+# A refusal is not kept; it is found again, as cheaply, on the next attempt.
+_gated_by_id: dict[int, tuple[sandbox.GatedStep, ...]] = {}
+
+
 def _gate(d: Definition, limits: ExecutionLimits) -> list[sandbox.GatedStep]:
+    cached = _gated_by_id.get(id(d))
+    if cached is not None:
+        return list(cached)
     cursor = sandbox.open_cursor(limits)
     try:
-        return _gate_all(cursor, d)
+        gated = _gate_all(cursor, d)
     finally:
         cursor.close()
+    _gated_by_id[id(d)] = tuple(gated)
+    weakref.finalize(d, _gated_by_id.pop, id(d), None)
+    return gated
 
 
 def duckdb_type(arrow_type_name: str) -> str:
