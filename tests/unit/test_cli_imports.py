@@ -5,7 +5,8 @@ the engine (DuckDB), the server (FastAPI, Uvicorn, Jinja2), the migrations (Alem
 is current), the providers (deltalake, psycopg) or the query rewriter (sqlglot). Each command runs in
 a fresh interpreter, through ``durable_dataflow.cli.main`` as the console script does, and the test
 reads ``sys.modules`` when it has answered: a test of *what* is imported, never of how long it takes
-(benchmarks/bench_cli_startup.py measures that).
+(benchmarks/bench_cli_startup.py measures that). `version` opens no database, so it loads neither
+the storage library (SQLAlchemy).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ EXAMPLE = ROOT / "examples" / "revenue_by_region" / "dataflow.yaml"
 FORBIDDEN = ("duckdb", "fastapi", "uvicorn", "starlette", "jinja2", "alembic", "deltalake", "psycopg", "sqlglot")
 # Also left out of `runs`, `show` and `version`: only verifying stored result bytes needs pyarrow.
 FORBIDDEN_WITHOUT_RESULT_BYTES = ("pyarrow", "yaml", "structlog")
+# Also left out of `version`, which reads no database (pydantic is not: Typer itself imports it).
+FORBIDDEN_WITHOUT_DATABASE = (*FORBIDDEN_WITHOUT_RESULT_BYTES, "sqlalchemy")
 # Runs the CLI in-process and prints the imported top-level packages; the command's own output is
 # dropped (stdout is not the JSON line the test parses).
 PROBE = """
@@ -74,7 +77,7 @@ def platform_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
         (("show", "RUN"), FORBIDDEN_WITHOUT_RESULT_BYTES),
         (("show", "RUN", "--json"), FORBIDDEN_WITHOUT_RESULT_BYTES),
         (("verify", "RUN"), ()),
-        (("version",), FORBIDDEN_WITHOUT_RESULT_BYTES),
+        (("version",), FORBIDDEN_WITHOUT_DATABASE),
     ],
     ids=["runs", "runs-json", "show", "show-json", "verify", "version"],
 )
@@ -83,7 +86,8 @@ def test_read_only_commands_import_no_engine_server_migrations_or_providers(
 ) -> None:
     url, run_id = platform_db
     imported = _imported("--db", url, *(run_id if arg == "RUN" else arg for arg in command))
-    assert "sqlalchemy" in imported  # the probe saw the platform's imports
+    assert "typer" in imported  # the probe saw the command line's imports
+    assert ("sqlalchemy" in imported) == (command[0] != "version")  # and the platform's, where it reads
     leaked = sorted(imported.intersection(FORBIDDEN + also_forbidden))
     assert leaked == [], f"`dataflow {' '.join(command)}` imported {leaked}"
 
@@ -111,3 +115,45 @@ def test_importing_the_cli_registers_every_command() -> None:
         check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+def test_the_core_module_table_names_what_each_module_registers() -> None:
+    """``main`` imports a core module by the command named (``CORE_MODULES``): the table must list
+    exactly the commands and groups each module registers, or a command would be imported in vain."""
+    import importlib
+
+    import typer
+
+    from durable_dataflow import cli
+
+    for name, commands in cli.CORE_MODULES.items():
+        app = typer.Typer()
+        importlib.import_module(name).register(app)
+        registered = [info.name for info in app.registered_commands] + [info.name for info in app.registered_groups]
+        assert sorted(registered) == sorted(commands), name  # type: ignore[type-var]
+
+
+def test_the_help_lists_every_command_in_one_order_after_main_ran_one() -> None:
+    """``main`` registers only the module of the command it runs; ``app`` afterwards (in the same
+    process) still lists every command, core first, in the listed order."""
+    probe = (
+        "import io, contextlib, typer.main\n"
+        "import durable_dataflow.cli as cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert cli.main(['version']) == 0\n"
+        "print(list(typer.main.get_command(cli.app).commands))\n"
+    )
+    fresh = (
+        "import typer.main\nfrom durable_dataflow.cli import app\n"
+        "print(list(typer.main.get_command(app).commands))\n"
+    )
+    listed = []
+    for code in (probe, fresh):
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=_environment(), cwd=ROOT, capture_output=True, text=True,
+            timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        listed.append(done.stdout.strip())
+    assert listed[0] == listed[1]
+    assert listed[0].startswith("['run', 'runs'"), listed[0]

@@ -23,6 +23,7 @@ from durable_dataflow.dataflow.definitions import parse_definition
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.runs import MODULE, Run
 from durable_dataflow.dataflow.service import Submission
+from durable_dataflow.dataflow.units import US_PER_S
 from durable_dataflow.dataflow.views import RunView
 from durable_dataflow.dataflow.workspace import Tenancy
 from durable_dataflow.ops import ledger as ops_ledger
@@ -34,7 +35,6 @@ CURSOR_CHARS_MAX = 200
 # A cursor's time is compared with a BIGINT column: a larger integer overflows in the database.
 CURSOR_US_MAX = 2**63 - 1
 CURSOR_RUN_ID_CHARS_MAX = 64
-US_PER_S = views.US_PER_S
 
 
 @dataclass(frozen=True)

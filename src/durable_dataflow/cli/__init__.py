@@ -6,24 +6,24 @@ Command groups live in modules with ``register(app)``. Modules owned by other pa
 server) plug in the same way when they are installed; see ``PLUGIN_MODULES``. Reference:
 docs/cli.md.
 
-Start-up is almost all importing, so a command imports only what it uses (issue 15): the core
-command modules (``runs``, ``show``, ``definitions``, ``db``) import their heavy dependencies (the
-engine, the providers, the definition models) inside the commands that need them, and ``main``
-imports the plugin modules only when the command line names a command no core module provides
-(or names none: ``--help``). ``app`` itself (``from durable_dataflow.cli import app``, as tests use
-it) always carries every command.
+Start-up is almost all importing, so a command imports only what it uses (issue 15): ``main``
+imports the one core command module that provides the command named (``CORE_MODULES``), and every
+module (the plugins too, after the core ones) only when the command line names a command no core
+module provides, or none (``--help``); ``common`` and ``db`` (``version``) import no database or
+model library. ``app`` itself (``from durable_dataflow.cli import app``, as tests use it) always
+carries every command.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated
 
 import typer
 
-from durable_dataflow.cli import common, db, definitions, runs, show
+from durable_dataflow.cli import common
 from durable_dataflow.core.errors import DataflowError
 
 _app = typer.Typer(
@@ -34,6 +34,15 @@ _app = typer.Typer(
     add_completion=False,
 )
 
+# The core command modules, in the order the help lists them, and the commands and groups each one
+# registers (tests/unit/test_cli_imports.py checks this against what they register).
+CORE_MODULES: Mapping[str, tuple[str, ...]] = {
+    "durable_dataflow.cli.runs": ("run", "runs", "reconcile", "cancel"),
+    "durable_dataflow.cli.show": ("show", "verify", "result"),
+    "durable_dataflow.cli.definitions": ("definitions", "schema"),
+    "durable_dataflow.cli.db": ("db", "version"),
+}
+_MODULE_OF = {command: module for module, commands in CORE_MODULES.items() for command in commands}
 # Command modules written by other parts; each exposes register(app). Absent ones are skipped.
 PLUGIN_MODULES = (
     "durable_dataflow.cli.worker_cmd",
@@ -69,38 +78,39 @@ def _global_options(
     state.lease_ttl_s = lease_ttl_s
 
 
-def _register_core() -> frozenset[str]:
-    """Register the core modules' commands; the names of the commands and groups they added."""
-    for module in (runs, show, definitions, db):
-        module.register(_app)
-    names = [info.name for info in _app.registered_commands] + [info.name for info in _app.registered_groups]
-    return frozenset(name for name in names if isinstance(name, str))
+_registered: list[str] = []  # the modules whose commands _app carries, in registration order
+_ALL_MODULES = (*CORE_MODULES, *PLUGIN_MODULES)
 
 
-_CORE_COMMANDS = _register_core()
-_plugins_registered = False
-
-
-def _register_plugins() -> None:
-    """Import and register the plugin modules, once, after the core ones (the help lists them so)."""
-    global _plugins_registered
-    if _plugins_registered:
+def _register(name: str) -> None:
+    """Import one command module and register its commands, once; an absent plugin is skipped."""
+    if name in _registered:
         return
-    _plugins_registered = True
-    for name in PLUGIN_MODULES:
-        try:
-            plugin = importlib.import_module(name)
-        except ModuleNotFoundError as error:
-            if error.name != name:  # the plugin exists but one of ITS imports is missing: a real error
-                raise
-            continue
-        plugin.register(_app)
+    _registered.append(name)
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if name in CORE_MODULES or error.name != name:  # a core module, or one of a plugin's imports
+            raise
+        return
+    module.register(_app)
+
+
+def _register_all() -> None:
+    """Every command module, core first, in the listed order (the help lists them so)."""
+    if _registered == list(_ALL_MODULES):
+        return
+    _app.registered_commands.clear()
+    _app.registered_groups.clear()
+    _registered.clear()
+    for name in _ALL_MODULES:
+        _register(name)
 
 
 def __getattr__(name: str) -> typer.Typer:
     # ``app`` is the whole command line, plugins included; ``main`` may run with the core alone.
     if name == "app":
-        _register_plugins()
+        _register_all()
         return _app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -124,8 +134,11 @@ def _command_name(args: Sequence[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """The console script: run the app and turn every outcome into an exit status."""
-    if _command_name(sys.argv[1:] if argv is None else argv) not in _CORE_COMMANDS:
-        _register_plugins()
+    module = _MODULE_OF.get(_command_name(sys.argv[1:] if argv is None else argv) or "")
+    if module is None:
+        _register_all()
+    else:
+        _register(module)
     state = common.CliState()
     try:
         result = _app(args=argv, prog_name="dataflow", standalone_mode=False, obj=state)

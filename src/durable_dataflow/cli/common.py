@@ -6,6 +6,10 @@ to exit statuses in ONE table (``EXIT_CODES``); their messages go to stderr as
 ``core.secrets`` is ever printed: runs carry digests and references only, and error messages are
 masked where they are raised. Everything shown to a person goes through ``core.text.printable``
 (run values and error messages can hold a submitter's control characters); ``--json`` stays exact.
+
+Every command imports this module, ``version`` included, so it imports no database or model library
+(SQLAlchemy, pydantic): the helpers that need the platform, the run model or the read views import
+them when called (issue 15, a CLI that answers at once).
 """
 
 from __future__ import annotations
@@ -22,20 +26,22 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from durable_dataflow.core.db import redact_url
 from durable_dataflow.core.errors import DataflowError, InputError
 from durable_dataflow.core.invariants import invariant
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import limits, views
-from durable_dataflow.dataflow.runs import Run, RunStatus
-from durable_dataflow.dataflow.views import RunView
-from durable_dataflow.platform import Platform
+from durable_dataflow.dataflow import limits
+from durable_dataflow.dataflow.units import US_PER_S
+
+if TYPE_CHECKING:
+    from durable_dataflow.dataflow.runs import Run
+    from durable_dataflow.dataflow.views import RunView
+    from durable_dataflow.platform import Platform
 
 # Exit statuses of a run's outcome (``run``, ``reconcile``).
 EXIT_OK = 0
@@ -57,7 +63,6 @@ EXIT_INTERRUPTED = 130
 PIPE_WIDTH_COLUMNS = 200
 PAYLOAD_CHARS_SHOWN_MAX = 100
 RUN_ID_TAIL_CHARS = 12
-US_PER_S = views.US_PER_S
 
 
 @dataclass
@@ -84,6 +89,8 @@ def state_of(ctx: typer.Context) -> CliState:
 @contextlib.contextmanager
 def open_platform(ctx: typer.Context) -> Iterator[Platform]:
     """The platform on the ``--db`` URL (else DATAFLOW_DB, else the embedded default), migrated."""
+    from durable_dataflow.platform import Platform
+
     state = state_of(ctx)
     platform = Platform(state.db_url, lease_ttl_s=state.lease_ttl_s, limits=state.limits)
     try:
@@ -186,6 +193,8 @@ def with_limit_options(command: Callable[P, R]) -> Callable[P, R]:
 
 def db_option_hint(ctx: typer.Context) -> str:
     """``--db URL `` (password hidden) when one was given, so printed commands can be pasted."""
+    from durable_dataflow.core.db import redact_url
+
     url = state_of(ctx).db_url
     return f"--db {redact_url(url)} " if url else ""
 
@@ -251,7 +260,9 @@ def run_json(run: Run | RunView, **extra: Any) -> dict[str, Any]:
 
 def view_of(run: Run | RunView) -> RunView:
     """A run as shown: a read view as it is; a run a write returned, without its lease (``views.plain``)."""
-    return run if isinstance(run, RunView) else views.plain(run)
+    from durable_dataflow.dataflow import views
+
+    return run if isinstance(run, views.RunView) else views.plain(run)
 
 
 def warning_of(run: Run | RunView) -> str | None:
@@ -264,6 +275,8 @@ def status_text(run: Run | RunView) -> Text:
 
     The recovery status is shown beside it, in its own column or row.
     """
+    from durable_dataflow.dataflow.runs import RunStatus
+
     view = view_of(run)
     if view.unresolved:
         return Text("UNRESOLVED", style="bold yellow")
@@ -278,10 +291,16 @@ def short_id(run_id: str) -> str:
     return run_id[-RUN_ID_TAIL_CHARS:]
 
 
-time_text = views.time_text  # ISO 8601 with milliseconds, UTC
+def time_text(us: int | None) -> str:
+    """ISO 8601 with milliseconds, UTC (``views.time_text``)."""
+    from durable_dataflow.dataflow import views
+
+    return views.time_text(us)
 
 
 def age_text(us: int, now_s: float | None = None) -> str:
+    from durable_dataflow.dataflow import views
+
     return views.age_text((now_s if now_s is not None else time.time()) - us / US_PER_S)
 
 
@@ -294,6 +313,8 @@ def short_payload(payload: Mapping[str, Any]) -> str:
 
 def print_warning_block(console: Console, shown: Run | RunView, ctx: typer.Context) -> None:
     """The loud block an unresolved run gets wherever it is shown in detail."""
+    from durable_dataflow.dataflow.runs import RunStatus
+
     view = view_of(shown)
     run = view.run
     if view.warning is None:
@@ -314,6 +335,8 @@ def print_warning_block(console: Console, shown: Run | RunView, ctx: typer.Conte
 
 def run_exit_code(run: Run) -> int:
     """A run's outcome as an exit status: 0 succeeded, 1 failed, 3 unresolved, 9 not finished."""
+    from durable_dataflow.dataflow.runs import RunStatus
+
     if run.unresolved:
         return EXIT_UNRESOLVED
     if run.status == RunStatus.SUCCEEDED:

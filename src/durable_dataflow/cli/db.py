@@ -1,18 +1,27 @@
-"""``dataflow db upgrade|current`` and ``dataflow version``."""
+"""``dataflow db upgrade|current`` and ``dataflow version``.
+
+``version`` answers without the database or its libraries: the migrations and the storage engine are
+imported by the ``db`` commands that use them."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import typer
 from rich.text import Text
 
-from durable_dataflow import __version__, migrations
+from durable_dataflow import __version__
 from durable_dataflow.cli import common
-from durable_dataflow.core.db import Database
+
+if TYPE_CHECKING:
+    from durable_dataflow.core.db import Database
 
 db_app = typer.Typer(help="The platform database's schema migrations.", no_args_is_help=True)
 
 
 def _database(ctx: typer.Context) -> Database:
+    from durable_dataflow.core.db import Database
+
     # A bare Database, not a Platform: opening a Platform migrates, and `db current` must not.
     return Database(common.state_of(ctx).db_url)
 
@@ -20,6 +29,8 @@ def _database(ctx: typer.Context) -> Database:
 @db_app.command("upgrade")
 def upgrade_command(ctx: typer.Context) -> None:
     """Apply every pending migration (safe to run from several processes at once)."""
+    from durable_dataflow import migrations
+
     database = _database(ctx)
     try:
         with common.spinner("migrating"):
@@ -33,6 +44,8 @@ def upgrade_command(ctx: typer.Context) -> None:
 @db_app.command("current")
 def current_command(ctx: typer.Context) -> None:
     """The database's schema revision and the newest one this version knows; exit 1 when behind."""
+    from durable_dataflow import migrations
+
     database = _database(ctx)
     try:
         current = migrations.current_revision(database)

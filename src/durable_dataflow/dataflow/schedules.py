@@ -44,6 +44,7 @@ from durable_dataflow.dataflow.runs import Run, RunStatus
 from durable_dataflow.dataflow.schedule_schema import schedule_ticks, schedules
 from durable_dataflow.dataflow.schedule_spec import ScheduleSpec, Tick, iso_utc
 from durable_dataflow.dataflow.service import RunService
+from durable_dataflow.dataflow.units import US_PER_S
 from durable_dataflow.dataflow.workspace import Workspace
 
 Decision = Literal["submitted", "skipped_overlap", "skipped_catchup"]
@@ -54,7 +55,6 @@ TICKS_PER_EVALUATION_MAX = 1000
 SCHEDULES_PER_EVALUATION_MAX = 10_000
 ERROR_CHARS_MAX = 1000
 ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
-US_PER_S = 1_000_000
 DECISIONS_SHOWN_MAX = 200  # the most tick decisions one read returns
 _NAME = re.compile(IDENTIFIER_PATTERN)
 # Where check_has_ticks looks for a first tick: a cron that croniter can match has one within years.

@@ -18,6 +18,7 @@ THREADS_CEILING = 256
 # The longest time limit any platform or definition may name: a run holds a lease and an engine for
 # all of it, and a week is far beyond any batch job while keeping timers well inside their range.
 TIME_LIMIT_S_CEILING = 7 * 24 * 3600.0
+US_PER_S = 1_000_000  # database-clock times are integer microseconds since the epoch
 
 _SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$")
 _SIZE_UNITS = {

@@ -26,8 +26,7 @@ from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.dataflow import evidence, runs
 from durable_dataflow.dataflow.runs import MODULE, RecoveryStatus, Run, RunStatus
-
-US_PER_S = 1_000_000
+from durable_dataflow.dataflow.units import US_PER_S
 
 # ---- times -------------------------------------------------------------------------------------
 

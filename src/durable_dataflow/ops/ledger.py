@@ -20,10 +20,10 @@ from durable_dataflow.core.db import Database
 from durable_dataflow.dataflow import catalog, runs
 from durable_dataflow.dataflow.runs import MODULE as DATAFLOW_MODULE
 from durable_dataflow.dataflow.runs import unresolved_warning
+from durable_dataflow.dataflow.units import US_PER_S
 
 UNRESOLVED_SHOWN_MAX = 100
 DEFINITIONS_LISTED_MAX = 1000
-US_PER_S = 1_000_000
 
 
 @dataclass(frozen=True)
