@@ -9,8 +9,8 @@ docs/cli.md.
 Start-up is almost all importing, so a command imports only what it uses (issue 15): ``main``
 imports the one core command module that provides the command named (``CORE_MODULES``), and every
 module (the plugins too, after the core ones) only when the command line names a command no core
-module provides, or none (``--help``); ``common`` and ``db`` (``version``) import no database or
-model library. ``app`` itself (``from durable_dataflow.cli import app``, as tests use it) always
+module provides, or none (``--help``); ``common`` and ``db`` (``version``) import no database
+library. ``app`` itself (``from durable_dataflow.cli import app``, as tests use it) always
 carries every command.
 """
 

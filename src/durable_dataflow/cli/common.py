@@ -7,9 +7,9 @@ to exit statuses in ONE table (``EXIT_CODES``); their messages go to stderr as
 masked where they are raised. Everything shown to a person goes through ``core.text.printable``
 (run values and error messages can hold a submitter's control characters); ``--json`` stays exact.
 
-Every command imports this module, ``version`` included, so it imports no database or model library
-(SQLAlchemy, pydantic): the helpers that need the platform, the run model or the read views import
-them when called (issue 15, a CLI that answers at once).
+Every command imports this module, ``version`` included, so it imports no database library
+(SQLAlchemy; pydantic comes with Typer anyway): the helpers that need the platform, the run model or
+the read views import them when called (issue 15, a CLI that answers at once).
 """
 
 from __future__ import annotations
