@@ -268,14 +268,17 @@ def test_concurrent_executions_do_not_see_each_others_views(tmp_path: Path) -> N
 
 
 def test_progress_is_reported_while_executing(tmp_path: Path) -> None:
-    """Proves a watched execution reports the executing phase while Spark works."""
+    """Proves a watched execution reports the executing phase while Spark works. The query cannot end
+    before its 2 s time limit, and the watch reports every 0.5 s before it fires that limit, so the
+    reports do not depend on how fast this machine is."""
     from durable_dataflow.dataflow import progress
 
     seen: list[progress.Progress] = []
-    d = definition(INLINE, "select count(*) as n from range(30000) a cross join range(30000) b where a.id = b.id + 1",
-                   schema={"n": "int64"})
-    execute(d, {}, ExecutionContext(tmp_path, (tmp_path,)), progress_sink=seen.append)
-    assert seen and all(p.phase is progress.Phase.EXECUTING for p in seen)
+    sql = "select count(*) as n from range(200000) a cross join range(200000) b where a.id + b.id < 0"
+    context = ExecutionContext(tmp_path, (tmp_path,), ExecutionLimits(time_limit_s=2))
+    with pytest.raises(LimitExceeded, match=r"step 's0' exceeded the time limit of 2 s"):
+        execute(definition(INLINE, sql, schema={"n": "int64"}), {}, context, progress_sink=seen.append)
+    assert seen and all(p.phase is progress.Phase.EXECUTING and p.result_rows == 0 for p in seen)
 
 
 def test_spark_conf_from_env_refuses_malformed_entries_without_echoing() -> None:
