@@ -6,10 +6,14 @@ import datetime as dt
 import decimal
 import hashlib
 import itertools
+import json
 import os
 import struct
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from unittest.mock import patch
 
 import pyarrow as pa
@@ -357,3 +361,28 @@ def test_ipc_round_trip_and_exports() -> None:
     assert results.export(table, "parquet").startswith(b"PAR1")
     with pytest.raises(InputError):
         results.decode_ipc(b"not arrow")
+
+
+def test_digesting_stored_bytes_does_not_import_pandas(tmp_path: Path) -> None:
+    """Proves `dataflow verify`'s digest of stored bytes leaves pandas unloaded where it is installed
+    (pyarrow looks for it on ``pa.scalar`` of a Python value, ≈ 0.2 s): a fresh interpreter decodes
+    the pinned table's IPC bytes, digests them in both formats and reports whether pandas came in."""
+    pytest.importorskip("pandas")  # the test environment has it (the spark-connect extra)
+    stored = tmp_path / "base.arrows"
+    stored.write_bytes(results.encode_ipc(_base()))
+    probe = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from durable_dataflow.dataflow import arrowdigest, results\n"
+        f"table = results.decode_ipc(Path({str(stored)!r}).read_bytes())\n"
+        "digests = [arrowdigest.output_digest(table), arrowdigest.output_digest_v2(table)]\n"
+        "before = 'pandas' in sys.modules\n"
+        "import pyarrow as pa\n"
+        "pa.scalar('')  # the probe can see pandas come in\n"
+        "print(json.dumps([digests, before, 'pandas' in sys.modules]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    digests, pandas_before, pandas_after = json.loads(done.stdout)
+    assert digests == [BASE_DIGEST_V3, BASE_DIGEST_V2]
+    assert not pandas_before and pandas_after
