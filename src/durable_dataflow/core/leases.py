@@ -77,7 +77,10 @@ def ttl_us(ttl_s: float) -> int:
     return int(ttl_s * 1_000_000)
 
 
-def _key(module: str, subject_id: str) -> sa.ColumnElement[bool]:
+def _key(
+    module: str | sa.BindParameter[str], subject_id: str | sa.BindParameter[str]
+) -> sa.ColumnElement[bool]:
+    """The lease of one subject: by value, or by bind parameters in a statement built once."""
     return sa.and_(leases.c.module == module, leases.c.subject_id == subject_id)
 
 
@@ -140,9 +143,7 @@ def _match(module: str, subject_id: str, attempt: int | None) -> dict[str, Any]:
 
 
 def _matched_key() -> sa.ColumnElement[bool]:
-    return sa.and_(
-        leases.c.module == sa.bindparam("match_module"), leases.c.subject_id == sa.bindparam("match_subject_id")
-    )
+    return _key(sa.bindparam("match_module"), sa.bindparam("match_subject_id"))
 
 
 def _next_grant_statement(db: Database, guarded: bool) -> sa.Update:
