@@ -221,6 +221,8 @@ def test_cli_strings_and_api_values_give_the_same_canonical_parameters() -> None
         ({"day": "2026-11-02", "ratio": "nan"}, r"parameter 'ratio' is declared float; .*NaN"),
         ({"day": "2026-11-02", "who": 7}, r"parameter 'who' is declared string; .*: not a string$"),
         ({"day": "2026-11-02", "at": "yesterday"}, r"parameter 'at' is declared timestamp; .*: not a timestamp"),
+        ({"day": "2026-11-02", "at": "0001-01-01T00:00:00+01:00"}, r"'at' is declared timestamp; .*out of range"),
+        ({"day": "2026-11-02", "at": "9999-12-31T23:59:59-01:00"}, r"'at' is declared timestamp; .*out of range"),
         ({}, r"parameter 'day' \(date\) is required"),
         ({"day": "2026-11-02", "dya": "x"}, r"unknown parameter 'dya': the definition declares at, day"),
     ],

@@ -99,8 +99,12 @@ def _timestamp(raw: Any) -> str:
     else:
         raise ParameterValueError("not a timestamp: use ISO 8601, e.g. 2026-11-02T08:30:00Z")
     if value.tzinfo is not None:
-        # One instant, one spelling: +01:00 and Z forms of the same moment hash alike.
-        value = value.astimezone(dt.UTC)
+        # One instant, one spelling: +01:00 and Z forms of the same moment hash alike. An instant
+        # whose UTC form falls outside years 1..9999 has no spelling (0001-01-01T00:00+01:00).
+        try:
+            value = value.astimezone(dt.UTC)
+        except OverflowError:
+            raise ParameterValueError("out of range: in UTC it must fall within years 1 to 9999") from None
     return value.isoformat()
 
 
