@@ -10,28 +10,22 @@ such character with a visible escape, so the operator sees that it was there and
 
 from __future__ import annotations
 
-import unicodedata
-
 # Unicode's bidirectional controls: marks, embeddings, overrides and isolates (UAX #9).
 BIDI_CONTROLS = frozenset({0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)})
 # The line and paragraph separators end a line in some terminals and editors, like a newline does.
 LINE_SEPARATORS = frozenset({0x2028, 0x2029})
 # What `multiline` text keeps: a tab and a newline only ever move the cursor forward or down.
 LAYOUT_CONTROLS = frozenset({ord("\t"), ord("\n")})
-# Every character replaced lies below this: Cc ends at U+009F, the separators and bidi controls at U+2069.
-SEARCHED_BELOW = 0x3000
+# Unicode's category Cc ("control") is exactly C0 (U+0000-U+001F), DEL (U+007F) and C1
+# (U+0080-U+009F), fixed by the standard (tests/unit/test_text.py checks it against unicodedata).
+CC_CONTROLS = frozenset({*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)})
 
 
 def _escape(code: int) -> str:
     return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
-def _is_control(code: int) -> bool:
-    # Category Cc is exactly C0 (U+0000-U+001F), DEL (U+007F) and C1 (U+0080-U+009F).
-    return unicodedata.category(chr(code)) == "Cc" or code in BIDI_CONTROLS or code in LINE_SEPARATORS
-
-
-_CONTROL_CODES = tuple(code for code in range(SEARCHED_BELOW) if _is_control(code))
+_CONTROL_CODES = tuple(sorted(CC_CONTROLS | BIDI_CONTROLS | LINE_SEPARATORS))
 _ESCAPES_ONE_LINE = {code: _escape(code) for code in _CONTROL_CODES}
 _ESCAPES_MULTILINE = {code: text for code, text in _ESCAPES_ONE_LINE.items() if code not in LAYOUT_CONTROLS}
 
