@@ -73,6 +73,11 @@ def _is_variable_width(t: pa.DataType) -> bool:
     )
 
 
+def _has_large_offsets(t: pa.DataType) -> bool:
+    """Whether t's offsets are 64-bit (large string, large binary) rather than 32-bit."""
+    return bool(pa.types.is_large_string(t) or pa.types.is_large_binary(t))
+
+
 def _check_supported(field: pa.Field) -> None:
     t = field.type
     if pa.types.is_dictionary(t):
@@ -96,7 +101,7 @@ def _zero_of(t: pa.DataType) -> pa.Scalar:
 
 def _zero_buffers(t: pa.DataType) -> list[pa.Buffer]:
     if _is_variable_width(t):
-        offset_bytes = 8 if pa.types.is_large_string(t) or pa.types.is_large_binary(t) else 4
+        offset_bytes = 8 if _has_large_offsets(t) else 4
         return [pa.py_buffer(bytes(2 * offset_bytes)), pa.py_buffer(b"")]  # offsets 0, 0 and no data
     return [pa.py_buffer(bytes(max(1, t.bit_width // 8)))]  # a boolean's one bit lives in a byte
 
@@ -179,7 +184,7 @@ class _Column:
             self.kind = _Kind.VARIABLE
         else:
             self.kind = _Kind.FIXED
-        large = pa.types.is_large_string(self.value_type) or pa.types.is_large_binary(self.value_type)
+        large = _has_large_offsets(self.value_type)
         self.offset_format = "<q" if large else "<i"
         self.length_zero = _zero_of(pa.int64() if large else pa.int32())
         self.rows = 0
@@ -380,7 +385,7 @@ def _packed_bits(bits: pa.BooleanArray) -> bytes:
 
 def _hash_variable_width_v2(h: Any, arr: pa.Array) -> None:
     """The offsets rebased to 0 (in the type's own width: the type is in the header), then the data."""
-    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    large = _has_large_offsets(arr.type)
     buffers = arr.buffers()
     offsets = pa.Array.from_buffers(
         pa.int64() if large else pa.int32(), len(arr) + 1, [None, buffers[1]], offset=arr.offset
