@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import select
 import urllib.parse
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,6 +185,20 @@ class Database:
         self.engine.dispose()
         if self.read_engine is not self.engine:
             self.read_engine.dispose()
+
+
+def insert_if_absent(dialect: str, table: sa.Table, key: Sequence[str]) -> sa.Insert:
+    """``INSERT INTO table … ON CONFLICT (key) DO NOTHING`` on ``dialect`` (a Database's, or a
+    connection's ``dialect.name``), its values given with ``.values`` or the execution. Add
+    ``RETURNING``: a row comes back only when this statement inserted it, on both engines."""
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+
+        return postgresql_insert(table).on_conflict_do_nothing(index_elements=list(key))
+    invariant(dialect == "sqlite", f"the platform database is SQLite or PostgreSQL, not {dialect}")
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(table).on_conflict_do_nothing(index_elements=list(key))
 
 
 @contextmanager

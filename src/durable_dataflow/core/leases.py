@@ -16,11 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core.db import Database
+from durable_dataflow.core.db import Database, insert_if_absent
 from durable_dataflow.core.errors import InputError, LeaseUnavailable, StaleAttempt
 from durable_dataflow.core.invariants import invariant
 from durable_dataflow.core.schema import leases
@@ -171,11 +169,9 @@ def _first_grant_statement(db: Database) -> sa.Insert:
     """A subject's first grant, ``INSERT … ON CONFLICT DO NOTHING RETURNING`` (the columns' values
     come with the execution)."""
     now = db.now_us_expr()
-    insert = sqlite_insert if db.dialect == "sqlite" else postgresql_insert
     return (
-        insert(leases)
+        insert_if_absent(db.dialect, leases, ["module", "subject_id"])
         .values(acquired_at_us=now, expires_at_us=now + sa.bindparam("ttl_us", type_=sa.BigInteger()))
-        .on_conflict_do_nothing(index_elements=["module", "subject_id"])
         .returning(leases.c.attempt, leases.c.acquired_at_us, leases.c.expires_at_us)
     )
 

@@ -13,12 +13,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import hashing
-from durable_dataflow.core.db import Database
+from durable_dataflow.core.db import Database, insert_if_absent
 from durable_dataflow.core.errors import NotFound
 from durable_dataflow.dataflow import runs
 from durable_dataflow.dataflow.schema import definitions
@@ -93,17 +91,14 @@ def store_definition(conn: Connection, db: Database, defn: Definition, d_hash: s
     definition inserting first is success, not a conflict (``INSERT … ON CONFLICT DO NOTHING``)."""
     from durable_dataflow.dataflow.definitions import canonical_body  # loaded already by the submitter
 
-    insert = sqlite_insert if db.dialect == "sqlite" else postgresql_insert
     conn.execute(
-        insert(definitions)
-        .values(
+        insert_if_absent(db.dialect, definitions, ["definition_hash"]).values(
             definition_hash=d_hash,
             name=defn.name,
             version=defn.version,
             body_json=hashing.canonical_json(canonical_body(defn)).decode("utf-8"),
             registered_at_us=db.now_us_expr(),
         )
-        .on_conflict_do_nothing(index_elements=["definition_hash"])
     )
 
 

@@ -34,7 +34,7 @@ from croniter import CroniterError
 from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import hashing
-from durable_dataflow.core.db import Database
+from durable_dataflow.core.db import Database, insert_if_absent
 from durable_dataflow.core.errors import DataflowError, InputError, NotFound
 from durable_dataflow.core.invariants import invariant
 from durable_dataflow.dataflow import runs, views
@@ -303,15 +303,7 @@ def decisions(db: Database, tenant: str, name: str, *, limit: int = 100) -> list
 
 def _insert_ignore(conn: Connection, values: dict[str, Any]) -> bool:
     """INSERT ... ON CONFLICT DO NOTHING on the tick's key; True when this statement inserted it."""
-    index = ["tenant", "name", "tick_us"]
-    if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        statement: Any = pg_insert(schedule_ticks).values(**values).on_conflict_do_nothing(index_elements=index)
-    else:
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-        statement = sqlite_insert(schedule_ticks).values(**values).on_conflict_do_nothing(index_elements=index)
+    statement = insert_if_absent(conn.dialect.name, schedule_ticks, ["tenant", "name", "tick_us"]).values(**values)
     return conn.execute(statement.returning(schedule_ticks.c.tick_us)).first() is not None
 
 

@@ -21,8 +21,9 @@ from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from typing import Any
 
-from sqlalchemy import Connection, Insert, insert, or_, select
+from sqlalchemy import Connection, insert, or_, select
 
+from durable_dataflow.core.db import insert_if_absent
 from durable_dataflow.core.errors import Conflict, InputError, NotFound
 from durable_dataflow.core.hashing import canonical_json
 from durable_dataflow.datasources.contract import (
@@ -214,19 +215,7 @@ def register_datasource(
 
 def _insert_if_absent(conn: Connection, values: Mapping[str, Any]) -> bool:
     """INSERT ... ON CONFLICT (tenant, name) DO NOTHING; True when this statement inserted the row."""
-    statement: Insert
-    if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        statement = pg_insert(datasources).values(**values).on_conflict_do_nothing(index_elements=["tenant", "name"])
-    elif conn.dialect.name == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-        statement = sqlite_insert(datasources).values(**values).on_conflict_do_nothing(
-            index_elements=["tenant", "name"]
-        )
-    else:
-        raise InputError(f"datasource registrations need PostgreSQL or SQLite, not {conn.dialect.name}")
+    statement = insert_if_absent(conn.dialect.name, datasources, ["tenant", "name"]).values(**values)
     # RETURNING, not rowcount: the row comes back only when this statement inserted it, on both engines.
     return conn.execute(statement.returning(datasources.c.name)).first() is not None
 
