@@ -209,4 +209,9 @@ def test_bad_schedules_are_refused_before_anything_is_recorded(cli: Cli, db_url:
         assert refused.code == 2, refused.output
     plain = cli("schedules", "apply", str(_write(tmp_path, FLOW)))
     assert plain.code == 2 and "no schedule" in plain.stderr
+    for edge in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"):  # applied, they broke every tick
+        refused = cli("schedules", "apply", str(_write(tmp_path, FLOW + SCHEDULE)), "--now", edge)
+        assert refused.code == 2 and "--now must be an instant from 1900" in refused.stderr, refused.output
+        assert cli("schedules", "tick", "--now", edge).code == 2
     assert _count(db_url, "schedules") == 0
+    assert cli("schedules", "tick").code == 0

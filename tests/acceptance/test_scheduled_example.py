@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from durable_dataflow.core import ledger
-from durable_dataflow.dataflow import evidence, schedules
+from durable_dataflow.dataflow import evidence, units
 from durable_dataflow.dataflow.definitions import load_definition
 from durable_dataflow.dataflow.runs import MODULE
 from faults import harness
@@ -30,14 +30,14 @@ def test_two_workers_publish_the_example_once_per_day(db_url: str, tmp_path: Pat
     env = harness.worker_env(db_url, lease_ttl_s=30)
     with harness.open_platform(db_url) as platform:
         with platform.db.read() as conn:
-            now = schedules.from_us(platform.db.now_us(conn))
+            now = units.from_us(platform.db.now_us(conn))
         applied_at = now - APPLIED_BEFORE
         apply = harness.start(["schedules", "apply", str(definition), "--now", applied_at.isoformat()], env, log)
         assert harness.wait_exit(apply, log) == 0, harness.tail(log)
         workers = [harness.start(harness.worker_args(until_idle=True), env, log) for _ in range(2)]
         assert [harness.wait_exit(w, log) for w in workers] == [0, 0], harness.tail(log)
         with platform.db.read() as conn:
-            end = schedules.from_us(platform.db.now_us(conn))
+            end = units.from_us(platform.db.now_us(conn))
         due = spec.ticks(applied_at, end, 10)
         assert len(due) in (2, 3), due  # a nightly tick in 2.5 days
         found = harness.all_runs(platform.db)

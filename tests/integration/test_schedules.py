@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from durable_dataflow.core.errors import InputError, NotFound
-from durable_dataflow.dataflow import schedules, workspace
+from durable_dataflow.dataflow import schedules, units, workspace
 from durable_dataflow.dataflow.definitions import Definition
 from durable_dataflow.dataflow.requests import AccessContext
 from durable_dataflow.dataflow.runs import RunStatus
@@ -243,13 +243,13 @@ def test_two_workers_submit_and_run_each_due_tick_once(db_url: str, tmp_path: Pa
     first, second = Platform(db_url, lease_ttl_s=5), Platform(db_url, lease_ttl_s=5)
     try:
         with first.db.read() as conn:
-            now = schedules.from_us(first.db.now_us(conn))
+            now = units.from_us(first.db.now_us(conn))
         schedules.apply(first.db, scheduled(overlap="allow"), workspace.local(tmp_path), AccessContext.local(),
                         now=now - 3 * HOUR - dt.timedelta(minutes=30))  # fmt: skip
         for p in (first, second):
             Worker(p.runs, WorkerOptions(until_idle=True, poll_interval_s=0.01)).run()
         with first.db.read() as conn:
-            end = schedules.from_us(first.db.now_us(conn))
+            end = units.from_us(first.db.now_us(conn))
         # The hourly ticks after the apply and up to the workers' last evaluation: 3, or 4 when the
         # wall clock's minute is below 30 (the apply was 3.5 hours back) or an hour began meanwhile.
         start = now - 3 * HOUR - dt.timedelta(minutes=30)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from durable_dataflow.core.errors import InputError
-from durable_dataflow.dataflow import definitions
+from durable_dataflow.dataflow import definitions, schedules
 from durable_dataflow.dataflow.definitions import Definition, canonical_body, definition_hash
 from durable_dataflow.dataflow.schedule_spec import ScheduleSpec, Tick, instant_of, render
 from support import flows
@@ -171,3 +171,21 @@ def test_ticks_started_inside_the_repeated_hour_are_not_repeated() -> None:
     following = spec.ticks(second_occurrence, dt.datetime(2026, 10, 27, tzinfo=UTC), 10)
     assert [t.iso for t in following] == ["2026-10-26T01:45:00Z"]
     assert spec.next_tick(dt.datetime(2026, 10, 25, 0, 40, tzinfo=UTC)).iso == "2026-10-25T00:45:00Z"
+
+
+@pytest.mark.parametrize(
+    "text", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00", "0001-01-01T00:00:00", "1899-12-31T23:59:59Z",
+             "2999-12-31T23:59:59-00:01"],
+)
+def test_now_outside_the_years_a_schedule_may_start_is_refused(text: str) -> None:
+    """Proves --now at the edges of the calendar is an InputError naming the range (it was accepted
+    by apply and then made every evaluation fail with an internal error, or failed at once)."""
+    with pytest.raises(InputError, match=r"--now must be an instant from 1900-01-01T00:00:00Z to 2999-12-31T23:59:59Z"):
+        schedules.parse_now(text)
+
+
+def test_now_at_the_ends_of_the_range_and_without_an_offset() -> None:
+    assert schedules.parse_now("1900-01-01T00:00:00Z") == schedules.NOW_MIN
+    assert schedules.parse_now("2999-12-31T23:59:59Z") == schedules.NOW_MAX
+    assert schedules.parse_now("2026-03-29T02:00:00") == dt.datetime(2026, 3, 29, 2, tzinfo=dt.UTC)
+    assert schedules.parse_now(None) is None

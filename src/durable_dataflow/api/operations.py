@@ -12,13 +12,13 @@ import binascii
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from durable_dataflow.api.tokens import TokenInfo
 from durable_dataflow.core import checkpoints, ledger
 from durable_dataflow.core.errors import InputError, NotFound, PermissionDenied
-from durable_dataflow.dataflow import cancel, reconcile, runs, transitions, views
+from durable_dataflow.dataflow import cancel, reconcile, runs, transitions, units, views
 from durable_dataflow.dataflow.definitions import parse_definition
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.runs import MODULE, Run
@@ -146,10 +146,8 @@ def decode_cursor(cursor: str) -> tuple[int, str]:
 
 
 def to_us(moment: datetime | None) -> int | None:
-    if moment is None:
-        return None
-    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-    return int(aware.timestamp() * US_PER_S)
+    """A created_after / created_before bound in database-clock microseconds (naive: UTC)."""
+    return None if moment is None else units.to_us(moment)
 
 
 @dataclass(frozen=True)

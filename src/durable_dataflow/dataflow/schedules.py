@@ -44,7 +44,7 @@ from durable_dataflow.dataflow.runs import Run, RunStatus
 from durable_dataflow.dataflow.schedule_schema import schedule_ticks, schedules
 from durable_dataflow.dataflow.schedule_spec import ScheduleSpec, Tick, iso_utc
 from durable_dataflow.dataflow.service import RunService
-from durable_dataflow.dataflow.units import US_PER_S
+from durable_dataflow.dataflow.units import US_PER_S, from_us, to_us
 from durable_dataflow.dataflow.workspace import Workspace
 
 Decision = Literal["submitted", "skipped_overlap", "skipped_catchup"]
@@ -56,6 +56,9 @@ SCHEDULES_PER_EVALUATION_MAX = 10_000
 ERROR_CHARS_MAX = 1000
 ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
 DECISIONS_SHOWN_MAX = 200  # the most tick decisions one read returns
+# The instants `--now` may name: the years backfill days may name (backfill.BACKFILL_DAY_MIN/MAX).
+NOW_MIN = dt.datetime(1900, 1, 1, tzinfo=dt.UTC)
+NOW_MAX = dt.datetime(2999, 12, 31, 23, 59, 59, tzinfo=dt.UTC)
 _NAME = re.compile(IDENTIFIER_PATTERN)
 # Where check_has_ticks looks for a first tick: a cron that croniter can match has one within years.
 _TICKS_PROBE_FROM = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
@@ -68,15 +71,6 @@ def schedule_key(tenant: str, name: str, tick: Tick) -> str:
     return f"schedule:{tenant}:{name}:{tick.iso}"
 
 
-def to_us(moment: dt.datetime) -> int:
-    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
-    return int(aware.timestamp()) * US_PER_S + aware.microsecond
-
-
-def from_us(us: int) -> dt.datetime:
-    return dt.datetime.fromtimestamp(us / US_PER_S, dt.UTC)
-
-
 def parse_now(text: str | None) -> dt.datetime | None:
     """An ISO 8601 instant given as ``--now`` (a time without an offset is UTC); None for None."""
     if text is None:
@@ -85,7 +79,12 @@ def parse_now(text: str | None) -> dt.datetime | None:
         moment = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         raise InputError("--now must be an ISO 8601 instant, e.g. 2026-03-29T02:00:00Z") from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+    moment = moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+    # A schedule applied "now" starts its ticks there, and each evaluation looks back from it: an
+    # instant at the edge of the calendar would make every later evaluation fail.
+    if not NOW_MIN <= moment <= NOW_MAX:
+        raise InputError(f"--now must be an instant from {iso_utc(NOW_MIN)} to {iso_utc(NOW_MAX)}")
+    return moment
 
 
 # ---- applied schedules -------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Sizes and durations as definitions and platform settings write them, and the ceilings both obey.
+"""Sizes and durations as definitions and platform settings write them, the ceilings both obey, and
+instants as the database clock stores them (integer microseconds since the epoch).
 
 Its own module, with no dependency, so that ``dataflow.limits`` (read by every CLI command that
 declares the limit options) does not import the definition models (pydantic, PyYAML, pyarrow).
@@ -7,6 +8,7 @@ declares the limit options) does not import the definition models (pydantic, PyY
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import re
 
@@ -19,6 +21,8 @@ THREADS_CEILING = 256
 # all of it, and a week is far beyond any batch job while keeping timers well inside their range.
 TIME_LIMIT_S_CEILING = 7 * 24 * 3600.0
 US_PER_S = 1_000_000  # database-clock times are integer microseconds since the epoch
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_ONE_US = dt.timedelta(microseconds=1)
 
 _SIZE_PATTERN = re.compile(r"^\s*(\d+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$")
 _SIZE_UNITS = {
@@ -53,3 +57,16 @@ def parse_duration(value: int | float | str) -> float:
     if not math.isfinite(seconds):
         raise ValueError("a duration must be a finite number of seconds")
     return seconds
+
+
+def to_us(moment: dt.datetime) -> int:
+    """The instant in integer microseconds since the epoch (a naive time is UTC), exactly: through
+    ``timedelta`` arithmetic, not a float timestamp, which loses microseconds far from 1970 and
+    rounds a fractional second before 1970 the wrong way."""
+    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+    return (aware - EPOCH) // _ONE_US
+
+
+def from_us(us: int) -> dt.datetime:
+    """The UTC instant of integer microseconds since the epoch, exactly (the inverse of ``to_us``)."""
+    return EPOCH + dt.timedelta(microseconds=us)
