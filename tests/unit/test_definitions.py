@@ -209,6 +209,18 @@ def test_cli_strings_and_api_values_give_the_same_canonical_parameters() -> None
     assert d.parameters["price"].default == "1.5"  # defaults are stored canonically
 
 
+def test_decimals_at_the_edge_of_38_digits_keep_their_canonical_form() -> None:
+    """Proves the values a DECIMAL(38, s) holds are accepted in the same canonical form as before the
+    written-out check, and that a default with an exponent past the decimal context is an InputError."""
+    d = _parse(TYPED)
+    for given, canonical in (("1e37", "1" + "0" * 37), ("1e-38", "0." + "0" * 37 + "1"), ("0e1000000", "0"),
+                             ("-12.50", "-12.5"), ("0.00123", "0.00123"), ("9" * 38, "9" * 38)):  # fmt: skip
+        assert parameters.check_parameters(d, {"day": "2026-11-02", "price": given})["price"] == canonical
+    doc = _doc(parameters={"day": {"type": "date"}, "price": {"type": "decimal", "default": "1e1000000"}})
+    with pytest.raises(InputError, match="more than 38 digits"):
+        _parse(doc)
+
+
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
@@ -221,6 +233,10 @@ def test_cli_strings_and_api_values_give_the_same_canonical_parameters() -> None
         ({"day": "2026-11-02", "ratio": "nan"}, r"parameter 'ratio' is declared float; .*NaN"),
         ({"day": "2026-11-02", "who": 7}, r"parameter 'who' is declared string; .*: not a string$"),
         ({"day": "2026-11-02", "at": "yesterday"}, r"parameter 'at' is declared timestamp; .*: not a timestamp"),
+        ({"day": "2026-11-02", "price": "1e38"}, r"'price' is declared decimal; .*more than 38 digits when written"),
+        ({"day": "2026-11-02", "price": "1e1000000"}, r"'price' is declared decimal; .*more than 38 digits"),
+        ({"day": "2026-11-02", "price": "1e999999"}, r"'price' is declared decimal; .*more than 38 digits"),
+        ({"day": "2026-11-02", "price": "1.5e-38"}, r"'price' is declared decimal; .*more than 38 digits"),
         ({"day": "2026-11-02", "at": "0001-01-01T00:00:00+01:00"}, r"'at' is declared timestamp; .*out of range"),
         ({"day": "2026-11-02", "at": "9999-12-31T23:59:59-01:00"}, r"'at' is declared timestamp; .*out of range"),
         ({}, r"parameter 'day' \(date\) is required"),

@@ -108,6 +108,15 @@ def _timestamp(raw: Any) -> str:
     return value.isoformat()
 
 
+def _fixed_point_digits(value: decimal.Decimal) -> int:
+    """The digits of a non-zero finite value written without an exponent and without trailing
+    zeros after the point: its integer digits plus its fraction digits (a DECIMAL's precision)."""
+    digits, exponent = value.as_tuple().digits, int(value.as_tuple().exponent)  # an int: finite
+    kept = len("".join(map(str, digits)).rstrip("0"))
+    exponent += len(digits) - kept
+    return max(kept + exponent, 0) + max(-exponent, 0)
+
+
 def _decimal(raw: Any) -> str:
     if isinstance(raw, bool | float):
         raise ParameterValueError("give a decimal as a string (e.g. \"12.50\") so it stays exact")
@@ -121,6 +130,10 @@ def _decimal(raw: Any) -> str:
         raise ParameterValueError("NaN and infinity are not allowed")
     if len(value.as_tuple().digits) > DECIMAL_DIGITS_MAX:
         raise ParameterValueError(f"more than {DECIMAL_DIGITS_MAX} digits")
+    if value.is_zero():
+        return "0"
+    if _fixed_point_digits(value) > DECIMAL_DIGITS_MAX:  # 1e38, 1e-39 and 1e999999 are one digit long
+        raise ParameterValueError(f"more than {DECIMAL_DIGITS_MAX} digits when written without an exponent")
     # normalize() rounds to its context's precision, 28 digits by default: every digit allowed is kept.
     text = format(value.normalize(decimal.Context(prec=DECIMAL_DIGITS_MAX)), "f")
     return "0" if text in ("-0", "0") else text
