@@ -29,6 +29,7 @@ from durable_dataflow.core import strictjson
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow.definitions import load_definition
+from durable_dataflow.dataflow import runs
 from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.platform import Platform
 from support.api_runs import Tokens, copy_examples, make_atomic_run, make_tokens, tenant_data_root, web_login
@@ -233,6 +234,33 @@ def test_the_largest_cursor_time_is_accepted(served: Served) -> None:
     assert answer.status_code == 200, answer.text
     assert [r["run_id"] for r in answer.json()["runs"]] == [served.atomic.run_id]
     assert operations.decode_cursor(_cursor([0, "x"])) == (0, "x")
+
+
+NUL_RUN = "%00"  # a run id holding a NUL, as a path segment
+
+
+def test_a_nul_in_a_run_id_a_filter_or_a_hash_is_refused_alike_on_both_engines(served: Served) -> None:
+    """PostgreSQL cannot compare a text holding a NUL (its driver raises, which was a 500): a run id with
+    one is not found, a history filter with one (or a status that is not one) is invalid input, and a
+    definition_hash with one names no definition, on SQLite and PostgreSQL, on the API and the pages;
+    nothing is recorded."""
+    operator = served.auth(served.tokens.operator)
+    for method, path in (("GET", "/v1/runs/{}"), ("GET", "/v1/runs/{}/evidence"), ("POST", "/v1/runs/{}/reconcile"),
+                         ("POST", "/v1/runs/{}/cancel")):  # fmt: skip
+        _error(served.client.request(method, path.format(NUL_RUN), headers=operator), 404, "not_found")
+    for params in ({"definition": "a\x00b"}, {"definition": "\x00"}):
+        _error(served.client.get("/v1/runs", params=params, headers=operator), 422, "invalid_input")
+    submitter = served.auth(served.tokens.submitter)
+    for path in ("/v1/runs", "/v1/runs?queue=true"):
+        answer = served.client.post(path, json={"definition_hash": "sha256:\x00"}, headers=submitter)
+        _error(answer, 404, "not_found")
+    web = TestClient(served.app, follow_redirects=False)
+    assert web_login(web, served.tokens.viewer).status_code == 303
+    for params in ({"status": "\x00"}, {"recovery_status": "\x00"}, {"status": "bogus"}):
+        assert web.get("/ui/runs", params=params).status_code == 422, params
+    assert web.get(f"/ui/runs/{NUL_RUN}").status_code == 404
+    with served.platform.db.read() as conn:
+        assert runs.list_page(conn) == [served.atomic]
 
 
 # ---- 4. control characters on pages --------------------------------------------------------------------

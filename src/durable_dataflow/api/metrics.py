@@ -27,6 +27,9 @@ ATTEMPT_OUTCOME_KINDS: dict[str, tuple[str, ...]] = {
     "reconciled_absent": (evidence.RECONCILE_ABSENT,),
     "cancelled": (evidence.RUN_CANCELLED,),
 }
+# The request histogram's method label: any other method (HTTP lets a client invent them, and each
+# label value is a series kept for the life of the process) is counted as "other".
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -91,7 +94,8 @@ class Metrics:
         self.registry.register(_DatabaseCollector(db))
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        self.request_seconds.labels(method, route, str(status)).observe(seconds)
+        shown = method if method in HTTP_METHODS else "other"
+        self.request_seconds.labels(shown, route, str(status)).observe(seconds)
 
     def observe_commit(self, operation: str, seconds: float) -> None:
         self.commit_seconds.labels(operation).observe(seconds)

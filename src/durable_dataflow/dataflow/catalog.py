@@ -135,7 +135,9 @@ def tenant_definitions(conn: Connection, tenant: str, *, limit: int) -> list[tup
 
 def tenant_definition_body(conn: Connection, tenant: str, d_hash: str) -> str | None:
     """The canonical body of a pinned definition the tenant has used, else None: a tenant never
-    sees another tenant's SQL."""
+    sees another tenant's SQL. A hash holding a NUL names none (PostgreSQL cannot compare it)."""
+    if "\x00" in d_hash:
+        return None
     visible = _tenant_definitions(tenant).where(definitions.c.definition_hash == d_hash)
     if conn.execute(visible).first() is None:
         return None

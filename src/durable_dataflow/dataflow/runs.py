@@ -62,6 +62,8 @@ class Mode(enum.StrEnum):
     FORWARD_RECOVERY = "forward_recovery"  # publishes to an external sink; never twice
 
 
+_STATUSES = frozenset(s.value for s in RunStatus)
+_RECOVERIES = frozenset(s.value for s in RecoveryStatus)
 UNRESOLVED_RECOVERY = frozenset({RecoveryStatus.OUTCOME_UNKNOWN, RecoveryStatus.EVIDENCE_FAILED})
 # Fields that hold the server's local paths: never in the JSON form scripts and tenants read.
 LOCAL_FIELDS = frozenset({"base_dir", "workspace"})
@@ -184,6 +186,8 @@ def _insert_statement(db: Database) -> sa.Insert:
 
 
 def get(conn: Connection, run_id: str, tenant: str | None = None, *, for_update: bool = False) -> Run:
+    if "\x00" in run_id:  # no run id holds one, and PostgreSQL refuses to compare it: not found on both
+        raise NotFound(_missing(run_id))
     query = sa.select(dataflow_runs).where(dataflow_runs.c.run_id == run_id)
     if tenant is not None:
         query = query.where(dataflow_runs.c.tenant == tenant)
@@ -261,7 +265,14 @@ def list_page(
     before: tuple[int, str] | None = None,
     limit: int = PAGE_SIZE_DEFAULT,
 ) -> list[Run]:
-    """Newest first; ``before`` is the (created_at_us, run_id) cursor of the previous page's last run."""
+    """Newest first; ``before`` is the (created_at_us, run_id) cursor of the previous page's last run.
+    A status or recovery status that is not one, or a filter holding a NUL (PostgreSQL cannot compare
+    it), is an InputError on both engines."""
+    for name, value, allowed in (("status", status, _STATUSES), ("recovery_status", recovery_status, _RECOVERIES)):
+        if value is not None and value not in allowed:
+            raise InputError(f"{name} must be one of: {', '.join(sorted(allowed))}")
+    if any("\x00" in value for value in (tenant, definition_name) if value is not None):
+        raise InputError("a run filter must not contain a NUL character")
     query = sa.select(dataflow_runs)
     conditions = [
         (tenant, dataflow_runs.c.tenant),
