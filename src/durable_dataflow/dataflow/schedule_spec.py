@@ -47,6 +47,8 @@ _LOOKBACK = dt.timedelta(hours=3)
 # Ticks are on whole seconds: the search for the end of a skipped hour converges in < 20 steps.
 _GAP_SEARCH_STEPS_MAX = 64
 
+# croniter's random and hashed field forms (R, R(0-30), H/5...), refused: ticks must not move.
+_MOVING_FIELD = re.compile(r"^[hr](\(\d+-\d+\))?(/\d+)?$", re.IGNORECASE | re.ASCII)
 _DURATION = re.compile(r"^\s*(\d{1,9})\s*(s|m|h|d)\s*$")
 _DURATION_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 _PLACEHOLDER = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
@@ -161,6 +163,9 @@ class ScheduleSpec(BaseModel):
         if len(fields) != 5:
             raise ValueError("cron must have 5 fields: minute hour day-of-month month day-of-week")
         text = " ".join(fields)
+        if any(_MOVING_FIELD.match(token) for field in fields for token in field.split(",")):
+            # croniter draws R anew at every parse (two ticks for one day) and H from a hash id.
+            raise ValueError("cron fields must be fixed: the random (R) and hashed (H) forms are not accepted")
         if not croniter.is_valid(text):
             raise ValueError("cron is not a valid 5-field expression")
         return text
@@ -170,7 +175,7 @@ class ScheduleSpec(BaseModel):
     def _timezone(cls, value: str) -> str:
         try:
             ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
+        except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a folder of zones, such as Europe
             raise ValueError("timezone is not a known IANA time zone name (e.g. Europe/Berlin, UTC)") from None
         return value
 
