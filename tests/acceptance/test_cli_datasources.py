@@ -39,3 +39,16 @@ def test_a_declared_datasource_is_listed_and_lets_a_submitter_overwrite_exactly_
     listed = cli("datasources", "list", "--json")
     assert listed.code == 0 and [d["name"] for d in listed.json()] == ["analytics.replaceable"]
     assert "analytics.replaceable" in cli("datasources", "list").stdout
+
+
+def test_a_bad_declaration_is_refused_and_records_nothing(db_url: str, tmp_path: Path) -> None:
+    """Proves an empty tenant is not "every tenant" (it was declared platform-wide), a tenant that is no
+    tenant name, an unknown provider and a location with a control character are refused (exit 2), and
+    that nothing is listed afterwards."""
+    cli = make_cli(db_url, tmp_path)
+    for args in (("--tenant", ""), ("--tenant", "../x"), ("--tenant", "*"), ("--provider", "nosuch"),
+                 ("--location", "w\x1b[31m"), ("--location", "w\nx")):  # fmt: skip
+        given = {"--provider": "parquet", "--location": "w", **dict([args])}
+        refused = cli("datasources", "declare", "j", *[part for pair in given.items() for part in pair])
+        assert refused.code == 2, (args, refused.output)
+    assert cli("datasources", "list", "--json").json() == []

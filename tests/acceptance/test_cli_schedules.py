@@ -213,5 +213,8 @@ def test_bad_schedules_are_refused_before_anything_is_recorded(cli: Cli, db_url:
         refused = cli("schedules", "apply", str(_write(tmp_path, FLOW + SCHEDULE)), "--now", edge)
         assert refused.code == 2 and "--now must be an instant from 1900" in refused.stderr, refused.output
         assert cli("schedules", "tick", "--now", edge).code == 2
+    for tenant in ("", "../x", "*", "t" * 129):  # each tick would have been refused, looking submitted
+        refused = cli("schedules", "apply", str(_write(tmp_path, FLOW + SCHEDULE)), "--tenant", tenant)
+        assert refused.code == 2 and "the tenant must be" in refused.stderr, refused.output
     assert _count(db_url, "schedules") == 0
     assert cli("schedules", "tick").code == 0

@@ -5,7 +5,7 @@ to recognise in logs and secret scanners. Because it carries that much entropy, 
 its unsalted hash is safe: no dictionary attack applies.
 
 A tenant token (viewer, submitter, operator) acts for one tenant. A platform operator token acts
-for none: it is stored with the tenant ``PLATFORM_TENANT`` ("*"), which ``TENANT_PATTERN`` (and the
+for none: it is stored with the tenant ``PLATFORM_TENANT`` ("*"), which ``core.names.TENANT_PATTERN`` (and the
 run request's own tenant check) makes impossible for a real tenant, so no tenant-scoped query can
 ever match it. It is created only by ``create_platform_token``, which the CLI calls for whoever
 holds the database URL; the API has no way to create any token.
@@ -22,11 +22,12 @@ import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.api.schema import TENANT_LENGTH, TOKEN_NAME_LENGTH, api_tokens
+from durable_dataflow.api.schema import TOKEN_NAME_LENGTH, api_tokens
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import Conflict, InputError, NotFound, Unauthenticated
 from durable_dataflow.core.hashing import sha256_bytes
 from durable_dataflow.core.invariants import invariant
+from durable_dataflow.core.names import check_tenant
 
 TOKEN_PREFIX = "ddf_"
 TOKEN_RANDOM_BYTES = 32
@@ -34,9 +35,8 @@ TOKEN_ID_RANDOM_BYTES = 8
 # A presented token longer than this is refused before it is hashed.
 TOKEN_CHARS_MAX = 200
 TOKENS_LISTED_MAX = 10_000
-TENANT_PATTERN = re.compile(rf"^[A-Za-z0-9_-]{{1,{TENANT_LENGTH}}}$")
 NAME_PATTERN = re.compile(rf"^[A-Za-z0-9_.@:-]{{1,{TOKEN_NAME_LENGTH}}}$")
-# The tenant stored for a platform operator token: TENANT_PATTERN forbids it for every real tenant.
+# The tenant stored for a platform operator token: core.names.TENANT_PATTERN forbids it for every real tenant.
 PLATFORM_TENANT = "*"
 
 
@@ -105,8 +105,7 @@ def _info(row: sa.Row[object]) -> TokenInfo:
 
 
 def _check_new(tenant: str, role: str, name: str | None) -> Role:
-    if not TENANT_PATTERN.fullmatch(tenant):
-        raise InputError(f"the tenant must be 1 to {TENANT_LENGTH} letters, digits, '-' or '_'")
+    check_tenant(tenant)
     if role == Role.PLATFORM_OPERATOR:
         raise InputError("a platform_operator token belongs to no tenant: use `dataflow tokens create --platform`")
     try:

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from durable_dataflow.cli import common
+from durable_dataflow.core.names import check_tenant
 from durable_dataflow.core.text import printable
 
 if TYPE_CHECKING:
@@ -46,10 +47,9 @@ def declare_command(
     from durable_dataflow.datasources.schema import PLATFORM_DECLARED
 
     options = {"allow_overwrite": True} if allow_overwrite else {}
+    whose = PLATFORM_DECLARED if tenant is None else check_tenant(tenant)  # "" or "*" is no tenant
     with common.open_platform(ctx) as platform, platform.db.begin() as conn:
-        declared = registry.register_datasource(
-            conn, name, provider, location, options, tenant=tenant or PLATFORM_DECLARED
-        )
+        declared = registry.register_datasource(conn, name, provider, location, options, tenant=whose)
     if as_json:
         common.emit_json(_json(declared))
         return

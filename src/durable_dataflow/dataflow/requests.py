@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from durable_dataflow import __version__
 from durable_dataflow.core import hashing
 from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.names import check_tenant
 
 if TYPE_CHECKING:  # types only: `MAX_ATTEMPTS_DEFAULT` is read by commands that load no definition
     from durable_dataflow.dataflow.definitions import Definition
@@ -25,7 +26,6 @@ if TYPE_CHECKING:  # types only: `MAX_ATTEMPTS_DEFAULT` is read by commands that
 
 Trigger = Literal["cli", "api", "schedule", "worker"]
 IDEMPOTENCY_KEY_CHARS_MAX = 255
-TENANT_CHARS_MAX = 128
 MAX_ATTEMPTS_DEFAULT = 3
 MAX_ATTEMPTS_LIMIT = 20
 
@@ -110,9 +110,7 @@ def check_request(request: RunRequest) -> None:
     key = request.idempotency_key
     if key is not None and not (0 < len(key) <= IDEMPOTENCY_KEY_CHARS_MAX and key.isprintable()):
         raise InputError(f"idempotency key must be 1 to {IDEMPOTENCY_KEY_CHARS_MAX} printable characters")
-    tenant = request.access.tenant
-    if not (0 < len(tenant) <= TENANT_CHARS_MAX and tenant.replace("-", "").replace("_", "").isalnum()):
-        raise InputError(f"the tenant must be 1 to {TENANT_CHARS_MAX} letters, digits, '-' or '_'")
+    check_tenant(request.access.tenant)
     if not 1 <= request.max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise InputError(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}")
 

@@ -37,6 +37,7 @@ from durable_dataflow.core import hashing
 from durable_dataflow.core.db import Database, insert_if_absent
 from durable_dataflow.core.errors import DataflowError, InputError, NotFound
 from durable_dataflow.core.invariants import invariant
+from durable_dataflow.core.names import check_tenant
 from durable_dataflow.dataflow import runs, views
 from durable_dataflow.dataflow.definitions import IDENTIFIER_PATTERN, Definition, canonical_body, definition_hash
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
@@ -165,6 +166,7 @@ def apply(
 ) -> ApplyResult:
     """Pin ``definition`` and its schedule for ``access.tenant``. A changed definition, schedule or
     workspace replaces the pinned one, and its ticks start after ``now``; an unchanged one writes nothing."""
+    check_tenant(access.tenant)  # each tick submits as this tenant: refused now, not at every tick
     if definition.schedule is None:
         raise InputError(f"definition {definition.name!r} has no schedule: block; nothing to apply")
     check_has_ticks(definition.schedule)

@@ -26,6 +26,7 @@ from sqlalchemy import Connection, insert, or_, select
 from durable_dataflow.core.db import insert_if_absent
 from durable_dataflow.core.errors import Conflict, InputError, NotFound
 from durable_dataflow.core.hashing import canonical_json
+from durable_dataflow.core.names import check_tenant
 from durable_dataflow.datasources.contract import (
     LOCATION_MISSING,
     Capability,
@@ -189,12 +190,17 @@ def register_datasource(
 ) -> Datasource:
     """Declare a named datasource, for every tenant (PLATFORM_DECLARED) or for one; the same name
     again for that tenant is a Conflict. Runs in the caller's transaction."""
-    _check_text("tenant", tenant, TENANT_CHARS_MAX)
+    if tenant != PLATFORM_DECLARED:
+        check_tenant(tenant)
     _check_text("name", name, DATASOURCE_NAME_CHARS_MAX)
     if not NAME_PATTERN.match(name):
         raise InputError(f"datasource name {name!r} may use letters, digits, '_', '.', '-' only")
     _check_text("provider", provider, PROVIDER_NAME_CHARS_MAX)
+    if provider not in available_providers():
+        raise InputError(f"datasource provider must be one of: {', '.join(available_providers())}")
     _check_text("location", location, LOCATION_CHARS_MAX)
+    if not location.isprintable():  # shown to operators and tenants; no path or URL needs a control
+        raise InputError("datasource location must not contain control characters")
     _check_options(options)
     options_json = canonical_json(dict(options)).decode("utf-8")
     if get_datasource_or_none(conn, name, tenant=tenant) is not None:

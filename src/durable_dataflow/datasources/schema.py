@@ -21,7 +21,7 @@ LOCATION_CHARS_MAX = 2000
 TENANT_CHARS_MAX = 128  # as dataflow_runs.tenant
 RUN_ID_CHARS_MAX = 36  # as dataflow_runs.run_id
 # The tenant of a datasource the platform declared for every tenant, and of every row recorded before
-# registrations had a tenant (migration 0006). No real tenant can be named so (api.tokens.TENANT_PATTERN
+# registrations had a tenant (migration 0006). No real tenant can be named so (core.names.TENANT_PATTERN
 # refuses it; it is the platform operator token's PLATFORM_TENANT).
 PLATFORM_DECLARED = "*"
 
