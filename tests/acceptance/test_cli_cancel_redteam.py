@@ -59,3 +59,20 @@ def test_backfill_and_tick_refuse_another_evidence_key_setting(cli: Cli, tmp_pat
     cancelled = cli("backfill", "cancel", str(flow), *days, "--json", extra_env=WITH_KEY)
     assert cancelled.code == 0, cancelled.output
     assert [day["outcome"] for day in cancelled.json()] == ["cancelled", "cancelled"]
+
+
+@pytest.mark.parametrize("key", ["", "   ", "\n"])
+def test_an_empty_evidence_key_is_refused_not_used(cli: Cli, tmp_path: Path, key: str) -> None:
+    """Proves an empty (or blank) DATAFLOW_EVIDENCE_KEY is refused with exit 2 before anything runs: it
+    was used as a key, so the ledger was "keyed" with a MAC anyone can compute. The same from the
+    secrets directory."""
+    flow = tmp_path / "flow.yaml"
+    flow.write_text(FLOW)
+    refused = cli("run", str(flow), "--param", "day=2026-11-02", extra_env={"DATAFLOW_EVIDENCE_KEY": key})
+    assert refused.code == 2 and "DATAFLOW_EVIDENCE_KEY is set but empty" in refused.stderr, refused.output
+    secrets_dir = tmp_path / "secrets"
+    secrets_dir.mkdir(exist_ok=True)
+    (secrets_dir / "DATAFLOW_EVIDENCE_KEY").write_text(key)
+    refused = cli("runs", extra_env={"DATAFLOW_SECRETS_DIR": str(secrets_dir)})
+    assert refused.code == 2 and "DATAFLOW_EVIDENCE_KEY is set but empty" in refused.stderr, refused.output
+    assert cli("runs", "--json").json() == []

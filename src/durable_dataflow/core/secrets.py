@@ -58,7 +58,12 @@ class Secret:
 def secrets_dir() -> Path | None:
     """The configured secrets directory (``DATAFLOW_SECRETS_DIR``), resolved, or None."""
     configured = os.environ.get(SECRETS_DIR_ENV)
-    return Path(configured).resolve() if configured else None
+    if not configured:
+        return None
+    try:
+        return Path(configured).resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (before Python 3.13)
+        raise InputError(f"{SECRETS_DIR_ENV} cannot be resolved (a symlink loop or an unreadable path)") from None
 
 
 def is_reserved(name: str) -> bool:
@@ -77,7 +82,8 @@ def _from_file(file_name: str) -> str | None:
     path = folder / file_name
     if not path.is_file():
         return None
-    data = path.read_bytes()[:SECRET_FILE_BYTES_MAX]
+    with path.open("rb") as file:  # never more than the cap, whatever the file's size
+        data = file.read(SECRET_FILE_BYTES_MAX)
     return data.decode("utf-8", errors="replace").strip()
 
 
@@ -87,6 +93,9 @@ def resolve_platform_setting(name: str) -> Secret | None:
     value = _from_env(name)
     if value is None:
         value = _from_file(name)
+    if value is not None and not value.strip():
+        # An empty key would key the ledger with a MAC anyone can compute: a mistake, never a setting.
+        raise InputError(f"{name} is set but empty: give it a value, or unset it")
     return None if value is None else Secret(name, value)
 
 
