@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -80,6 +81,22 @@ def test_usage_error_and_missing_file(sqlite_cli: Cli, tmp_path: Path) -> None:
     assert usage.code == 2 and "No such option" in usage.stderr
     missing = sqlite_cli("run", str(tmp_path / "nope.yaml"))
     assert missing.code == 2 and "nope.yaml" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_a_definition_or_grants_file_that_is_no_regular_file_exits_2(sqlite_cli: Cli, tmp_path: Path) -> None:
+    """Proves /dev/zero (size 0, endless: `run` was killed for its memory), a FIFO (the reader blocked
+    forever) and a folder given as the definition, or as DATAFLOW_GRANTS, exit 2 at once, naming it."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    revenue = copy_revenue(tmp_path / "grants")
+    for path in (Path("/dev/zero"), fifo, tmp_path):
+        for command in (("run", str(path)), ("submit", str(path)), ("schedules", "apply", str(path))):
+            refused = sqlite_cli(*command)
+            assert refused.code == 2, refused.output
+            assert f"{path}: the definition is not a regular file" in refused.stderr, refused.output
+        refused = sqlite_cli("run", str(revenue), "--param", "day=2026-11-02", extra_env={"DATAFLOW_GRANTS": str(path)})
+        assert refused.code == 2 and "DATAFLOW_GRANTS: the grants file is not a regular file" in refused.stderr
+    assert sqlite_cli("runs", "--json").json() == []
 
 
 def test_definitions_schema_db_and_version(sqlite_cli: Cli, sqlite_url: str) -> None:

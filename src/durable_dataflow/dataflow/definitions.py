@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from durable_dataflow.core import hashing, strictjson
 from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.files import read_capped
 from durable_dataflow.core.secrets import SECRET_NAME_PATTERN
 from durable_dataflow.dataflow import parameters as parameters_mod
 from durable_dataflow.dataflow.schedule_spec import ScheduleSpec
@@ -550,15 +551,11 @@ def parse_definition(text: str, origin: str) -> Definition:
 
 def load_definition(path: Path) -> LoadedDefinition:
     """Read, parse and validate a definition file."""
+    data = read_capped(path, DEFINITION_BYTES_MAX, f"{path}: the definition")
     try:
-        size = path.stat().st_size
-        if size > DEFINITION_BYTES_MAX:
-            raise InputError(f"{path}: the definition is larger than {DEFINITION_BYTES_MAX} bytes")
-        text = path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError(f"{path}: the definition is not UTF-8 text") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the definition: {exc.strerror or exc}") from None
     definition = parse_definition(text, str(path))
     return LoadedDefinition(definition=definition, path=path, base_dir=path.resolve().parent)
 

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from durable_dataflow.core import secrets
 from durable_dataflow.core.errors import InputError, PermissionDenied
+from durable_dataflow.core.files import read_capped
 from durable_dataflow.core.secrets import SecretGrant, SecretScope
 
 GRANTS_ENV = "DATAFLOW_GRANTS"
@@ -176,13 +177,7 @@ def grants_from_env() -> Grants:
     configured = os.environ.get(GRANTS_ENV)
     if not configured:
         return Grants()
-    path = Path(configured)
-    try:
-        data = path.read_bytes()[: GRANTS_FILE_BYTES_MAX + 1]
-    except OSError:
-        raise InputError(f"{GRANTS_ENV}: the grants file cannot be read") from None
-    if len(data) > GRANTS_FILE_BYTES_MAX:
-        raise InputError(f"{GRANTS_ENV}: the grants file is larger than {GRANTS_FILE_BYTES_MAX} bytes")
+    data = read_capped(Path(configured), GRANTS_FILE_BYTES_MAX, f"{GRANTS_ENV}: the grants file")
     return parse_grants(data.decode("utf-8", errors="replace"), GRANTS_ENV)
 
 
