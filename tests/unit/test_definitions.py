@@ -168,7 +168,7 @@ def test_output_schema_maps_to_arrow_and_sizes_parse() -> None:
 
 def test_load_definition_errors_name_the_file(tmp_path: Path) -> None:
     """Proves a missing file and a non-mapping document give InputErrors naming the file."""
-    with pytest.raises(InputError, match=r"nothere\.yaml: cannot read"):
+    with pytest.raises(InputError, match=r"nothere\.yaml: the definition cannot be read"):
         definitions.load_definition(tmp_path / "nothere.yaml")
     listy = tmp_path / "list.yaml"
     listy.write_text("- 1\n- 2\n")
