@@ -99,6 +99,17 @@ def test_a_definition_or_grants_file_that_is_no_regular_file_exits_2(sqlite_cli:
     assert sqlite_cli("runs", "--json").json() == []
 
 
+def test_a_param_without_its_name_is_refused_without_repeating_it(sqlite_cli: Cli, tmp_path: Path) -> None:
+    """Proves `--param VALUE` (a value pasted without NAME=) exits 2 naming the option's position only:
+    the whole raw text was repeated, and it may be a secret pasted into the wrong place."""
+    revenue = copy_revenue(tmp_path)
+    for bad in ("canary-secret-7d1e", "=canary-secret-7d1e"):
+        refused = sqlite_cli("run", str(revenue), "--param", "day=2026-11-02", "--param", bad)
+        assert refused.code == 2 and "--param number 2 must have the form NAME=VALUE" in refused.stderr
+        assert "canary-secret-7d1e" not in refused.output
+    assert sqlite_cli("runs", "--json").json() == []
+
+
 def test_definitions_schema_db_and_version(sqlite_cli: Cli, sqlite_url: str) -> None:
     """`definitions list/show` return the pinned definition of a run; `schema` is valid JSON Schema;
     `db current` reports head after `db upgrade`; `version` prints the package version."""

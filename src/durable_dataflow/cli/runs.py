@@ -31,11 +31,11 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
     if len(pairs) > PARAMS_MAX:
         raise InputError(f"at most {PARAMS_MAX} --param options are accepted")
     parsed: dict[str, str] = {}
-    for pair in pairs:
+    for number, pair in enumerate(pairs, start=1):
         name, sep, value = pair.partition("=")
         name = name.strip()
-        if not sep or not name:
-            raise InputError(f"--param {pair!r} must have the form NAME=VALUE")
+        if not sep or not name:  # never repeat it: it may be a value pasted without its name
+            raise InputError(f"--param number {number} must have the form NAME=VALUE")
         if name in parsed:
             raise InputError(f"--param {name} is given more than once")
         parsed[name] = value
