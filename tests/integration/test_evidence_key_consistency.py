@@ -208,11 +208,12 @@ def test_verify_without_the_key_does_not_say_verified(
 
     plain = cli("verify", run_id)
     assert plain.code == 1, plain.output
-    assert "evidence NOT verified" in plain.stdout and UNCHECKED in plain.stdout
+    assert "evidence NOT verified: " + UNCHECKED in plain.stdout  # no "(broken at seq N)": nothing is broken
     as_json = cli("verify", run_id, "--json")
     assert as_json.code == 1, as_json.output
     document = as_json.json()
     assert document["ok"] is False and document["keyed"] is True and UNCHECKED in document["reason"]
+    assert document["broken_seq"] is None
     assert cli("verify", run_id, extra_env=WITH_A).code == 0
 
     monkeypatch.delenv("DATAFLOW_EVIDENCE_KEY", raising=False)
@@ -224,6 +225,7 @@ def test_verify_without_the_key_does_not_say_verified(
     assert answer.status_code == 200, answer.text
     verification = answer.json()["verification"]
     assert verification["ok"] is False and UNCHECKED in verification["reason"]
+    assert verification["broken_seq"] is None
 
 
 def test_a_chain_mixing_settings_verifies_under_neither(db: Database) -> None:

@@ -463,8 +463,8 @@ def verify_run(conn: Connection, run: Run, key: Secret | None) -> ledger.Verific
         return evidence.forward_success_problem(entries, run.attempt, digest)
 
     result = checkpoints.verify_subject(conn, MODULE, run.run_id, evidence_key=key, facts_check=facts)
-    if result.ok or result.broken_seq is not None:
-        return result
+    if result.ok or result.broken_seq is not None or result.reason == ledger.KEYED_UNCHECKED_REASON:
+        return result  # unchecked MACs are about the whole chain, not an entry: no seq to name
     # A facts problem: name the entry it is about (or the head).
     seq = derive(ledger.read(conn, MODULE, run.run_id)).problem_seq or result.head_seq
     return ledger.Verification(False, result.head_seq, result.head_hash, result.entry_count, result.keyed, seq,
