@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from durable_dataflow.core.errors import InputError
-from durable_dataflow.dataflow import definitions, limits
+from durable_dataflow.dataflow import definitions, limits, units
 from durable_dataflow.dataflow.definitions import DefinitionLimits
 from durable_dataflow.dataflow.limits import ExecutionLimits, GiB, MiB, TiB
 
@@ -69,16 +69,22 @@ def test_from_env_reads_the_temp_dir(tmp_path: Path) -> None:
         ("DATAFLOW_TIME_LIMIT", "0", r"^DATAFLOW_TIME_LIMIT \(wall-clock time .*\) must be at least"),
         ("DATAFLOW_TIME_LIMIT", "8d", r"^DATAFLOW_TIME_LIMIT: the duration is not valid"),
         ("DATAFLOW_TIME_LIMIT", "200h", r"^DATAFLOW_TIME_LIMIT .* at most 604800 s; got 720000 s"),
-        ("DATAFLOW_MEMORY_LIMIT", "0", r"^DATAFLOW_MEMORY_LIMIT .* must be at least 1 MiB; got 0 bytes"),
+        ("DATAFLOW_MEMORY_LIMIT", "0", r"^DATAFLOW_MEMORY_LIMIT .* at least 1 MiB and at most 8192 TiB; got 0 bytes"),
         ("DATAFLOW_MEMORY_LIMIT", "-1GiB", r"^DATAFLOW_MEMORY_LIMIT: the size is not valid"),
         ("DATAFLOW_MEMORY_LIMIT", "4G", r"^DATAFLOW_MEMORY_LIMIT: the size is not valid"),
         ("DATAFLOW_THREADS", "0", r"^DATAFLOW_THREADS .* must be at least 1 and at most 256; got 0"),
         ("DATAFLOW_THREADS", "257", r"^DATAFLOW_THREADS .* at most 256; got 257"),
         ("DATAFLOW_THREADS", "two", r"^DATAFLOW_THREADS: expected a whole number, got 'two'"),
         ("DATAFLOW_THREADS", "1.5", r"^DATAFLOW_THREADS: expected a whole number"),
-        ("DATAFLOW_TEMP_MAX", "10KiB", r"^DATAFLOW_TEMP_MAX .* must be at least 1 MiB; got 10 KiB"),
-        ("DATAFLOW_SOURCE_BYTES_MAX", "0", r"^DATAFLOW_SOURCE_BYTES_MAX .* must be at least 1 byte; got 0 bytes"),
+        ("DATAFLOW_TEMP_MAX", "10KiB", r"^DATAFLOW_TEMP_MAX .* at least 1 MiB and at most 8192 TiB; got 10 KiB"),
+        ("DATAFLOW_SOURCE_BYTES_MAX", "0", r"^DATAFLOW_SOURCE_BYTES_MAX .* 1 byte and at most 8192 TiB; got 0 bytes"),
         ("DATAFLOW_RESULT_BYTES_MAX", "2GiB", r"^DATAFLOW_RESULT_BYTES_MAX .* at most 1 GiB; got 2 GiB"),
+        # DuckDB refused a memory limit of 2**63 bytes at every execution (worker and serve started).
+        ("DATAFLOW_MEMORY_LIMIT", "8388608TiB", r"^DATAFLOW_MEMORY_LIMIT .* at most 8192 TiB; got 8388608 TiB"),
+        ("DATAFLOW_TEMP_MAX", "9999999TiB", r"^DATAFLOW_TEMP_MAX .* at most 8192 TiB"),
+        ("DATAFLOW_SOURCE_BYTES_MAX", "9999999TiB", r"^DATAFLOW_SOURCE_BYTES_MAX .* at most 8192 TiB"),
+        ("DATAFLOW_TIME_LIMIT", "9" * 400, r"^DATAFLOW_TIME_LIMIT: a duration must be a finite number"),
+        ("DATAFLOW_TEMP_DIR", "~no-such-user-3f1a/x", r"^DATAFLOW_TEMP_DIR: a path starting with ~ names a home"),
     ],
 )
 def test_from_env_refuses_bad_values_naming_the_variable(variable: str, raw: str, expected: str) -> None:
@@ -102,7 +108,7 @@ def test_overrides_win_over_the_environment_and_are_named_in_errors(tmp_path: Pa
     read = limits.from_env(environ, threads="2", memory_bytes_max=None, time_limit_s=30, temp_dir=tmp_path)
     assert (read.threads, read.memory_bytes_max, read.time_limit_s, read.temp_dir) == (2, 2 * GiB, 30.0, tmp_path)
     assert limits.from_env({}, result_bytes_max="1MiB", source_bytes_max=10, threads=1).result_bytes_max == MiB
-    with pytest.raises(InputError, match=r"^--memory-limit .* must be at least 1 MiB; got 0 bytes"):
+    with pytest.raises(InputError, match=r"^--memory-limit .* at least 1 MiB and at most 8192 TiB; got 0 bytes"):
         limits.from_env(environ, memory_bytes_max="0", time_limit_s=1)
     with pytest.raises(InputError, match=r"^--threads: expected a whole number, not true/false"):
         limits.from_env({}, threads=True)
@@ -217,3 +223,10 @@ def test_every_setting_is_documented() -> None:
     for setting in limits.SETTINGS:
         assert f"`{setting.option} " in deployment and f"`{setting.variable}`" in deployment, setting.field
         assert f"`{setting.option} " in cli, setting.field
+
+
+def test_a_duration_past_floats_range_is_refused_not_an_overflow() -> None:
+    """Proves a definition's time_limit written as a 400-digit integer is an InputError (float() of it
+    raised OverflowError, an internal error), like any duration that is not finite."""
+    with pytest.raises(ValueError, match="a duration must be a finite number of seconds"):
+        units.parse_duration(10**400)

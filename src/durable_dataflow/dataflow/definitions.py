@@ -488,6 +488,15 @@ _StrictLoader.yaml_implicit_resolvers = {
 
 
 def _parse_document(text: str, origin: str) -> Any:
+    try:
+        return _parse_text(text, origin)
+    except RecursionError:
+        raise InputError(f"{origin}: the definition nests too deeply") from None
+    except ValueError:  # a constructor's refusal: an integer over Python's 4300 digits, a bad YAML date
+        raise InputError(f"{origin}: a value cannot be read (a number over 4300 digits, or an invalid date)") from None
+
+
+def _parse_text(text: str, origin: str) -> Any:
     if len(text.encode("utf-8")) > DEFINITION_BYTES_MAX:
         raise InputError(f"{origin}: the definition is larger than {DEFINITION_BYTES_MAX} bytes")
     if origin.lower().endswith(".json"):
@@ -547,6 +556,8 @@ def parse_definition(text: str, origin: str) -> Definition:
         return Definition.model_validate(document)
     except ValidationError as exc:
         raise format_validation_error(exc, origin) from None
+    except RecursionError:
+        raise InputError(f"{origin}: the definition nests too deeply") from None
 
 
 def load_definition(path: Path) -> LoadedDefinition:

@@ -116,15 +116,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("time_limit_s", "--time-limit", "DATAFLOW_TIME_LIMIT", SettingKind.DURATION,
             "wall-clock time of one execution", "1h", TIME_LIMIT_S_MIN, units.TIME_LIMIT_S_CEILING),
     Setting("memory_bytes_max", "--memory-limit", "DATAFLOW_MEMORY_LIMIT", SettingKind.SIZE,
-            "engine memory of one execution", "4GiB", MEMORY_BYTES_MIN),
+            "engine memory of one execution", "4GiB", MEMORY_BYTES_MIN, units.SIZE_CEILING),
     Setting("threads", "--threads", "DATAFLOW_THREADS", SettingKind.COUNT,
             "engine threads of one execution", "the CPU count, at most 8", 1, units.THREADS_CEILING),
     Setting("temp_dir", "--temp-dir", "DATAFLOW_TEMP_DIR", SettingKind.DIRECTORY,
             "folder executions spill to (each in a private subfolder)", "the system temporary directory"),
     Setting("temp_bytes_max", "--temp-max", "DATAFLOW_TEMP_MAX", SettingKind.SIZE,
-            "spilled bytes of one execution", "100GiB", TEMP_BYTES_MIN),
+            "spilled bytes of one execution", "100GiB", TEMP_BYTES_MIN, units.SIZE_CEILING),
     Setting("source_bytes_max", "--source-bytes-max", "DATAFLOW_SOURCE_BYTES_MAX", SettingKind.SIZE,
-            "bytes one source may read", "1TiB", 1),
+            "bytes one source may read", "1TiB", 1, units.SIZE_CEILING),
     Setting("result_bytes_max", "--result-bytes-max", "DATAFLOW_RESULT_BYTES_MAX", SettingKind.SIZE,
             "ceiling of output.max_bytes", "1GiB", 1, units.OUTPUT_BYTES_CEILING),
 )  # fmt: skip
@@ -224,7 +224,10 @@ def _typed(setting: Setting, raw: Raw) -> float | int | Path:
         text = str(raw)
         if "\x00" in text:
             raise ValueError("a path cannot contain a NUL character")
-        return Path(text).expanduser()
+        try:
+            return Path(text).expanduser()
+        except RuntimeError:  # ~user of no such user, or no home directory to expand ~ to
+            raise ValueError("a path starting with ~ names a home directory that does not exist") from None
     if isinstance(raw, Path):
         raise ValueError(f"expected {setting.kind.value}, not a path")
     if setting.kind is SettingKind.DURATION:

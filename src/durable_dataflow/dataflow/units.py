@@ -20,6 +20,9 @@ THREADS_CEILING = 256
 # The longest time limit any platform or definition may name: a run holds a lease and an engine for
 # all of it, and a week is far beyond any batch job while keeping timers well inside their range.
 TIME_LIMIT_S_CEILING = 7 * 24 * 3600.0
+# The largest size a platform setting may name (2**53 bytes, 8 PiB: exact in JSON, as definitions'
+# sizes are, and far inside the engine's range; DuckDB refuses a memory limit of 2**63 bytes).
+SIZE_CEILING = 2**53
 US_PER_S = 1_000_000  # database-clock times are integer microseconds since the epoch
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _ONE_US = dt.timedelta(microseconds=1)
@@ -48,7 +51,10 @@ def parse_duration(value: int | float | str) -> float:
     if isinstance(value, bool):
         raise ValueError("a duration must be a number of seconds or a string such as '90s', '10m' or '2h'")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int past float's range
+            raise ValueError("a duration must be a finite number of seconds") from None
     else:
         match = _DURATION_PATTERN.match(value)
         if not match:
