@@ -250,3 +250,18 @@ def test_bad_parameters_name_parameter_and_type_never_the_value(raw: dict[str, A
         parameters.check_parameters(_parse(TYPED), raw)
     wrong = [str(value) for value in raw.values() if value != "2026-11-02"]  # the good day is the rule's example too
     assert [value for value in wrong if len(value) > 3 and value in caught.value.message] == []
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_a_huge_integer_or_a_deep_nesting_is_an_input_error(suffix: str) -> None:
+    """Proves a 5000-digit integer and a 5000-deep nesting, in YAML or JSON, are InputErrors naming the
+    origin (Python's int-digit limit and its recursion limit surfaced as internal errors)."""
+    huge = "9" * 5000
+    deep = "[" * 5000 + "1" + "]" * 5000
+    texts = {
+        ".yaml": (f"name: x\nversion: {huge}\n", f"name: x\ndescription: {deep}\n"),
+        ".json": (f'{{"name": "x", "version": {huge}}}', f'{{"name": "x", "description": {deep}}}'),
+    }[suffix]
+    for text, expected in zip(texts, ("a number over 4300 digits", "nests too deeply"), strict=True):
+        with pytest.raises(InputError, match=rf"^doc{suffix}: .*{expected}"):
+            definitions.parse_definition(text, f"doc{suffix}")
