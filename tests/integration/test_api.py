@@ -286,6 +286,17 @@ def test_healthz_openapi_and_metrics(world: World) -> None:
     assert 'dataflow_api_request_seconds_count{method="GET",route="/v1/runs",status="200"}' in text
 
 
+def test_invented_http_methods_share_one_metrics_label(world: World) -> None:
+    """Proves requests with invented methods (HTTP allows any token; each label value was a series kept
+    for the life of the process, so an unauthenticated client could grow /metrics without bound) are
+    counted under method="other", while the standard methods keep their own label."""
+    for index in range(20):
+        world.client.request(f"X{index:03d}INVENTED", "/healthz")
+    text = world.call("GET", "/metrics", world.tokens.operator).text
+    assert "INVENTED" not in text
+    assert 'dataflow_api_request_seconds_count{method="other",route="/healthz",status="405"} 20.0' in text
+
+
 def test_two_apps_have_separate_metrics(world: World) -> None:
     """Each app has its own registry: requests to one never count in the other's histogram."""
     other = TestClient(create_app(world.platform))
