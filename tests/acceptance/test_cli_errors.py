@@ -110,6 +110,34 @@ def test_a_param_without_its_name_is_refused_without_repeating_it(sqlite_cli: Cl
     assert sqlite_cli("runs", "--json").json() == []
 
 
+def test_database_urls_that_cannot_work_are_refused_with_their_reason(tmp_path: Path) -> None:
+    """Proves a file that is no database (exit 7), a path through a file, /proc or an unparseable
+    URL (exit 2), and a schema a newer version migrated (exit 2 for runs, db upgrade and db current:
+    `db current` advised an upgrade) each name the problem; none was an internal error."""
+    text_file = tmp_path / "notes.txt"
+    text_file.write_text("not a database\n")
+    cases = (
+        (f"sqlite:///{text_file}", 7, "file is not a SQLite database"),
+        (f"sqlite:///{text_file}/x.db", 2, "cannot be created"),
+        ("sqlite:////proc/no-such/x.db", 2, "cannot be created"),
+        ("postgresql://u:canary-pw-51c2@[::1/db", 2, "the database URL cannot be parsed"),
+    )
+    for url, code, expected in cases:
+        refused = make_cli(url, tmp_path)("runs")
+        assert refused.code == code and expected in refused.stderr, (url, refused.output)
+        assert "canary-pw-51c2" not in refused.output
+    future = f"sqlite:///{tmp_path / 'future.db'}"
+    cli = make_cli(future, tmp_path)
+    assert cli("db", "upgrade").code == 0
+    engine = sa.create_engine(future)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999_future'"))
+    engine.dispose()
+    for command in (("runs",), ("db", "upgrade"), ("db", "current")):
+        refused = cli(*command)
+        assert refused.code == 2 and "at revision '9999_future', which this version does not know" in refused.stderr
+
+
 def test_definitions_schema_db_and_version(sqlite_cli: Cli, sqlite_url: str) -> None:
     """`definitions list/show` return the pinned definition of a run; `schema` is valid JSON Schema;
     `db current` reports head after `db upgrade`; `version` prints the package version."""

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from durable_dataflow import __version__
 from durable_dataflow.cli import common
+from durable_dataflow.core.errors import InputError
 
 if TYPE_CHECKING:
     from durable_dataflow.core.db import Database
@@ -53,6 +54,8 @@ def current_command(ctx: typer.Context) -> None:
         database.dispose()
     head = migrations.head_revision()
     console = common.stdout_console()
+    if current is not None and not migrations.is_known(current):
+        raise InputError(migrations.newer_schema(current))
     if current == head:
         console.print(Text(f"{database.info.url_redacted}: at revision {current} (head)"))
         return

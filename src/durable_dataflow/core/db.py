@@ -35,6 +35,7 @@ from durable_dataflow.core.invariants import invariant
 
 DEFAULT_URL = "sqlite:///./.dataflow/dataflow.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+SQLITE_NOT_A_DATABASE = "file is not a database"  # sqlite3's message for a file of another kind
 POSTGRES_POOL_SIZE = 8
 POSTGRES_POOL_OVERFLOW = 16
 POSTGRES_CONNECT_TIMEOUT_S = 10
@@ -102,7 +103,10 @@ class Database:
     def __init__(self, url: str | None = None, *, clock_offset_s: float = 0.0) -> None:
         self.url = normalize_url(url_from_env(url))
         self.clock_offset_s = clock_offset_s
-        sa_url = sa.engine.make_url(self.url)
+        try:
+            sa_url = sa.engine.make_url(self.url)
+        except (ValueError, exc.ArgumentError):  # e.g. an unclosed [ in the host: never echo the URL
+            raise InputError(f"the database URL cannot be parsed: {redact_url(self.url)}") from None
         self.dialect: Dialect = "sqlite" if sa_url.get_backend_name() == "sqlite" else "postgresql"
         if self.dialect == "sqlite":
             self.engine = _sqlite_engine(self.url, immediate=True)
@@ -211,6 +215,8 @@ def translate_errors() -> Iterator[None]:
     except exc.InterfaceError as error:
         raise StorageUnavailable(f"the database connection failed: {_first_line(error)}") from error
     except exc.DBAPIError as error:
+        if SQLITE_NOT_A_DATABASE in _first_line(error):  # the URL names a file that is something else
+            raise StorageUnavailable("the platform database's file is not a SQLite database") from error
         # The server ended the session (e.g. idle_in_transaction_session_timeout after a pause
         # surfaces as InternalError): the connection is gone, so this is an outage, not a bug.
         if not error.connection_invalidated:
@@ -238,7 +244,12 @@ def _sqlite_file(url: str) -> Path | None:
 def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
     database = _sqlite_file(url)
     if database is not None:
-        database.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            database.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a file on the path, /proc, a name too long: the URL cannot work
+            raise InputError(
+                f"the SQLite database's folder {database.parent} cannot be created: {error.strerror or error}"
+            ) from None
     engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
 
     @event.listens_for(engine, "connect")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from durable_dataflow.core.db import Database
+from durable_dataflow.core.errors import InputError
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -92,5 +93,27 @@ def upgrade(db: Database, revision: str = "head") -> None:
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": UPGRADE_LOCK_KEY})
         if revision == "head" and MigrationContext.configure(conn).get_current_revision() == head_revision():
             return
+        current = MigrationContext.configure(conn).get_current_revision()
+        if current is not None and not is_known(current):
+            raise InputError(newer_schema(current))
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
+
+
+def is_known(revision: str) -> bool:
+    """Whether ``revision`` is one of this version's migrations (else a newer version wrote it)."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    try:
+        return ScriptDirectory.from_config(_config()).get_revision(revision) is not None
+    except CommandError:
+        return False
+
+
+def newer_schema(revision: str) -> str:
+    """The refusal of a database migrated by a newer version of the platform."""
+    return (
+        f"the database's schema is at revision {revision!r}, which this version does not know: a newer "
+        "version migrated it; run that version (a schema is never migrated down)"
+    )
