@@ -289,8 +289,32 @@ def test_serve_sweeps_an_expired_authorized_run_to_outcome_unknown_and_stops_cle
     assert listed["lease_expired"] is False and listed["unresolved"] is True  # swept: the lease is closed
 
 
-def test_serve_refuses_a_negative_sweep_interval(cli: Cli) -> None:
-    """--sweep-interval 0 disables the sweeper; a negative one is a usage error (exit 2) before serving."""
-    refused = cli("serve", "--sweep-interval", "-1")
-    assert refused.code == 2 and "--sweep-interval must be 0 (never sweep)" in refused.stderr, refused.output
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (("--sweep-interval", "-1"), "--sweep-interval must be 0 (never sweep)"),
+        # inf killed the sweeper thread after the start (serving on, never sweeping); nan spun it.
+        (("--sweep-interval", "inf"), "--sweep-interval must be 0 (never sweep)"),
+        (("--sweep-interval", "nan"), "--sweep-interval must be 0 (never sweep)"),
+        (("--port", "65536"), "--port must be 0 (any free port) to 65535"),  # uvicorn's OverflowError
+        (("--port", "-1"), "--port must be 0"),
+        (("--log-level", "bogus"), "--log-level must be one of: critical"),  # uvicorn's KeyError
+        (("--host", ""), "--host must name an interface"),  # "" bound every interface
+    ],
+)
+def test_serve_refuses_options_it_cannot_serve_with(cli: Cli, options: tuple[str, ...], expected: str) -> None:
+    """--sweep-interval 0 disables the sweeper; a negative, infinite or NaN one, a port outside 0..65535,
+    an unknown log level and an empty host are usage errors (exit 2) before anything is served, with no
+    traceback (uvicorn's own errors printed one)."""
+    refused = cli("serve", *options)
+    assert refused.code == 2 and expected in refused.stderr, refused.output
+    assert "Traceback" not in refused.output
     assert "--sweep-interval" in cli("serve", "--help").stdout
+
+
+@pytest.mark.parametrize("ttl", ["nan", "inf", "0", "-1"])
+def test_worker_refuses_a_lease_ttl_that_is_not_a_positive_number(cli: Cli, ttl: str) -> None:
+    """A NaN TTL passed the "<= 0" check and started the worker before its refusal."""
+    refused = cli("worker", "--once", "--lease-ttl", ttl)
+    assert refused.code == 2 and "--lease-ttl must be a positive number of seconds" in refused.stderr, refused.output
+    assert "worker.started" not in refused.output

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import threading
 from pathlib import Path
@@ -33,6 +34,9 @@ from durable_dataflow.dataflow.worker import SWEEP_INTERVAL_S_DEFAULT
 from durable_dataflow.platform import Platform
 
 DEFAULT_PORT = 8080
+PORT_MAX = 65_535
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
+SWEEP_INTERVAL_S_MAX = 86_400.0  # a day: longer leaves crashed runs undecided for no reason
 SWEEPER_STOP_WAIT_S = 60.0  # a batch in progress finishes its decisions (one transaction each) first
 logger = logging.getLogger("durable_dataflow.serve")
 
@@ -115,8 +119,7 @@ def serve(
     ),
 ) -> None:
     """Serve the JSON API (/v1), the web operator view (/ui), /metrics and /healthz; sweep expired leases."""
-    if sweep_interval < 0:
-        raise InputError(f"--sweep-interval must be 0 (never sweep) or a positive number of seconds: {sweep_interval}")
+    _check_serve_options(host, port, log_level, sweep_interval)
     import uvicorn
 
     from durable_dataflow.api.app import create_app
@@ -135,6 +138,20 @@ def serve(
             signal.signal(signal.SIGTERM, previous)
             if sweeping is not None:
                 sweeping.stop()
+
+
+def _check_serve_options(host: str, port: int, log_level: str, sweep_interval: float) -> None:
+    """Refuse, before anything starts, what uvicorn or the sweeper would fail on later (or misread)."""
+    if not host.strip():  # uvicorn binds every interface for "": say so explicitly
+        raise InputError("--host must name an interface: 127.0.0.1, or 0.0.0.0 for every interface")
+    if not 0 <= port <= PORT_MAX:
+        raise InputError(f"--port must be 0 (any free port) to {PORT_MAX}")
+    if log_level not in LOG_LEVELS:
+        raise InputError(f"--log-level must be one of: {', '.join(LOG_LEVELS)}")
+    if not (math.isfinite(sweep_interval) and 0 <= sweep_interval <= SWEEP_INTERVAL_S_MAX):
+        raise InputError(
+            f"--sweep-interval must be 0 (never sweep) or a number of seconds up to {SWEEP_INTERVAL_S_MAX:.0f}"
+        )
 
 
 def _stop_serving(signum: int, frame: FrameType | None) -> None:

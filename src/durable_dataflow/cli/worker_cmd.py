@@ -10,6 +10,7 @@ secret: the run service scrubs provider errors, and database URLs are not logged
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -120,7 +121,7 @@ def worker(
     )  # fmt: skip
     state = common.state_of(ctx)
     if lease_ttl is not None:
-        if lease_ttl <= 0:
+        if not (math.isfinite(lease_ttl) and lease_ttl > 0):  # nan passed "<= 0" and started the worker
             raise InputError(f"--lease-ttl must be a positive number of seconds, got {lease_ttl}")
         state.lease_ttl_s = lease_ttl
     platform = _open_platform(state, options)
