@@ -122,7 +122,14 @@ def _json_value(value: Any) -> Any:
 
 
 def _export_json(table: pa.Table) -> bytes:
-    rows = [{k: _json_value(v) for k, v in row.items()} for row in table.to_pylist()]
+    try:
+        pylist = table.to_pylist()
+    except (OverflowError, ValueError):  # Python's dates and times end at year 9999 (Arrow's do not)
+        raise InputError(
+            "the result holds a date or time outside years 1 to 9999, which JSON export cannot write: "
+            "export it as csv or parquet"
+        ) from None
+    rows = [{k: _json_value(v) for k, v in row.items()} for row in pylist]
     return json.dumps(rows, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
@@ -137,7 +144,13 @@ def export(table: pa.Table, fmt: ExportFormat) -> bytes:
 
     sink = pa.BufferOutputStream()
     if fmt == "csv":
-        pacsv.write_csv(table, sink)
+        try:
+            pacsv.write_csv(table, sink)
+        except pa.ArrowInvalid:  # a binary column whose bytes are not UTF-8 text has no CSV form
+            raise InputError(
+                "the result cannot be written as CSV (a binary column holds bytes that are not UTF-8 text): "
+                "export it as parquet or json"
+            ) from None
     elif fmt == "parquet":
         pq.write_table(table, sink)
     else:
