@@ -13,7 +13,7 @@ def test_bytes_that_are_not_utf8_are_refused_by_csv_and_written_by_json_and_parq
     """Proves a binary column holding b"\\xff" is an InputError naming the formats that work (Arrow's
     CSV writer raised ArrowInvalid, an internal error), and that JSON writes it as hex."""
     table = pa.table({"b": pa.array([b"\xff", None], pa.binary())})
-    with pytest.raises(InputError, match="cannot be written as CSV .*: export it as parquet or json"):
+    with pytest.raises(InputError, match=r"cannot be written as CSV .*: export it as parquet or json"):
         results.export(table, "csv")
     assert results.export(table, "json") == b'[{"b":"ff"},{"b":null}]'
     assert results.export(table, "parquet").startswith(b"PAR1")

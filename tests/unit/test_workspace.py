@@ -185,3 +185,21 @@ def test_the_platform_database_files_are_known_for_a_uri_filename(
         finally:
             database.dispose()
     assert not (tmp_path / "file:").exists(), "a URI filename was created as a folder relative to the working directory"
+
+
+def test_a_root_that_is_a_symlink_loop_is_refused_naming_its_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves a symlink loop given as DATAFLOW_DATA_ROOTS, --data-root or --sink-root is an InputError
+    naming the setting (Path.resolve raised RuntimeError: an internal error, for run and for serve)."""
+    (tmp_path / "l1").symlink_to(tmp_path / "l2")
+    (tmp_path / "l2").symlink_to(tmp_path / "l1")
+    loop = tmp_path / "l1" / "x"
+    monkeypatch.setenv(workspace.DATA_ROOTS_ENV, str(loop))
+    with pytest.raises(InputError, match=r"^DATAFLOW_DATA_ROOTS: a root cannot be resolved"):
+        workspace.data_roots_from_env()
+    monkeypatch.delenv(workspace.DATA_ROOTS_ENV)
+    with pytest.raises(InputError, match=r"^--data-root: a root cannot be resolved"):
+        workspace.server_tenancy(data_root=loop, sink_root=None, platform_files=())
+    with pytest.raises(InputError, match=r"^--sink-root / DATAFLOW_SINK_ROOT: a root cannot be resolved"):
+        workspace.server_tenancy(data_root=tmp_path, sink_root=loop, platform_files=())

@@ -49,8 +49,20 @@ Scope = Literal["local", "tenant"]
 
 
 def data_roots_from_env() -> tuple[Path, ...]:
-    """The extra directories a local run's sources may read: every entry of ``$DATAFLOW_DATA_ROOTS``."""
-    return tuple(Path(p) for p in os.environ.get(DATA_ROOTS_ENV, "").split(os.pathsep) if p.strip())
+    """The extra directories a local run's sources may read: every entry of ``$DATAFLOW_DATA_ROOTS``,
+    each of which must resolve (a symlink loop is refused here, not in the middle of a run)."""
+    entries = [Path(p) for p in os.environ.get(DATA_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    for entry in entries:
+        resolved_root(entry, DATA_ROOTS_ENV)
+    return tuple(entries)
+
+
+def resolved_root(path: Path, what: str) -> Path:
+    """``path`` resolved; an InputError naming ``what`` when it cannot be (a symlink loop)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (before Python 3.13)
+        raise InputError(f"{what}: a root cannot be resolved (a symlink loop, or unreadable)") from None
 
 
 @dataclass(frozen=True)
@@ -213,10 +225,10 @@ def server_tenancy(
     platform database or the secrets folder is refused: the server does not start."""
     explicit = data_root is not None
     chosen = data_root or _env_path(DATA_ROOT_ENV) or DEFAULT_SERVER_ROOT
-    resolved = chosen.resolve()
+    resolved = resolved_root(chosen, "--data-root" if explicit else DATA_ROOT_ENV)
     if not explicit:
         _refuse_dangerous_root(resolved, platform_files, DATA_ROOT_ENV)
-    sinks = (sink_root or _env_path(SINK_ROOT_ENV) or resolved).resolve()
+    sinks = resolved_root(sink_root or _env_path(SINK_ROOT_ENV) or resolved, "--sink-root / " + SINK_ROOT_ENV)
     if sink_root is None and sinks != resolved:
         _refuse_dangerous_root(sinks, platform_files, SINK_ROOT_ENV)
     return Tenancy(resolved, sinks, grants if grants is not None else grants_from_env())
