@@ -245,6 +245,16 @@ BAD_APPLIES = [
     ("cron", flow(hourly(cron="30 2 * *")), "cron"),
     ("timezone", flow(hourly(timezone="Europe/Atlantis")), "time zone"),
     ("no schedule", flow(), "no schedule"),
+    # What every tick's submit refuses: it was applied (201) and each tick recorded a failed submit.
+    ("source outside the data roots", {**flow(hourly()), "sources": {"nums": {
+        "kind": "csv", "path": "/etc/passwd", "schema": {"n": "int64"}}}}, "outside the run's data roots"),
+    ("sink outside the sink root", {**flow(hourly()), "target": {**flows.parquet_target(location="../../globex")}},
+     "target location must not contain '..'"),
+    ("absolute sink", {**flow(hourly()), "target": {**flows.parquet_target(location="/tmp/evil")}},
+     "target location must be relative"),
+    ("secret not granted", {**flow(hourly()), "target": {**flows.parquet_target(),
+                                                        "options": {"password": {"secret": "NOT_GRANTED"}}}},
+     "not granted to this tenant"),
 ]
 BAD_BACKFILLS = [
     ("over the maximum", {"definition": flow(), "from": "2026-01-01", "to": "2027-01-05"}, "at most 366 days"),

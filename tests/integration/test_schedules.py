@@ -49,7 +49,7 @@ def platform(db_url: str) -> Iterator[Platform]:
 
 def _apply(platform: Platform, tmp_path: Path, definition: Definition, tenant: str = "default") -> Any:
     return schedules.apply(
-        platform.db, definition, workspace.local(tmp_path), AccessContext.local(tenant), now=T0
+        platform.runs, definition, workspace.local(tmp_path), AccessContext.local(tenant), now=T0
     )
 
 
@@ -177,12 +177,12 @@ def test_reapplying_an_unchanged_definition_writes_nothing(platform: Platform, t
     assert (first.created, first.changed) == (True, True)
     with platform.db.read() as conn:
         before = conn.execute(sa.select(schedules_table)).all()
-    again = schedules.apply(platform.db, scheduled(), workspace.local(tmp_path), AccessContext.local(),
+    again = schedules.apply(platform.runs, scheduled(), workspace.local(tmp_path), AccessContext.local(),
                             now=T0 + 5 * HOUR)  # fmt: skip
     assert (again.created, again.changed) == (False, False)
     with platform.db.read() as conn:
         assert conn.execute(sa.select(schedules_table)).all() == before
-    changed = schedules.apply(platform.db, scheduled("30 * * * *"), workspace.local(tmp_path), AccessContext.local(),
+    changed = schedules.apply(platform.runs, scheduled("30 * * * *"), workspace.local(tmp_path), AccessContext.local(),
                               now=T0 + 5 * HOUR)  # fmt: skip
     assert (changed.created, changed.changed) == (False, True)
     decided = schedules.evaluate(platform.db, platform.runs, T0 + 6 * HOUR).decisions
@@ -244,7 +244,7 @@ def test_two_workers_submit_and_run_each_due_tick_once(db_url: str, tmp_path: Pa
     try:
         with first.db.read() as conn:
             now = units.from_us(first.db.now_us(conn))
-        schedules.apply(first.db, scheduled(overlap="allow"), workspace.local(tmp_path), AccessContext.local(),
+        schedules.apply(first.runs, scheduled(overlap="allow"), workspace.local(tmp_path), AccessContext.local(),
                         now=now - 3 * HOUR - dt.timedelta(minutes=30))  # fmt: skip
         for p in (first, second):
             Worker(p.runs, WorkerOptions(until_idle=True, poll_interval_s=0.01)).run()

@@ -83,7 +83,7 @@ def apply_schedule(request: Request, response: Response, caller: Operator, body:
     platform = platform_of(request)
     definition = operations.definition_from_request(platform, caller, body.definition, None)
     space = request.app.state.tenancy.workspace(caller.tenant)
-    result = schedules.apply(platform.db, definition, space, caller.access())
+    result = schedules.apply(platform.runs, definition, space, caller.access())
     response.status_code = 201 if result.created else 200
     return {"schedule": result.schedule.as_json(), "created": result.created, "changed": result.changed}
 

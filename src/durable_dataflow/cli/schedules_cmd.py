@@ -50,7 +50,7 @@ def apply_command(
     moment = schedules.parse_now(now)
     with common.open_platform(ctx) as platform:
         result = schedules.apply(
-            platform.db, loaded.definition, workspace.local(loaded.base_dir), AccessContext.local(tenant), now=moment
+            platform.runs, loaded.definition, workspace.local(loaded.base_dir), AccessContext.local(tenant), now=moment
         )
     if as_json:
         common.emit_json({"schedule": result.schedule.as_json(), "created": result.created,

@@ -162,14 +162,23 @@ def _now_or_db(db: Database, now: dt.datetime | None) -> dt.datetime:
 
 
 def apply(
-    db: Database, definition: Definition, workspace: Workspace, access: AccessContext, *, now: dt.datetime | None = None
+    service: RunService,
+    definition: Definition,
+    workspace: Workspace,
+    access: AccessContext,
+    *,
+    now: dt.datetime | None = None,
 ) -> ApplyResult:
     """Pin ``definition`` and its schedule for ``access.tenant``. A changed definition, schedule or
-    workspace replaces the pinned one, and its ticks start after ``now``; an unchanged one writes nothing."""
-    check_tenant(access.tenant)  # each tick submits as this tenant: refused now, not at every tick
+    workspace replaces the pinned one, and its ticks start after ``now``; an unchanged one writes nothing.
+    What every tick's submit would refuse (the tenant, sources outside the data roots, a sink outside the
+    sink root, secrets not granted) is refused here, with nothing recorded."""
+    check_tenant(access.tenant)
     if definition.schedule is None:
         raise InputError(f"definition {definition.name!r} has no schedule: block; nothing to apply")
     check_has_ticks(definition.schedule)
+    service.check_placement(definition, workspace, access)
+    db = service.db
     d_hash = definition_hash(definition)
     body = hashing.canonical_json(canonical_body(definition)).decode("utf-8")
     spec_json = hashing.canonical_json(definition.schedule.model_dump(mode="json")).decode("utf-8")

@@ -49,7 +49,7 @@ from durable_dataflow.dataflow import (
     workspace,
 )
 from durable_dataflow.dataflow.definitions import Definition, definition_hash
-from durable_dataflow.dataflow.requests import RunRequest, check_request, request_hash
+from durable_dataflow.dataflow.requests import AccessContext, RunRequest, check_request, request_hash
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.service_config import LEASE_TTL_ENV as LEASE_TTL_ENV
 from durable_dataflow.dataflow.service_config import ServiceConfig as ServiceConfig
@@ -149,9 +149,7 @@ class RunService:
             if existing is not None:
                 return Submission(existing, created=False)
         space = request.workspace or workspace.local(request.base_dir)
-        scope = self.secret_scope(space, request.access.tenant)
-        self._check_workspace(defn, target, space, scope, request.access.roles)
-        execution.preflight(defn, context_for(space, self.limits_for(defn), self._platform_files, scope))
+        self.check_placement(defn, space, request.access)
         self._remember(d_hash, defn)
         run_id = runs.new_run_id()
         values = _run_values(request, run_id, key or f"run:{run_id}", d_hash, r_hash, params, target)
@@ -170,6 +168,16 @@ class RunService:
             return Submission(existing, created=False)
         crashpoints.reach(crashpoints.AFTER_RECORD if not claim else crashpoints.AFTER_CLAIM)
         return Submission(run, created=True)
+
+    def check_placement(self, defn: Definition, space: Workspace, access: AccessContext) -> None:
+        """What ``submit`` refuses before recording a run of ``defn`` in ``space`` for ``access``, also
+        for runs submitted later (a schedule's ticks): secrets not available, a sink location outside
+        the sink root, an overwrite the caller may not do, sources outside the data roots, SQL the
+        engine's gate refuses. Parameters are not checked here: a schedule's come with each tick."""
+        target = defn.target.model_dump(mode="json") if defn.target is not None else None
+        scope = self.secret_scope(space, access.tenant)
+        self._check_workspace(defn, target, space, scope, access.roles)
+        execution.preflight(defn, context_for(space, self.limits_for(defn), self._platform_files, scope))
 
     def secret_scope(self, space: Workspace, tenant: str) -> SecretScope:
         """A tenant run names only its tenant's granted secrets; a local run uses the operator's scope."""
