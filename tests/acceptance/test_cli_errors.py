@@ -111,9 +111,10 @@ def test_a_param_without_its_name_is_refused_without_repeating_it(sqlite_cli: Cl
 
 
 def test_database_urls_that_cannot_work_are_refused_with_their_reason(tmp_path: Path) -> None:
-    """Proves a file that is no database (exit 7), a path through a file, /proc or an unparseable
-    URL (exit 2), and a schema a newer version migrated (exit 2 for runs, db upgrade and db current:
-    `db current` advised an upgrade) each name the problem; none was an internal error."""
+    """Proves a file that is no database (exit 7); a path through a file, /proc, an unparseable URL,
+    an in-memory database or an empty --db (exit 2); and a schema a newer version migrated (exit 2
+    for runs, db upgrade and db current: `db current` advised an upgrade) each name the problem;
+    none was an internal error."""
     text_file = tmp_path / "notes.txt"
     text_file.write_text("not a database\n")
     cases = (
@@ -121,6 +122,10 @@ def test_database_urls_that_cannot_work_are_refused_with_their_reason(tmp_path: 
         (f"sqlite:///{text_file}/x.db", 2, "cannot be created"),
         ("sqlite:////proc/no-such/x.db", 2, "cannot be created"),
         ("postgresql://u:canary-pw-51c2@[::1/db", 2, "the database URL cannot be parsed"),
+        # In memory, the write and read engines each saw their own empty database: runs exited 7.
+        ("sqlite:///", 2, "an in-memory SQLite database cannot hold the platform"),
+        ("sqlite:///:memory:", 2, "an in-memory SQLite database cannot hold the platform"),
+        ("", 2, "--db must not be empty"),  # it silently meant the embedded default
     )
     for url, code, expected in cases:
         refused = make_cli(url, tmp_path)("runs")

@@ -300,6 +300,7 @@ def test_serve_sweeps_an_expired_authorized_run_to_outcome_unknown_and_stops_cle
         (("--port", "-1"), "--port must be 0"),
         (("--log-level", "bogus"), "--log-level must be one of: critical"),  # uvicorn's KeyError
         (("--host", ""), "--host must name an interface"),  # "" bound every interface
+        (("--host", "no-such-host.invalid"), "--host does not resolve"),  # uvicorn exited 3: "unresolved"
     ],
 )
 def test_serve_refuses_options_it_cannot_serve_with(cli: Cli, options: tuple[str, ...], expected: str) -> None:

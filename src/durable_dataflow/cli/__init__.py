@@ -24,7 +24,7 @@ from typing import Annotated
 import typer
 
 from durable_dataflow.cli import common
-from durable_dataflow.core.errors import DataflowError
+from durable_dataflow.core.errors import DataflowError, InputError
 
 _app = typer.Typer(
     name="dataflow",
@@ -73,8 +73,10 @@ def _global_options(
     ] = None,
 ) -> None:
     state = common.state_of(ctx)
+    state.debug = debug  # first: --debug applies to the refusals below as well
+    if db_url is not None and not db_url.strip():  # an empty --db silently meant the embedded default
+        raise InputError("--db must not be empty: give a database URL, or leave --db out for the default")
     state.db_url = db_url
-    state.debug = debug
     state.lease_ttl_s = lease_ttl_s
 
 

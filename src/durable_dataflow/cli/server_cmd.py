@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import signal
+import socket
 import threading
 from pathlib import Path
 from types import FrameType
@@ -146,6 +147,10 @@ def _check_serve_options(host: str, port: int, log_level: str, sweep_interval: f
         raise InputError("--host must name an interface: 127.0.0.1, or 0.0.0.0 for every interface")
     if not 0 <= port <= PORT_MAX:
         raise InputError(f"--port must be 0 (any free port) to {PORT_MAX}")
+    try:  # uvicorn exits 3 for a host it cannot bind, the status of an unresolved run
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        raise InputError("--host does not resolve to an address") from None
     if log_level not in LOG_LEVELS:
         raise InputError(f"--log-level must be one of: {', '.join(LOG_LEVELS)}")
     if not (math.isfinite(sweep_interval) and 0 <= sweep_interval <= SWEEP_INTERVAL_S_MAX):

@@ -108,6 +108,9 @@ class Database:
         except (ValueError, exc.ArgumentError):  # e.g. an unclosed [ in the host: never echo the URL
             raise InputError(f"the database URL cannot be parsed: {redact_url(self.url)}") from None
         self.dialect: Dialect = "sqlite" if sa_url.get_backend_name() == "sqlite" else "postgresql"
+        if self.dialect == "sqlite" and _sqlite_file(self.url) is None:
+            # The write and read engines would each see their own empty database, gone at exit.
+            raise InputError("an in-memory SQLite database cannot hold the platform: give a file, sqlite:///PATH")
         if self.dialect == "sqlite":
             self.engine = _sqlite_engine(self.url, immediate=True)
             self.read_engine = _sqlite_engine(self.url, immediate=False)
