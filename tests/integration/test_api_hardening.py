@@ -263,6 +263,20 @@ def test_a_nul_in_a_run_id_a_filter_or_a_hash_is_refused_alike_on_both_engines(s
         assert runs.list_page(conn) == [served.atomic]
 
 
+def test_a_malformed_form_on_a_page_answers_the_html_error_page_with_422(served: Served) -> None:
+    """Proves a login form whose token is too long, or with more fields than Starlette parses, answers
+    422 invalid_input as the page's HTML error (it was JSON, and the field count a 400 the status table
+    does not have), naming no submitted value."""
+    web = TestClient(served.app, follow_redirects=False)
+    assert web_login(web, "x" * 201).status_code == 422
+    answer = web_login(web, "x" * 201)
+    assert answer.headers["content-type"].startswith("text/html") and "invalid_input" in answer.text
+    assert "x" * 201 not in answer.text
+    crowded = b"&".join(b"a%d=b" % i for i in range(1100))  # Starlette parses at most 1000
+    answer = web.post("/ui/login", content=crowded, headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert answer.status_code == 422 and answer.headers["content-type"].startswith("text/html"), answer.text
+
+
 # ---- 4. control characters on pages --------------------------------------------------------------------
 
 

@@ -26,7 +26,7 @@ from durable_dataflow.api.auth import api_caller, platform_of
 from durable_dataflow.api.metrics import Metrics
 from durable_dataflow.api.operations import Caller
 from durable_dataflow.api.tokens import Role
-from durable_dataflow.core.errors import DataflowError, Unauthenticated
+from durable_dataflow.core.errors import DataflowError, InputError, Unauthenticated
 from durable_dataflow.dataflow import workspace
 from durable_dataflow.platform import Platform
 
@@ -84,9 +84,22 @@ def _install_error_handlers(app: FastAPI) -> None:
             return web.error_page(request, error)
         return await errors.on_dataflow_error(request, error)
 
+    async def on_validation_error(request: Request, error: Exception) -> Response:
+        # A form on a page is refused on the page (its HTML error), as a DataflowError is.
+        if request.url.path.startswith("/ui/"):
+            assert isinstance(error, RequestValidationError)
+            return web.error_page(request, InputError(errors.validation_message(error.errors())))
+        return await errors.on_validation_error(request, error)
+
+    async def on_http_error(request: Request, error: Exception) -> Response:
+        assert isinstance(error, StarletteHTTPException)
+        if request.url.path.startswith("/ui/") and error.status_code == errors.MALFORMED_REQUEST_STATUS:
+            return web.error_page(request, InputError(str(error.detail)))
+        return await errors.on_http_error(request, error)
+
     app.add_exception_handler(DataflowError, on_dataflow_error)
-    app.add_exception_handler(RequestValidationError, errors.on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, errors.on_http_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
 
     async def on_unexpected(request: Request, error: Exception) -> Response:
         # Answered outside every middleware (by Starlette's ServerErrorMiddleware): add the headers here.

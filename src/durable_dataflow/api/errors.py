@@ -52,6 +52,10 @@ def error_body(code: str, message: str) -> dict[str, dict[str, str]]:
     return {"error": {"code": code, "message": message[:MESSAGE_CHARS_MAX]}}
 
 
+# Starlette answers a malformed form (too many fields or files) with 400; the table has no 400.
+MALFORMED_REQUEST_STATUS = 400
+
+
 def error_response(code: str, message: str) -> JSONResponse:
     status = HTTP_STATUS_BY_CODE.get(code, 500)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
@@ -84,6 +88,8 @@ async def on_validation_error(request: Request, error: Exception) -> JSONRespons
 
 async def on_http_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, StarletteHTTPException)
+    if error.status_code == MALFORMED_REQUEST_STATUS:  # Starlette's form parser ("Too many fields")
+        return error_response("invalid_input", str(error.detail))  # 422, as the one table says
     code = CODE_BY_HTTP_STATUS.get(error.status_code, "invalid_input")
     response = error_response(code, str(error.detail))
     response.status_code = error.status_code
