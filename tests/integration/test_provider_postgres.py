@@ -218,7 +218,7 @@ def test_a_forward_run_with_a_malformed_sink_dsn_keeps_the_password_out_of_the_l
         kinds = flows.kinds(platform, run.run_id)
     assert PASSWORD not in str(run.error_message) and PASSWORD not in "\n".join(stored)
     assert (run.status, run.recovery_status, run.error_code) == ("failed", "no_external_output", "execution_failed")
-    assert run.error_message == ("the sink's record tables cannot be created: cannot connect to the sink database: "
+    assert run.error_message == ("the sink's record tables cannot be looked up: cannot connect to the sink database: "
                                  "it is not a valid PostgreSQL connection string (conninfo)")
     assert "dispatch.authorized" not in kinds
 

@@ -62,6 +62,10 @@ OWNERS: dict[tuple[str, str], tuple[frozenset[str], str]] = {
         frozenset({"datasources.registry"}),
         "the named-datasource registry per tenant",
     ),
+    ("datasources.schema", "datasource_locations"): (
+        frozenset({"datasources.registry"}),
+        "where each datasource was created and what was created there: never re-created once recorded",
+    ),
     ("api.schema", "api_tokens"): (
         frozenset({"api.tokens"}),
         "operator and tenant tokens: issued, listed, revoked, checked by hash",

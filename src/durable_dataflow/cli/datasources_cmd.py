@@ -1,10 +1,12 @@
-"""``dataflow datasources declare|list``: the platform operator's named datasources.
+"""``dataflow datasources declare|list|forget``: the platform operator's named datasources.
 
 A declaration names a sink (provider and location) for every tenant, or for one, with options such
 as ``allow_overwrite: true`` — the only way a target below the operator role may overwrite (the
 submit check compares a target with exactly this record). Runs register their own datasources with
 their first publication (docs/providers.md); those show here too. Whoever holds the database URL is
-the platform operator, so the command needs no token.
+the platform operator, so the command needs no token. ``forget`` is the operator's declaration that
+a datasource's created locations are really gone (docs/providers.md, "Locate"): until then a run
+never creates a registered location again.
 """
 
 from __future__ import annotations
@@ -83,6 +85,48 @@ def list_command(
             Text(d.created_by_run or "platform"),
         )
     common.stdout_console().print(table)
+
+
+@datasources_app.command("forget")
+def forget_command(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The datasource name, as the tenant's targets give it.")],
+    tenant: Annotated[
+        str, typer.Option("--tenant", help="The tenant whose datasource it is (local runs: default).")
+    ] = "default",
+    yes: Annotated[
+        bool, typer.Option("--yes", help="Confirm: the locations are really gone (a reconcile may then publish again).")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print what was forgotten as JSON.")] = False,
+) -> None:
+    """Declare that a datasource's created locations are really gone: the next run creates its
+    location afresh. Recorded in the ledger with who asked. Without --yes nothing is changed (exit 2)."""
+    from durable_dataflow.core import ledger
+    from durable_dataflow.core.errors import InputError
+    from durable_dataflow.dataflow.requests import AccessContext, Provenance, asked_by
+    from durable_dataflow.datasources import registry
+
+    whose = check_tenant(tenant)
+    if not yes:
+        raise InputError(
+            "forgetting a datasource's locations lets the next run create them afresh, and a reconcile may then find "
+            "an earlier run's key absent there and publish it again: pass --yes once the old locations are really gone"
+        )
+    access = AccessContext.local(whose)
+    who = asked_by(access, Provenance(actor=access.principal, trigger="cli"))
+    with common.open_platform(ctx) as platform, platform.db.begin() as conn:
+        key = platform.runs.config.evidence_key
+        subject = (registry.LEDGER_MODULE, registry.ledger_subject(whose, name))
+        problem = ledger.check_key_setting(conn, key, subject=subject)
+        if problem:
+            raise InputError(problem)
+        forgotten = registry.forget_locations(conn, platform.db, whose, name, who, evidence_key=key)
+    if as_json:
+        common.emit_json({"name": name, "tenant": whose, "places_forgotten": forgotten})
+        return
+    common.stdout_console().print(
+        Text(printable(f"forgot {forgotten} location(s) of {name} for tenant {whose}: the next run creates it afresh"))
+    )
 
 
 def _json(d: Datasource) -> dict[str, object]:

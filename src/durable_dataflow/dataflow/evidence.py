@@ -42,6 +42,9 @@ RECONCILE_INVALID_TARGET = "reconcile.invalid_target"
 RUN_CANCELLED = "run.cancelled"
 
 CONCLUSIVE_PRESENCE = frozenset({PUBLICATION_CONFIRMED, RECONCILE_PRESENT})
+# The references a success commits together, each non-empty (DESIGN §6): publication, datasource,
+# materialization.
+REFERENCES = ("publication_ref", "datasource_ref", "materialization_ref")
 
 
 # The stored result formats this version can verify.
@@ -111,7 +114,8 @@ def atomic_success_problem(entries: Sequence[ledger.Entry], attempt: int, result
 
 
 def forward_success_problem(entries: Sequence[ledger.Entry], attempt: int, result_digest: str | None) -> str:
-    """Forward success: authorized digest, a later conclusive presence with that digest, matching bytes."""
+    """Forward success: authorized digest, a later conclusive presence with that digest and all three
+    references, matching bytes."""
     problem = _recorded_problem(entries, attempt)
     if problem:
         return problem
@@ -125,8 +129,9 @@ def forward_success_problem(entries: Sequence[ledger.Entry], attempt: int, resul
     evidence = conclusive[-1]
     if evidence.payload.get("digest") != recorded_digest:
         return "the sink's digest does not match the recorded output digest"
-    if not evidence.payload.get("publication_ref") or not evidence.payload.get("materialization_ref"):
-        return "the conclusive evidence carries no publication or materialization reference"
+    missing = [ref for ref in REFERENCES if not evidence.payload.get(ref)]
+    if missing:
+        return f"the conclusive evidence carries no {', '.join(missing)}: success needs all three references"
     if result_digest != recorded_digest:
         return "the stored result bytes do not hash to the recorded output digest"
     return ""

@@ -102,12 +102,19 @@ def prepare_target(service: Attempts, run: Run, provider: Provider) -> None:
     """The provider's creation of the sink location, before dispatch can be authorized, so a location
     missing at a later inspection is never taken for absence. First the datasource's registration is
     recorded (a no-op after its first publication; its name at another location is an InputError), so
-    an inspection can tell a location the platform created from one it never did. Nothing is published
-    here, so a failure ends the attempt conclusively; its text is not repeated (it may quote a path)."""
+    an inspection can tell a location the platform created from one it never did. A location the
+    datasource was already created at is never created again: missing, or replaced by another table
+    or folder, the run fails (`LocationGone`); the first time at a place, what the provider created
+    there is recorded. Nothing is published here, so a failure ends the attempt conclusively; its text
+    is not repeated (it may quote a path)."""
     try:
         with service.db.begin() as conn:
             registry.register_target(conn, run.tenant, run.target or {}, run.run_id)
-        contract.prepare(provider, publish_target(run, service.run_workspace(run)[1]))
+        target = publish_target(run, service.run_workspace(run)[1])
+        found, recorded = check_location(service, run, provider, target)
+        contract.prepare(provider, target)
+        if found is not None and recorded is None:
+            record_prepared_location(service, run, provider, target)
     except InputError as error:
         raise InputError(f"the target cannot be published to: {error.message}") from None
     except DataflowError:
@@ -116,6 +123,48 @@ def prepare_target(service: Attempts, run: Run, provider: Provider) -> None:
         raise ExecutionError(f"the sink location cannot be created: {contract.describe_exception(error)}") from None
     except Exception as error:
         raise ExecutionError(f"preparing the sink location failed with an unexpected {type(error).__name__}") from None
+
+
+def _datasource(run: Run) -> str:
+    return str((run.target or {}).get("datasource"))
+
+
+def check_location(
+    service: Attempts, run: Run, provider: Provider, target: PublishTarget
+) -> tuple[contract.Location | None, registry.RecordedLocation | None]:
+    """Where the run's target resolves now and what was recorded when its datasource was first prepared
+    there. Raises `LocationGone` when the recorded location is missing or another is in its place: the
+    one rule for a new run's prepare (which then creates nothing) and reconcile (which then inspects
+    nothing). ``(None, None)`` for a provider that does not locate."""
+    found = contract.locate(provider, target)
+    if found is None:
+        return None, None
+    with service.db.read() as conn:
+        recorded = registry.recorded_location(conn, run.tenant, _datasource(run), found.place)
+    problem = registry.location_problem(_datasource(run), recorded, found.identity, _thing(provider))
+    if problem is not None:
+        raise contract.LocationGone(problem)
+    return found, recorded
+
+
+def _thing(provider: Provider) -> str:
+    """What a provider's location is, for a reason: a table or a folder."""
+    return "folder" if provider.name == "parquet" else "table"
+
+
+def record_prepared_location(service: Attempts, run: Run, provider: Provider, target: PublishTarget) -> None:
+    """Record what the provider prepared at the target's place, the first time this datasource is
+    prepared there; a concurrent first preparer that recorded another identity fails this run."""
+    found = contract.locate(provider, target)
+    if found is None or found.identity is None:
+        raise ExecutionError("the sink location was prepared but cannot be found: nothing was published")
+    with service.db.begin() as conn:
+        stored = registry.record_location(
+            conn, run.tenant, _datasource(run), found.place, found.identity, run.run_id
+        )
+    problem = registry.location_problem(_datasource(run), stored, found.identity, _thing(provider))
+    if problem is not None:
+        raise contract.LocationGone(problem)
 
 
 def execute_forward(

@@ -6,7 +6,8 @@ recorded output digest:
 - present, another digest -> stays unresolved, with a warning that says so;
 - conclusively absent (and fenced at >= m) -> ``reconciled_absent``; a resume may then re-dispatch
   the *stored* result under a newer attempt with the *same* key;
-- undecided -> unchanged.
+- undecided -> unchanged; so is a run whose datasource's recorded location is missing now or holds
+  another table or folder (``forward.check_location``): that one is not even inspected.
 There is no path that marks a run absent without a conclusive, fenced inspection.
 """
 
@@ -96,9 +97,13 @@ def reconcile(
         return _invalid_target(service, run.model_copy(update={"attempt": attempt}), attempt, refusal)
     try:
         target = forward.publish_target(run, service.run_workspace(run)[1])
+        # A recorded location that is missing or replaced is never inspected: a new, empty one proves nothing.
+        forward.check_location(service, run, provider, target)
         finding = provider.inspect(forward.publication_key(run), target, fence=attempt)
         with service.db.read() as conn:  # "cannot see it" told apart from "never registered"
             finding = registry.explain_undecided(conn, run.tenant, run.target, finding)
+    except contract.LocationGone as error:
+        finding = Undecided(error.message)
     except Exception as error:  # an inspection that fails decides nothing
         # Its text is not ours to repeat: library and OS messages quote absolute paths and values.
         finding = Undecided(

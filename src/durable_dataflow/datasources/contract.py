@@ -30,6 +30,14 @@ after preflight and before the pre-dispatch commit. So a location that is missin
 looks existed before any dispatch was authorized: it was moved away or is not mounted here, and
 `inspect` answers `Undecided`, never `Absent`, and creates nothing (absence is never inferred from
 a missing location).
+
+Such a provider also offers `locate(target) -> Location` (see `locate` below): where the target
+resolves (`place`, a text the platform keeps only as a digest) and the provider's own identity of
+what is there now (a Parquet folder's marker id, a Delta table's id, the PostgreSQL record table's
+system identifier and oid), or None when nothing it prepared is there. The platform records both
+when a datasource's location is first prepared at a place, and from then on never lets `prepare`
+create it again there: a registered location that is missing, or holds another table or folder,
+fails a new run before dispatch and keeps reconcile `Undecided` (`forward.check_location`).
 """
 
 from __future__ import annotations
@@ -94,6 +102,14 @@ def structural_refusal(provider: Provider, target: PublishTarget) -> str | None:
     except Exception:  # anything else proves nothing about what an earlier attempt could write
         return None
     return None
+
+
+class LocationGone(DataflowError):
+    """The target's datasource was created at this location and it is missing now, or another table or
+    folder is in its place (`registry.location_problem`): the run fails before dispatch, and reconcile
+    stays Undecided, until the location is back or a platform operator forgets it."""
+
+    code = "location_missing"
 
 
 class MissingCapability(DataflowError):
@@ -180,6 +196,16 @@ class Undecided:
     reason: str
 
 
+@dataclass(frozen=True)
+class Location:
+    """Where a target resolves and what is there (`locate`). `place` describes the resolved location
+    (an absolute folder, a database and table) and is never shown: the platform keeps its digest.
+    `identity` is the provider's id of the location it prepared there, None when there is none."""
+
+    place: str
+    identity: str | None
+
+
 PublishOutcome = Published | AlreadyPublished | Fenced | Rejected
 InspectOutcome = Present | Absent | Undecided
 
@@ -221,6 +247,20 @@ def prepare(provider: Provider, target: PublishTarget) -> None:
     create = getattr(provider, "prepare", None)
     if create is not None:
         create(target)
+
+
+def locate(provider: Provider, target: PublishTarget) -> Location | None:
+    """Run the provider's optional `locate(target)`: where the target resolves and the identity of
+    what the provider prepared there (None: nothing is there). It creates nothing; it raises
+    `InputError` as `preflight` does, and `OSError` or a `DataflowError` with a fixed reason when the
+    location cannot be looked at. A provider without it answers None: its locations are not tracked."""
+    find = getattr(provider, "locate", None)
+    if find is None:
+        return None
+    found = find(target)
+    if not isinstance(found, Location):
+        raise TypeError("a provider's locate must return a Location")
+    return found
 
 
 def is_credential_option(name: str) -> bool:

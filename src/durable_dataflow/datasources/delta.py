@@ -54,6 +54,7 @@ from durable_dataflow.datasources.contract import (
     Fenced,
     Inconclusive,
     InspectOutcome,
+    Location,
     Present,
     PublicationRefs,
     Published,
@@ -223,6 +224,15 @@ class DeltaProvider:
         path = resolve_location(target)
         path.mkdir(parents=True, exist_ok=True)
         self._open(path, None)
+
+    def locate(self, target: PublishTarget) -> Location:
+        """The resolved table folder and the table's id (`contract.locate`: Delta's metadata id, kept
+        for the life of the table); None when there is no `_delta_log` there."""
+        path = resolve_location(target)
+        place = f"delta:{path}"
+        if not (path / "_delta_log").is_dir():
+            return Location(place, None)
+        return Location(place, f"delta-table:{self._load(path).metadata().id}")
 
     def publish(
         self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget

@@ -11,7 +11,10 @@ The manifest is the commit point: data is written to a temp file, fsynced and re
 `data/`, then the manifest is written the same way. A data file without a publication manifest
 is not published (an orphan of a crash) and is removed by the next publish of that key. A fence
 is a manifest of kind `fence`; only a publication manifest ever replaces it. `prepare` creates the
-layout before dispatch is authorized; `inspect` creates nothing, and a missing folder is `Undecided`.
+layout before dispatch is authorized, and the folder's marker `_location.json` (a random id, written
+once, never replaced): `locate` names the folder by it, so a folder re-created by anyone else (or an
+empty mount point) is never taken for the one the platform prepared. `inspect` creates nothing, and a
+missing folder is `Undecided`.
 Proof horizon: as long as nobody deletes the manifests (they are the only record).
 """
 
@@ -40,6 +43,7 @@ from durable_dataflow.datasources.contract import (
     Fenced,
     Inconclusive,
     InspectOutcome,
+    Location,
     Present,
     PublicationRefs,
     Published,
@@ -61,6 +65,9 @@ READ_FILES_MAX = 100_000
 ORPHANS_MAX = 1_000
 MANIFEST_VERSION = 1
 SUBFOLDERS = ("_locks", "data", "_manifests")
+# The folder's marker: {"v": 1, "id": <uuid4 hex>}, created once by `prepare`.
+MARKER = "_location.json"
+MARKER_BYTES_MAX = 4096
 
 
 def key_hash(key: str) -> str:
@@ -121,10 +128,44 @@ class ParquetFolderProvider:
     def _prepare(self, folder: Path) -> None:
         for sub in SUBFOLDERS:
             (folder / sub).mkdir(parents=True, exist_ok=True)
+        if (folder / MARKER).exists():
+            return
+        tmp = folder / f".{MARKER}.{uuid.uuid4().hex}.tmp"
+        tmp.write_bytes(json.dumps({"v": 1, "id": uuid.uuid4().hex}).encode("utf-8"))
+        try:
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            # A hard link never replaces: of two concurrent preparers one marker wins, and both read it.
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, folder / MARKER)
+        finally:
+            tmp.unlink(missing_ok=True)
+        _fsync_dir(folder)
 
     def prepare(self, target: PublishTarget) -> None:
-        """Create the folder and its subfolders before dispatch is authorized (`contract.prepare`)."""
+        """Create the folder, its subfolders and its marker before dispatch is authorized (`contract.prepare`)."""
         self._prepare(resolve_location(target))
+
+    def locate(self, target: PublishTarget) -> Location:
+        """The resolved folder and its marker's id (`contract.locate`); None when the folder, a subfolder
+        or the marker is missing. A marker that is not one this provider wrote raises ValueError."""
+        folder = resolve_location(target)
+        place = f"parquet:{folder}"
+        if not all((folder / sub).is_dir() for sub in SUBFOLDERS):
+            return Location(place, None)
+        try:
+            with open(folder / MARKER, "rb") as handle:
+                raw = handle.read(MARKER_BYTES_MAX + 1)
+        except FileNotFoundError:
+            return Location(place, None)
+        try:
+            marker = json.loads(raw) if len(raw) <= MARKER_BYTES_MAX else None
+        except ValueError:
+            marker = None
+        marker_id = marker.get("id") if isinstance(marker, dict) else None
+        if not isinstance(marker_id, str) or not marker_id.isalnum() or len(marker_id) != 32:
+            raise ValueError(f"the folder's {MARKER} is not a marker this provider wrote")
+        return Location(place, f"parquet-folder:{marker_id}")
 
     def _refs(self, where: str, manifest: dict[str, Any]) -> PublicationRefs:
         """`where` names the folder as `resolve_location_named` does: relative to the sink root."""

@@ -43,6 +43,7 @@ from durable_dataflow.datasources.contract import (
     Inconclusive,
     InspectOutcome,
     InvalidTarget,
+    Location,
     Present,
     PublicationRefs,
     Published,
@@ -80,6 +81,11 @@ RECORD_TABLES_MISSING = (
     "database the DSN reaches, which may be another database than the one published to or one "
     f"restored from before they were created; {LOCATION_MISSING}"
 )
+# What names the record tables `prepare` created: the cluster's system identifier, the database's oid
+# and the two tables' oids (a restore by pg_dump, or the tables dropped and created again, changes them).
+_RECORD_TABLES_IDENTITY = """SELECT (SELECT system_identifier::text FROM pg_control_system()),
+  (SELECT oid::text FROM pg_database WHERE datname = current_database()),
+  to_regclass('sink_publications')::oid::text, to_regclass('sink_fences')::oid::text"""
 _LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 _SELECT_PUBLICATION = (
     "SELECT digest, token, table_name, xact_id::text FROM sink_publications WHERE idempotency_key = %s"
@@ -214,6 +220,27 @@ class PostgresTableProvider:
             raise ExecutionError(f"{failed}: {exc}") from None
         except psycopg.Error as exc:
             raise ExecutionError(f"{failed}: {pgerrors.describe(exc)}") from None
+
+    def locate(self, target: PublishTarget) -> Location:
+        """The database the DSN reaches and the table (`contract.locate`), and the record tables'
+        identity there: the system identifier, the database's oid and their oids; None when they are
+        missing. Nothing is created. A failed connect or a server error is an `ExecutionError`."""
+        table_name = _TableName.parse(target.location)
+        dsn = _resolve_dsn(target)
+        failed = "the sink's record tables cannot be looked up"
+        try:
+            with self._connect(dsn) as conn:
+                info = conn.info
+                place = f"postgres:{info.host}:{info.port}/{info.dbname}/{table_name.text()}"
+                row = conn.execute(_RECORD_TABLES_IDENTITY).fetchone()
+                conn.rollback()
+        except _CannotConnect as exc:
+            raise ExecutionError(f"{failed}: {exc}") from None
+        except psycopg.Error as exc:
+            raise ExecutionError(f"{failed}: {pgerrors.describe(exc)}") from None
+        if row is None or row[2] is None or row[3] is None:
+            return Location(place, None)
+        return Location(place, f"postgres-records:{row[0]}:{row[1]}:{row[2]}:{row[3]}")
 
     def publish(
         self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget

@@ -21,12 +21,14 @@ from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from typing import Any
 
-from sqlalchemy import Connection, insert, or_, select
+from sqlalchemy import Connection, delete, func, insert, or_, select
 
-from durable_dataflow.core.db import insert_if_absent
+from durable_dataflow.core import hashing, ledger
+from durable_dataflow.core.db import Database, insert_if_absent
 from durable_dataflow.core.errors import Conflict, InputError, NotFound
 from durable_dataflow.core.hashing import canonical_json
 from durable_dataflow.core.names import check_tenant
+from durable_dataflow.core.secrets import Secret
 from durable_dataflow.datasources.contract import (
     LOCATION_MISSING,
     Capability,
@@ -39,10 +41,12 @@ from durable_dataflow.datasources.contract import (
 from durable_dataflow.datasources.schema import (
     DATASOURCE_NAME_CHARS_MAX,
     LOCATION_CHARS_MAX,
+    LOCATION_IDENTITY_CHARS_MAX,
     PLATFORM_DECLARED,
     PROVIDER_NAME_CHARS_MAX,
     RUN_ID_CHARS_MAX,
     TENANT_CHARS_MAX,
+    datasource_locations,
     datasources,
 )
 
@@ -307,6 +311,118 @@ def explain_undecided(
     if registered is None:
         return Undecided(f"{finding.reason}; {LOCATION_NOT_REGISTERED}")
     return Undecided(f"{finding.reason}; {LOCATION_REGISTERED.format(run=registered.created_by_run)}")
+
+
+# The ledger module of the operator's decisions about datasources (`forget_locations`).
+LEDGER_MODULE = "datasources"
+LOCATIONS_FORGOTTEN = "datasource.locations_forgotten"
+# Why a run fails before dispatch, and reconcile stays Undecided, at a recorded location that is no
+# longer the one recorded; fixed texts naming the datasource, never the place.
+LOCATION_GONE = (
+    "the datasource {name!r} was created at this location by run {run}, and now "
+    + LOCATION_MISSING
+    + "; it is not created again, because an earlier publication may be in it: restore or mount it, or, "
+    "if it is really gone, a platform operator runs `dataflow datasources forget`"
+)
+LOCATION_REPLACED = (
+    "the datasource {name!r} was created at this location by run {run}, and another {what} is there now: "
+    "nothing is published into it or concluded from it, because an earlier publication may be in the one "
+    "that was replaced; restore it, or, if it is really gone, a platform operator runs `dataflow datasources forget`"
+)
+
+
+@dataclass(frozen=True)
+class RecordedLocation:
+    """Where a datasource was created (`record_location`): the provider's identity of what was created
+    there, and the run whose prepare created or first found it."""
+
+    identity: str
+    created_by_run: str
+
+
+def place_digest(place: str) -> str:
+    """The digest a place is kept as: the resolved location itself (a path, a host) is never stored."""
+    return hashing.sha256_bytes(place.encode("utf-8", "surrogateescape"))
+
+
+def _location_key(tenant: str, name: str, place: str) -> Any:
+    return (
+        (datasource_locations.c.tenant == tenant)
+        & (datasource_locations.c.name == name)
+        & (datasource_locations.c.place_digest == place_digest(place))
+    )
+
+
+def recorded_location(conn: Connection, tenant: str, name: str, place: str) -> RecordedLocation | None:
+    """What was recorded when the tenant's datasource was first prepared at ``place``, or None."""
+    row = conn.execute(
+        select(datasource_locations.c.identity, datasource_locations.c.created_by_run).where(
+            _location_key(tenant, name, place)
+        )
+    ).first()
+    return None if row is None else RecordedLocation(row.identity, row.created_by_run)
+
+
+def record_location(
+    conn: Connection, tenant: str, name: str, place: str, identity: str, run_id: str
+) -> RecordedLocation:
+    """Record that the datasource was prepared at ``place`` with ``identity`` (a no-op when it already
+    was: the first record stays, so a concurrent preparer that saw another identity finds out by
+    `location_problem`). Runs in the caller's transaction; returns the stored record."""
+    _check_text("location identity", identity, LOCATION_IDENTITY_CHARS_MAX)
+    statement = insert_if_absent(conn.dialect.name, datasource_locations, ["tenant", "name", "place_digest"])
+    conn.execute(
+        statement.values(
+            tenant=tenant, name=name, place_digest=place_digest(place), identity=identity,
+            created_by_run=run_id, recorded_at=datetime.now(UTC),
+        )
+    )  # fmt: skip
+    stored = recorded_location(conn, tenant, name, place)
+    if stored is None:  # deleted by a concurrent forget between the insert and this read
+        raise Conflict("the datasource's location record could not be read back; nothing was published")
+    return stored
+
+
+def location_problem(name: str, recorded: RecordedLocation | None, identity: str | None, what: str) -> str | None:
+    """Why a datasource recorded at a place cannot be prepared or inspected there now (missing, or
+    another ``what`` in its place), or None: never recorded there, or still the one recorded."""
+    if recorded is None or identity == recorded.identity:
+        return None
+    if identity is None:
+        return LOCATION_GONE.format(name=name, run=recorded.created_by_run)
+    return LOCATION_REPLACED.format(name=name, run=recorded.created_by_run, what=what)
+
+
+def ledger_subject(tenant: str, name: str) -> str:
+    """The ledger subject of a tenant's datasource: 64 hex digits, as a subject id holds at most 64."""
+    return hashing.sha256_bytes(f"{tenant}\x00{name}".encode()).removeprefix(hashing.PREFIX)
+
+
+def forget_locations(
+    conn: Connection,
+    db: Database,
+    tenant: str,
+    name: str,
+    asked_by: Mapping[str, Any],
+    *,
+    evidence_key: Secret | None = None,
+) -> int:
+    """The platform operator's declaration that the tenant's datasource's created locations are really
+    gone: their records are deleted, so the next run creates the location afresh (and a reconcile may
+    then find a key absent there). Recorded in the ledger with who asked, in the caller's transaction.
+    NotFound when the tenant has no such datasource; returns how many places were forgotten."""
+    check_tenant(tenant)
+    if get_datasource_or_none(conn, name, tenant=tenant) is None:
+        raise NotFound(f"datasource {name!r} is not registered for tenant {tenant!r}")
+    where = (datasource_locations.c.tenant == tenant) & (datasource_locations.c.name == name)
+    forgotten = int(conn.execute(select(func.count()).select_from(datasource_locations).where(where)).scalar_one())
+    conn.execute(delete(datasource_locations).where(where))
+    ledger.append(
+        conn, db, LEDGER_MODULE, ledger_subject(tenant, name), 0, LOCATIONS_FORGOTTEN,
+        {"tenant": tenant, "datasource": name, "places_forgotten": forgotten, **asked_by},
+        evidence_key=evidence_key,
+    )  # fmt: skip
+    return forgotten
 
 
 def _row_to_datasource(row: Any) -> Datasource:

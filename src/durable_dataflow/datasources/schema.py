@@ -1,7 +1,7 @@
 """The datasources part's platform tables, as SQLAlchemy Core metadata.
 
 The integrator builds the Alembic migrations from this `metadata`; it is the one place the
-`datasources` table is defined.
+`datasources` and `datasource_locations` tables are defined (`registry` owns both).
 
 A row is either a datasource the platform declared (`register_datasource`, tenant
 `PLATFORM_DECLARED`: every tenant may name it, and its options may declare `allow_overwrite`) or the
@@ -41,4 +41,25 @@ datasources = Table(
     # The run whose first publication registered the datasource; None for a declaration.
     Column("created_by_run", String(RUN_ID_CHARS_MAX), nullable=True),
     PrimaryKeyConstraint("tenant", "name", name="pk_datasources"),
+)
+
+# A place a datasource was created at: the digest of the provider's resolved description of the
+# location (a folder's absolute path, a database and table; never stored as such) and the provider's
+# own identity for what it created there (a Parquet folder's marker id, a Delta table's id, the
+# PostgreSQL record table's system identifier and oid). One datasource can have several places: runs
+# from different base directories resolve one location to different folders.
+PLACE_DIGEST_CHARS_MAX = 71  # "sha256:" + 64 hex digits
+LOCATION_IDENTITY_CHARS_MAX = 200
+
+datasource_locations = Table(
+    "datasource_locations",
+    metadata,
+    Column("tenant", String(TENANT_CHARS_MAX), nullable=False),
+    Column("name", String(DATASOURCE_NAME_CHARS_MAX), nullable=False),
+    Column("place_digest", String(PLACE_DIGEST_CHARS_MAX), nullable=False),
+    Column("identity", String(LOCATION_IDENTITY_CHARS_MAX), nullable=False),
+    # The run whose prepare created (or first found) the location at this place.
+    Column("created_by_run", String(RUN_ID_CHARS_MAX), nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False),
+    PrimaryKeyConstraint("tenant", "name", "place_digest", name="pk_datasource_locations"),
 )

@@ -19,6 +19,7 @@ from durable_dataflow.datasources.contract import (
     Capability,
     Inconclusive,
     InspectOutcome,
+    Location,
     Provider,
     PublicationRefs,
     PublishOutcome,
@@ -94,6 +95,10 @@ class FaultInjectingProvider:
     def prepare(self, target: PublishTarget) -> None:
         """The inner provider's prepare, unfaulted (it runs before dispatch is authorized)."""
         contract.prepare(self.inner, target)
+
+    def locate(self, target: PublishTarget) -> Location | None:
+        """The inner provider's locate, unfaulted (it never writes)."""
+        return contract.locate(self.inner, target)
 
     def publish(
         self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget

@@ -1,0 +1,276 @@
+"""A registered location that went missing is never created again (issue 26, finding 1).
+
+The reproduction: run A publishes and its answer is lost (outcome_unknown); the sink location is moved
+away (a volume not mounted); run B of the same datasource would have re-created it empty, and a reconcile
+of A would then have proven A's key absent there and published it a second time. Now every provider's
+location is recorded where it was first prepared, with the provider's own identity of it (a Parquet
+folder's marker, a Delta table's id, the PostgreSQL record tables' system identifier and oids): B fails
+before dispatch (`failed / no_external_output`, `location_missing`) and A's reconcile stays undecided,
+for a missing location and for one replaced by another folder or table, until the location is back or the
+platform operator forgets it. Runs from different base directories keep their own places.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from durable_dataflow.core import ledger
+from durable_dataflow.dataflow import reconcile
+from durable_dataflow.dataflow.requests import AccessContext, Provenance, asked_by
+from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.datasources import registry
+from durable_dataflow.datasources.contract import (
+    LOCATION_MISSING,
+    AlreadyPublished,
+    InspectOutcome,
+    Present,
+    PublicationRefs,
+    Published,
+    PublishOutcome,
+    PublishTarget,
+)
+from durable_dataflow.datasources.delta import DeltaProvider
+from durable_dataflow.datasources.parquet_folder import ParquetFolderProvider
+from durable_dataflow.datasources.postgres_table import PostgresTableProvider
+from durable_dataflow.datasources.schema import datasource_locations
+from durable_dataflow.datasources.testing import FaultInjectingProvider
+from durable_dataflow.platform import Platform
+from support import flows
+
+FILE_PROVIDERS: dict[str, type[ParquetFolderProvider | DeltaProvider]] = {
+    "parquet": ParquetFolderProvider,
+    "delta": DeltaProvider,
+}
+OPERATOR = AccessContext("acme", "ops-alice", ("operator",), (), "test")
+
+
+def _run(platform: Platform, base_dir: Path, provider: str, key: str, target: dict[str, Any] | None = None) -> Run:
+    defn = flows.definition(target or flows.parquet_target(provider))
+    return platform.runs.run_inline(flows.request(defn, base_dir, key)).run
+
+
+def _reconcile(platform: Platform, run_id: str, *, resume: bool = False) -> reconcile.Reconciliation:
+    return reconcile.reconcile(
+        platform.runs, run_id, access=OPERATOR, provenance=Provenance("ops-alice", "cli"), resume=resume
+    )
+
+
+def _publications(name: str, sink: Path) -> int:
+    return len(flows.manifests(sink)) if name == "parquet" else len(flows.delta_publications(sink))
+
+
+def _forget(platform: Platform, tenant: str = "acme") -> int:
+    with platform.db.begin() as conn:
+        return registry.forget_locations(
+            conn, platform.db, tenant, "analytics.totals", asked_by(OPERATOR, Provenance("ops-alice", "cli")),
+            evidence_key=platform.runs.config.evidence_key,
+        )  # fmt: skip
+
+
+def _assert_refused(run: Run, tmp_path: Path, created_by: str, what: str) -> None:
+    assert (run.status, run.recovery_status, run.error_code) == ("failed", "no_external_output", "location_missing")
+    assert run.error_message is not None and "'analytics.totals'" in run.error_message
+    assert f"was created at this location by run {created_by}" in run.error_message
+    assert what in run.error_message
+    assert str(tmp_path) not in run.error_message and "sink" not in run.error_message.replace("sink location", "")
+
+
+@pytest.mark.parametrize("name", sorted(FILE_PROVIDERS))
+def test_a_missing_registered_location_is_never_recreated_and_never_proven_absent(
+    platform: Platform, tmp_path: Path, name: str
+) -> None:
+    """The issue's reproduction on a file sink: A's answer is lost, its folder moved away. B fails before dispatch
+    without re-creating the folder, A's reconcile (and resume) stays undecided with the same reason; with the
+    folder back A is present, B's key publishes there, and each key is in the sink exactly once."""
+    faulty = FaultInjectingProvider(FILE_PROVIDERS[name](), "timeout_after_commit", fail_times=1)
+    registry.register_provider("faulty", lambda: faulty)
+    run_a = _run(platform, tmp_path, "faulty", "A")
+    assert run_a.status == "outcome_unknown"
+    sink, moved = tmp_path / "sink", tmp_path / "moved"
+    sink.rename(moved)
+
+    run_b = _run(platform, tmp_path, "faulty", "B")
+    _assert_refused(run_b, tmp_path, run_a.run_id, LOCATION_MISSING)
+    assert not sink.exists(), "the registered location was created again"
+    assert "dispatch.authorized" not in flows.kinds(platform, run_b.run_id)
+
+    undecided = _reconcile(platform, run_a.run_id, resume=True)
+    assert (undecided.finding, undecided.resumed) == ("undecided", False)
+    assert f"was created at this location by run {run_a.run_id}" in undecided.detail
+    assert (undecided.run.status, undecided.run.recovery_status) == ("outcome_unknown", "outcome_unknown")
+    assert not sink.exists() and faulty.counters.inner_publish_calls == 1
+
+    moved.rename(sink)
+    present = _reconcile(platform, run_a.run_id)
+    assert (present.finding, present.run.status) == ("present", "succeeded")
+    assert _run(platform, tmp_path, "faulty", "C").status == "succeeded"
+    assert _publications(name, sink) == 2 and faulty.counters.inner_publish_calls == 2
+
+
+@pytest.mark.parametrize("name", sorted(FILE_PROVIDERS))
+def test_a_registered_location_replaced_by_another_is_never_published_into_or_inspected(
+    platform: Platform, tmp_path: Path, name: str
+) -> None:
+    """A's folder is moved away and another one is made in its place (by hand, by another tool, or by an
+    earlier version of this platform): it is not the one A may have published to. B fails naming a replaced
+    location; A's reconcile is undecided and writes no fence into the new one."""
+    faulty = FaultInjectingProvider(FILE_PROVIDERS[name](), "timeout_after_commit", fail_times=1)
+    registry.register_provider("faulty", lambda: faulty)
+    run_a = _run(platform, tmp_path, "faulty", "A")
+    assert run_a.status == "outcome_unknown"
+    sink = tmp_path / "sink"
+    sink.rename(tmp_path / "moved")
+    FILE_PROVIDERS[name]().prepare(PublishTarget("analytics.totals", "sink", "append", {"base_dir": str(tmp_path)}))
+    before = sorted(p.relative_to(sink).as_posix() for p in sink.rglob("*"))
+
+    run_b = _run(platform, tmp_path, "faulty", "B")
+    _assert_refused(run_b, tmp_path, run_a.run_id, f"another {'folder' if name == 'parquet' else 'table'} is there")
+    undecided = _reconcile(platform, run_a.run_id, resume=True)
+    assert (undecided.finding, undecided.resumed) == ("undecided", False)
+    assert "another" in undecided.detail and "is there now" in undecided.detail
+    assert sorted(p.relative_to(sink).as_posix() for p in sink.rglob("*")) == before, "the new location was written"
+    assert _publications(name, sink) == 0 and faulty.counters.inner_publish_calls == 1
+
+
+@pytest.mark.parametrize("name", sorted(FILE_PROVIDERS))
+def test_runs_from_two_base_directories_each_create_their_own_location(
+    platform: Platform, tmp_path: Path, name: str
+) -> None:
+    """Local runs of one definition from two folders resolve one location to two places: each is created and
+    recorded by its first run, and moving one away refuses runs there only."""
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    there.mkdir()
+    assert _run(platform, here, name, "h1").status == "succeeded"
+    assert _run(platform, there, name, "t1").status == "succeeded"
+    assert _publications(name, here / "sink") == 1 and _publications(name, there / "sink") == 1
+    with platform.db.read() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(datasource_locations)).scalar_one() == 2
+    (here / "sink").rename(here / "away")
+    assert _run(platform, here, name, "h2").error_code == "location_missing"
+    assert _run(platform, there, name, "t2").status == "succeeded"
+    assert not (here / "sink").exists()
+
+
+@pytest.mark.parametrize("name", sorted(FILE_PROVIDERS))
+def test_forgetting_a_datasource_lets_the_next_run_create_it_and_is_recorded_with_who_asked(
+    platform: Platform, tmp_path: Path, name: str
+) -> None:
+    """Only the platform operator's forget ends the refusal: it deletes the recorded places, is recorded in the
+    ledger with who asked, and the next run creates the location afresh."""
+    assert _run(platform, tmp_path, name, "k1").status == "succeeded"
+    (tmp_path / "sink").rename(tmp_path / "lost")
+    assert _run(platform, tmp_path, name, "k2").error_code == "location_missing"
+    assert _forget(platform) == 1
+    assert _run(platform, tmp_path, name, "k3").status == "succeeded"
+    assert _publications(name, tmp_path / "sink") == 1
+    with platform.db.read() as conn:
+        entries = ledger.read(conn, registry.LEDGER_MODULE, registry.ledger_subject("acme", "analytics.totals"))
+    assert [e.kind for e in entries] == [registry.LOCATIONS_FORGOTTEN]
+    payload = entries[0].payload
+    assert (payload["tenant"], payload["datasource"], payload["places_forgotten"]) == ("acme", "analytics.totals", 1)
+    assert payload["principal"] == "ops-alice" and payload["provenance"]["actor"] == "ops-alice"
+
+
+def test_forgetting_a_datasource_the_tenant_never_registered_is_not_found(platform: Platform) -> None:
+    with pytest.raises(registry.NotFound):
+        _forget(platform, tenant="other")
+
+
+SINK_SECRET = "TEST_REGISTERED_LOCATIONS_SINK_DSN"
+
+
+def _rename_record_tables(dsn: str, rename: tuple[str, str]) -> None:
+    with psycopg.connect(dsn) as conn:
+        for table in ("sink_publications", "sink_fences"):
+            conn.execute(f"ALTER TABLE {rename[0]}{table} RENAME TO {rename[1]}{table}")
+
+
+def test_a_postgres_sink_whose_record_tables_went_missing_or_were_replaced_refuses_new_runs(
+    platform: Platform, tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PostgreSQL sink: A's answer is lost, then the record tables are gone from the database the DSN reaches
+    (renamed here; a restore from before them). B fails before dispatch and creates no record table; with new,
+    empty record tables in their place (another oid), B still fails and A's reconcile inspects nothing; with the
+    original tables back, A is present and B's key publishes."""
+    monkeypatch.setenv(SINK_SECRET, pg_url)
+    dsn = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    faulty = FaultInjectingProvider(PostgresTableProvider(), "timeout_after_commit", fail_times=1)
+    registry.register_provider("faulty", lambda: faulty)
+    target = {**flows.parquet_target("faulty", "public.totals"), "options": {"dsn": {"secret": SINK_SECRET}}}
+    run_a = _run(platform, tmp_path, "faulty", "A", target)
+    assert run_a.status == "outcome_unknown"
+    _rename_record_tables(dsn, ("", "away_"))
+
+    run_b = _run(platform, tmp_path, "faulty", "B", target)
+    _assert_refused(run_b, tmp_path, run_a.run_id, LOCATION_MISSING)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT to_regclass('sink_publications'), to_regclass('sink_fences')").fetchone() == (
+            None, None
+        )  # fmt: skip
+    undecided = _reconcile(platform, run_a.run_id)
+    assert undecided.finding == "undecided" and f"by run {run_a.run_id}" in undecided.detail
+
+    PostgresTableProvider().prepare(
+        PublishTarget("analytics.totals", "public.totals", "append", {"dsn": {"secret": SINK_SECRET}})
+    )
+    run_c = _run(platform, tmp_path, "faulty", "C", target)
+    _assert_refused(run_c, tmp_path, run_a.run_id, "another table is there")
+    undecided = _reconcile(platform, run_a.run_id, resume=True)
+    assert (undecided.finding, undecided.resumed) == ("undecided", False)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM sink_fences").fetchone() == (0,), "the new record tables were fenced"
+        conn.execute("DROP TABLE sink_publications, sink_fences")
+    _rename_record_tables(dsn, ("away_", ""))
+
+    present = _reconcile(platform, run_a.run_id)
+    assert (present.finding, present.run.status) == ("present", "succeeded")
+    assert _run(platform, tmp_path, "faulty", "D", target).status == "succeeded"
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM sink_publications").fetchone() == (2,)
+        assert conn.execute("SELECT count(DISTINCT _publication_key) FROM public.totals").fetchone() == (2,)
+
+
+class _NoDatasourceRef:
+    """A provider that publishes through Parquet but answers with an empty datasource reference."""
+
+    name = "parquet"
+    capabilities = ParquetFolderProvider.capabilities
+
+    def __init__(self) -> None:
+        self.inner = ParquetFolderProvider()
+
+    @staticmethod
+    def _strip(refs: PublicationRefs) -> PublicationRefs:
+        return PublicationRefs(refs.publication_ref, "", refs.materialization_ref)
+
+    def prepare(self, target: PublishTarget) -> None:
+        self.inner.prepare(target)
+
+    def publish(self, key: str, token: int, table: Any, digest: str, target: PublishTarget) -> PublishOutcome:
+        outcome = self.inner.publish(key, token, table, digest, target)
+        if isinstance(outcome, Published | AlreadyPublished):
+            return type(outcome)(self._strip(outcome.refs), outcome.digest)
+        return outcome
+
+    def inspect(self, key: str, target: PublishTarget, fence: int | None = None) -> InspectOutcome:
+        found = self.inner.inspect(key, target, fence)
+        return Present(self._strip(found.refs), found.digest, found.token) if isinstance(found, Present) else found
+
+
+def test_success_needs_all_three_references(platform: Platform, tmp_path: Path) -> None:
+    """Finding 4: a provider answering without a datasource reference never commits success, neither by its
+    publish answer nor by a reconcile that finds the key present: the run is left unresolved (evidence_failed)."""
+    registry.register_provider("faulty", _NoDatasourceRef)
+    run = _run(platform, tmp_path, "faulty", "k1")
+    assert (run.status, run.recovery_status) == ("evidence_failed", "evidence_failed")
+    assert run.datasource_ref is None and "datasource_ref" in str(run.error_message)
+    again = _reconcile(platform, run.run_id)
+    assert again.run.status != "succeeded" and again.run.recovery_status != "reconciled_present"
+    assert "dataflow.succeeded" not in flows.kinds(platform, run.run_id)
+    assert "run.succeeded" not in flows.kinds(platform, run.run_id)
