@@ -40,6 +40,10 @@ mtype target;
 /* the sink location is missing (moved away, unmounted). prepare created it before dispatch could be
    authorized, so missing means unseen, never "nothing published". */
 bool loc_missing = false;
+/* another, empty location was created where the missing one was registered (by another run's prepare).
+   The protocol never does it: a registered location that is missing fails the new run before dispatch
+   (forward.check_location); only the mutant prepare-recreates-registered-location sets it. */
+bool recreated = false;
 
 /* dataflow_runs, unique (tenant, idempotency_key) */
 byte key_run = 0;              /* run slot + 1 registered for the client's key; 0: none yet */
@@ -124,8 +128,9 @@ inline inspect(r, m, found) {
     if
     :: loc_missing -> found = UNDECIDED        /* honest absence: a missing location is never Absent */
     :: target != VALID -> found = UNDECIDED    /* the target does not resolve: the inspection fails, decides nothing */
-    :: !loc_missing && target == VALID && sink_pubs[r] > 0 -> found = PRESENT
-    :: !loc_missing && target == VALID && sink_pubs[r] == 0 ->
+    :: !loc_missing && recreated && target == VALID -> found = ABSENT   /* a new, empty location holds nothing */
+    :: !loc_missing && !recreated && target == VALID && sink_pubs[r] > 0 -> found = PRESENT
+    :: !loc_missing && !recreated && target == VALID && sink_pubs[r] == 0 ->
          found = ABSENT; if :: sink_fence[r] < m -> sink_fence[r] = m :: else -> skip fi
     fi
   }
@@ -281,6 +286,15 @@ proctype Mount() {
   od
 }
 
+/* another run of the same datasource prepares its location while the registered one is missing: it
+   fails before dispatch and creates nothing (a new, empty location would let a reconcile prove this
+   key absent while its publication is in the missing one) */
+proctype OtherRun() {
+  do
+  :: atomic { loc_missing && !recreated -> skip }
+  od
+}
+
 proctype Expirer() {
   byte r;
   do
@@ -374,6 +388,6 @@ init {
     submit();                       /* the first submission of the key */
     run Replayer();
     run Worker(); run Worker(); run Worker();
-    run Sweeper(); run Expirer(); run Mount(); run Reconciler(); run Canceller()
+    run Sweeper(); run Expirer(); run Mount(); run OtherRun(); run Reconciler(); run Canceller()
   }
 }
