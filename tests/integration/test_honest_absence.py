@@ -150,7 +150,7 @@ def test_an_unmounted_sink_volume_is_undecided_and_never_published_twice(
     sink.mkdir()  # the mount point, empty once its volume is gone
     undecided = _reconcile(platform, run.run_id)
     assert undecided.finding == "undecided" and LOCATION_MISSING in undecided.detail
-    assert f"was created at this location by run {run.run_id}" in undecided.detail
+    assert registry.AUTHORIZED_HERE in undecided.detail
     assert (undecided.run.status, undecided.run.recovery_status) == ("outcome_unknown", "outcome_unknown")
     resumed = _reconcile(platform, run.run_id, resume=True)
     assert resumed.finding == "undecided" and not resumed.resumed
@@ -190,7 +190,7 @@ def test_a_postgres_sink_without_its_record_tables_is_undecided_and_never_publis
     _postgres_record_tables(dsn, ("", "restored_away_"))
     undecided = _reconcile(platform, run.run_id)
     assert undecided.finding == "undecided" and LOCATION_MISSING in undecided.detail
-    assert f"was created at this location by run {run.run_id}" in undecided.detail
+    assert registry.AUTHORIZED_HERE in undecided.detail
     resumed = _reconcile(platform, run.run_id, resume=True)
     assert resumed.finding == "undecided" and not resumed.resumed
     assert faulty.counters.inner_publish_calls == 1

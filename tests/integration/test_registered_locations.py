@@ -101,7 +101,7 @@ def test_a_missing_registered_location_is_never_recreated_and_never_proven_absen
 
     undecided = _reconcile(platform, run_a.run_id, resume=True)
     assert (undecided.finding, undecided.resumed) == ("undecided", False)
-    assert f"was created at this location by run {run_a.run_id}" in undecided.detail
+    assert registry.AUTHORIZED_HERE in undecided.detail and LOCATION_MISSING in undecided.detail
     assert (undecided.run.status, undecided.run.recovery_status) == ("outcome_unknown", "outcome_unknown")
     assert not sink.exists() and faulty.counters.inner_publish_calls == 1
 
@@ -214,7 +214,7 @@ def test_a_postgres_sink_whose_record_tables_went_missing_or_were_replaced_refus
             None, None
         )  # fmt: skip
     undecided = _reconcile(platform, run_a.run_id)
-    assert undecided.finding == "undecided" and f"by run {run_a.run_id}" in undecided.detail
+    assert undecided.finding == "undecided" and registry.AUTHORIZED_HERE in undecided.detail
 
     PostgresTableProvider().prepare(
         PublishTarget("analytics.totals", "public.totals", "append", {"dsn": {"secret": SINK_SECRET}})
@@ -274,3 +274,78 @@ def test_success_needs_all_three_references(platform: Platform, tmp_path: Path) 
     assert again.run.status != "succeeded" and again.run.recovery_status != "reconciled_present"
     assert "dataflow.succeeded" not in flows.kinds(platform, run.run_id)
     assert "run.succeeded" not in flows.kinds(platform, run.run_id)
+
+
+def test_a_postgres_sink_role_that_is_no_superuser_can_locate_its_record_tables(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The identity reads pg_control_system() and the catalogs: an ordinary role that may create tables in its
+    schema (what a sink role is) gets it, and a replacement of the record tables changes it."""
+    dsn = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE ROLE sink_writer LOGIN NOSUPERUSER")
+        conn.execute("GRANT CREATE, USAGE ON SCHEMA public TO sink_writer")
+    monkeypatch.setenv(SINK_SECRET, psycopg.conninfo.make_conninfo(dsn, user="sink_writer"))
+    provider = PostgresTableProvider()
+    target = PublishTarget("analytics.totals", "public.totals", "append", {"dsn": {"secret": SINK_SECRET}})
+    assert provider.locate(target).identity is None
+    provider.prepare(target)
+    first = provider.locate(target)
+    assert first.identity is not None and first.identity.startswith("postgres-records:")
+    assert first.place.endswith("/public.totals") and provider.locate(target) == first
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE sink_publications, sink_fences")
+    provider.prepare(target)
+    assert provider.locate(target).identity not in (None, first.identity)
+
+
+def test_a_postgres_run_whose_dsn_now_reaches_another_database_is_never_proven_absent_there(
+    platform: Platform, tmp_path: Path, pg_url: str, postgres_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A's answer is lost; then the DSN secret is pointed at another database (a failover to an empty replica,
+    an edited secret). A run there is a new place (it creates its record tables and publishes), but A's reconcile
+    holds A to the location its dispatch was authorized at: undecided, nothing fenced in the new database; with
+    the secret back, A is present."""
+    monkeypatch.setenv(SINK_SECRET, pg_url)
+    faulty = FaultInjectingProvider(PostgresTableProvider(), "timeout_after_commit", fail_times=1)
+    registry.register_provider("faulty", lambda: faulty)
+    target = {**flows.parquet_target("faulty", "public.totals"), "options": {"dsn": {"secret": SINK_SECRET}}}
+    run_a = _run(platform, tmp_path, "faulty", "A", target)
+    assert run_a.status == "outcome_unknown"
+    other = postgres_server.create_database("registered_locations_other")
+    try:
+        monkeypatch.setenv(SINK_SECRET, other)
+        assert _run(platform, tmp_path, "faulty", "B", target).status == "succeeded"
+        undecided = _reconcile(platform, run_a.run_id, resume=True)
+        assert (undecided.finding, undecided.resumed) == ("undecided", False)
+        assert "resolves to another place than the one its dispatch was authorized at" in undecided.detail
+        with psycopg.connect(other.replace("postgresql+psycopg://", "postgresql://")) as conn:
+            assert conn.execute("SELECT count(*) FROM sink_fences").fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM sink_publications").fetchone() == (1,)
+    finally:
+        monkeypatch.setenv(SINK_SECRET, pg_url)
+        postgres_server.drop_database("registered_locations_other")
+    present = _reconcile(platform, run_a.run_id)
+    assert (present.finding, present.run.status) == ("present", "succeeded")
+
+
+@pytest.mark.parametrize("name", sorted(FILE_PROVIDERS))
+def test_a_file_target_that_now_resolves_elsewhere_is_never_proven_absent_there(
+    platform: Platform, tmp_path: Path, name: str
+) -> None:
+    """A's folder is swapped for a symlink to another prepared folder inside the sink root: the location as
+    written is the same, the place it resolves to is not the one A's dispatch was authorized at. Reconcile is
+    undecided and writes nothing into the other folder."""
+    faulty = FaultInjectingProvider(FILE_PROVIDERS[name](), "timeout_after_commit", fail_times=1)
+    registry.register_provider("faulty", lambda: faulty)
+    run_a = _run(platform, tmp_path, "faulty", "A")
+    assert run_a.status == "outcome_unknown"
+    sink, elsewhere = tmp_path / "sink", tmp_path / "elsewhere"
+    sink.rename(tmp_path / "moved")
+    FILE_PROVIDERS[name]().prepare(PublishTarget("x", "elsewhere", "append", {"base_dir": str(tmp_path)}))
+    before = sorted(p.relative_to(elsewhere).as_posix() for p in elsewhere.rglob("*"))
+    sink.symlink_to(elsewhere, target_is_directory=True)
+    undecided = _reconcile(platform, run_a.run_id, resume=True)
+    assert (undecided.finding, undecided.resumed) == ("undecided", False)
+    assert "resolves to another place" in undecided.detail and str(tmp_path) not in undecided.detail
+    assert sorted(p.relative_to(elsewhere).as_posix() for p in elsewhere.rglob("*")) == before

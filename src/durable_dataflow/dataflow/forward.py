@@ -13,13 +13,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
-from durable_dataflow.core import checkpoints, fencing, hashing
+from sqlalchemy.engine import Connection
+
+from durable_dataflow.core import checkpoints, fencing, hashing, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import DataflowError, EvidenceError, ExecutionError, InputError, StaleAttempt
 from durable_dataflow.core.secrets import Secret, SecretScope
-from durable_dataflow.dataflow import crashpoints, progress, results, transitions, workspace
+from durable_dataflow.dataflow import crashpoints, evidence, progress, results, transitions, workspace
 from durable_dataflow.dataflow.execution import ExecutionResult
 from durable_dataflow.dataflow.runs import MODULE, Run
 from durable_dataflow.dataflow.transitions import Outcome
@@ -39,6 +42,8 @@ from durable_dataflow.datasources.contract import (
 )
 
 REQUIRED_CAPABILITIES: tuple[Capability, ...] = ("publish", "inspect")
+# The dispatch.authorized field that records the prepared location ({place_digest, identity}).
+SINK_LOCATION = "sink_location"
 
 
 class Attempts(Protocol):
@@ -98,15 +103,16 @@ def preflight_target(service: Attempts, run: Run, provider: Provider) -> None:
         raise ExecutionError(f"the target preflight failed with an unexpected {type(error).__name__}") from None
 
 
-def prepare_target(service: Attempts, run: Run, provider: Provider) -> None:
+def prepare_target(service: Attempts, run: Run, provider: Provider) -> contract.Location | None:
     """The provider's creation of the sink location, before dispatch can be authorized, so a location
     missing at a later inspection is never taken for absence. First the datasource's registration is
     recorded (a no-op after its first publication; its name at another location is an InputError), so
     an inspection can tell a location the platform created from one it never did. A location the
     datasource was already created at is never created again: missing, or replaced by another table
     or folder, the run fails (`LocationGone`); the first time at a place, what the provider created
-    there is recorded. Nothing is published here, so a failure ends the attempt conclusively; its text
-    is not repeated (it may quote a path)."""
+    there is recorded. Returns where the location is and what it is (None for a provider that does
+    not locate), for the dispatch authorization to record. Nothing is published here, so a failure
+    ends the attempt conclusively; its text is not repeated (it may quote a path)."""
     try:
         with service.db.begin() as conn:
             registry.register_target(conn, run.tenant, run.target or {}, run.run_id)
@@ -114,7 +120,8 @@ def prepare_target(service: Attempts, run: Run, provider: Provider) -> None:
         found, recorded = check_location(service, run, provider, target)
         contract.prepare(provider, target)
         if found is not None and recorded is None:
-            record_prepared_location(service, run, provider, target)
+            return record_prepared_location(service, run, provider, target)
+        return found
     except InputError as error:
         raise InputError(f"the target cannot be published to: {error.message}") from None
     except DataflowError:
@@ -130,15 +137,28 @@ def _datasource(run: Run) -> str:
 
 
 def check_location(
-    service: Attempts, run: Run, provider: Provider, target: PublishTarget
+    service: Attempts,
+    run: Run,
+    provider: Provider,
+    target: PublishTarget,
+    authorized: Mapping[str, Any] | None = None,
 ) -> tuple[contract.Location | None, registry.RecordedLocation | None]:
     """Where the run's target resolves now and what was recorded when its datasource was first prepared
     there. Raises `LocationGone` when the recorded location is missing or another is in its place: the
     one rule for a new run's prepare (which then creates nothing) and reconcile (which then inspects
-    nothing). ``(None, None)`` for a provider that does not locate."""
+    nothing). With ``authorized`` (the location the run's ``dispatch.authorized`` recorded, for
+    reconcile) it is judged against that instead: another place, nothing there, or another table or
+    folder there is `LocationGone` too. ``(None, None)`` for a provider that does not locate."""
     found = contract.locate(provider, target)
     if found is None:
         return None, None
+    if authorized is not None:
+        problem = registry.authorized_location_problem(
+            _datasource(run), authorized, found.place, found.identity, _thing(provider)
+        )
+        if problem is not None:
+            raise contract.LocationGone(problem)
+        return found, None
     with service.db.read() as conn:
         recorded = registry.recorded_location(conn, run.tenant, _datasource(run), found.place)
     problem = registry.location_problem(_datasource(run), recorded, found.identity, _thing(provider))
@@ -152,7 +172,9 @@ def _thing(provider: Provider) -> str:
     return "folder" if provider.name == "parquet" else "table"
 
 
-def record_prepared_location(service: Attempts, run: Run, provider: Provider, target: PublishTarget) -> None:
+def record_prepared_location(
+    service: Attempts, run: Run, provider: Provider, target: PublishTarget
+) -> contract.Location:
     """Record what the provider prepared at the target's place, the first time this datasource is
     prepared there; a concurrent first preparer that recorded another identity fails this run."""
     found = contract.locate(provider, target)
@@ -165,6 +187,25 @@ def record_prepared_location(service: Attempts, run: Run, provider: Provider, ta
     problem = registry.location_problem(_datasource(run), stored, found.identity, _thing(provider))
     if problem is not None:
         raise contract.LocationGone(problem)
+    return found
+
+
+def location_fact(found: contract.Location | None) -> dict[str, Any]:
+    """What the dispatch authorization records of the prepared location (nothing for a provider that does
+    not locate): its place's digest and identity, never the place."""
+    if found is None:
+        return {}
+    return {SINK_LOCATION: {"place_digest": registry.place_digest(found.place), "identity": found.identity}}
+
+
+def authorized_location(conn: Connection, run: Run) -> Mapping[str, Any] | None:
+    """The location the run's first ``dispatch.authorized`` recorded, or None (a run authorized before
+    locations were recorded, or a provider that does not locate)."""
+    for entry in ledger.read(conn, MODULE, run.run_id):
+        if entry.kind == evidence.DISPATCH_AUTHORIZED:
+            found = entry.payload.get(SINK_LOCATION)
+            return found if isinstance(found, Mapping) else None
+    return None
 
 
 def execute_forward(
@@ -177,7 +218,7 @@ def execute_forward(
         return
     try:
         preflight_target(service, run, provider)
-        prepare_target(service, run, provider)
+        located = prepare_target(service, run, provider)
     except DataflowError as error:
         service.fail(run, attempt, error)
         return
@@ -192,7 +233,7 @@ def execute_forward(
     ))  # fmt: skip
     crashpoints.reach(crashpoints.BEFORE_PREDISPATCH_COMMIT)
     try:
-        authorize_dispatch(service, run, attempt, result)
+        authorize_dispatch(service, run, attempt, result, located)
     except StaleAttempt:
         return  # never authorized: the sweeper proves this attempt absent and retries the run
     except EvidenceError as error:  # the chain did not verify: nothing is dispatched on it
@@ -203,8 +244,11 @@ def execute_forward(
     dispatch(service, run, attempt, provider)
 
 
-def authorize_dispatch(service: Attempts, run: Run, attempt: int, result: ExecutionResult) -> None:
-    """The pre-dispatch fenced commit: result, digests, ``dispatch.authorized``. The chain it extends
+def authorize_dispatch(
+    service: Attempts, run: Run, attempt: int, result: ExecutionResult, located: contract.Location | None = None
+) -> None:
+    """The pre-dispatch fenced commit: result, digests, ``dispatch.authorized`` (with the prepared
+    location's place digest and identity, which reconcile holds the target to). The chain it extends
     must verify first (EvidenceError otherwise): a publication is never authorized on evidence that
     could not later prove its success, such as entries written under another evidence-key setting."""
     key = publication_key(run)
@@ -226,6 +270,7 @@ def authorize_dispatch(service: Attempts, run: Run, attempt: int, result: Execut
             "publication_idempotency_key": key,
             "publication_idempotency_digest": idem_digest,
             "target": target,
+            **location_fact(located),
         }
         transitions.apply(
             conn, db, run, attempt, Outcome.DISPATCH_AUTHORIZED, [payload], evidence_key=service.evidence_key,

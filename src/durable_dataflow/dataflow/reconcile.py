@@ -98,7 +98,9 @@ def reconcile(
     try:
         target = forward.publish_target(run, service.run_workspace(run)[1])
         # A recorded location that is missing or replaced is never inspected: a new, empty one proves nothing.
-        forward.check_location(service, run, provider, target)
+        with service.db.read() as conn:
+            authorized = forward.authorized_location(conn, run)
+        forward.check_location(service, run, provider, target, authorized)
         finding = provider.inspect(forward.publication_key(run), target, fence=attempt)
         with service.db.read() as conn:  # "cannot see it" told apart from "never registered"
             finding = registry.explain_undecided(conn, run.tenant, run.target, finding)

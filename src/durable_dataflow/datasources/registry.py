@@ -319,15 +319,22 @@ LOCATIONS_FORGOTTEN = "datasource.locations_forgotten"
 # Why a run fails before dispatch, and reconcile stays Undecided, at a recorded location that is no
 # longer the one recorded; fixed texts naming the datasource, never the place.
 LOCATION_GONE = (
-    "the datasource {name!r} was created at this location by run {run}, and now "
+    "the datasource {name!r} {since}, and now "
     + LOCATION_MISSING
     + "; it is not created again, because an earlier publication may be in it: restore or mount it, or, "
     "if it is really gone, a platform operator runs `dataflow datasources forget`"
 )
 LOCATION_REPLACED = (
-    "the datasource {name!r} was created at this location by run {run}, and another {what} is there now: "
-    "nothing is published into it or concluded from it, because an earlier publication may be in the one "
-    "that was replaced; restore it, or, if it is really gone, a platform operator runs `dataflow datasources forget`"
+    "the datasource {name!r} {since}, and another {what} is there now: nothing is published into it or "
+    "concluded from it, because an earlier publication may be in the one that was replaced; restore it, or, "
+    "if it is really gone, a platform operator runs `dataflow datasources forget`"
+)
+CREATED_BY = "was created at this location by run {run}"
+AUTHORIZED_HERE = "was at this location when this run's dispatch was authorized"
+AUTHORIZED_ELSEWHERE = (
+    "the datasource {name!r}: this run's target now resolves to another place than the one its dispatch was "
+    "authorized at (the sink root, the DSN secret or a symlink changed), so nothing found there can prove "
+    "whether it published: point the target back (see docs/operations.md)"
 )
 
 
@@ -386,11 +393,28 @@ def record_location(
 def location_problem(name: str, recorded: RecordedLocation | None, identity: str | None, what: str) -> str | None:
     """Why a datasource recorded at a place cannot be prepared or inspected there now (missing, or
     another ``what`` in its place), or None: never recorded there, or still the one recorded."""
-    if recorded is None or identity == recorded.identity:
+    if recorded is None:
+        return None
+    return _identity_problem(name, CREATED_BY.format(run=recorded.created_by_run), recorded.identity, identity, what)
+
+
+def authorized_location_problem(
+    name: str, authorized: Mapping[str, Any], place: str, identity: str | None, what: str
+) -> str | None:
+    """Why a run's target cannot be inspected where it resolves now, judged against the location its
+    ``dispatch.authorized`` entry recorded (``{place_digest, identity}``): another place, nothing there,
+    or another ``what`` there; None when it is the one the run was authorized to publish to."""
+    if authorized.get("place_digest") != place_digest(place):
+        return AUTHORIZED_ELSEWHERE.format(name=name)
+    return _identity_problem(name, AUTHORIZED_HERE, str(authorized.get("identity")), identity, what)
+
+
+def _identity_problem(name: str, since: str, expected: str, identity: str | None, what: str) -> str | None:
+    if identity == expected:
         return None
     if identity is None:
-        return LOCATION_GONE.format(name=name, run=recorded.created_by_run)
-    return LOCATION_REPLACED.format(name=name, run=recorded.created_by_run, what=what)
+        return LOCATION_GONE.format(name=name, since=since)
+    return LOCATION_REPLACED.format(name=name, since=since, what=what)
 
 
 def ledger_subject(tenant: str, name: str) -> str:
