@@ -70,6 +70,7 @@ raise SystemExit("the crash point was not reached")
 class Crashed:
     run_id: str
     sink: Path
+    definition: Path
 
 
 def crash(db_url: str, tmp_path: Path, point: str) -> Crashed:
@@ -88,7 +89,7 @@ def crash(db_url: str, tmp_path: Path, point: str) -> Crashed:
             [run] = runs.list_page(conn, limit=2)
     finally:
         database.dispose()
-    return Crashed(run.run_id, definition.parent / "sink")
+    return Crashed(run.run_id, definition.parent / "sink", definition)
 
 
 def durable_state(db_url: str, run_id: str) -> tuple[Any, ...]:
@@ -175,6 +176,44 @@ def test_cli_read_views_show_an_expired_authorized_run_as_unresolved_and_write_n
     assert detail.code == 0 and AFTER_AUTHORIZATION in unfolded(detail.stdout)
     assert "reconcile with:" in detail.stdout and f"reconcile {crashed.run_id}" in detail.stdout
     assert durable_state(db_url, crashed.run_id) == before  # read-only: nothing was swept or written
+
+
+def test_ops_ledger_counts_an_expired_authorized_run_as_unresolved(cli: Cli, db_url: str, tmp_path: Path) -> None:
+    """Issue 26, finding 2: the crashed run `runs` shows as UNRESOLVED is counted by `dataflow ops ledger`
+    (human and --json), with the warning the read views give it; nothing is written."""
+    crashed = crash(db_url, tmp_path, crashpoints.AFTER_PROVIDER_CALL)
+    before = durable_state(db_url, crashed.run_id)
+
+    ops = cli("ops", "ledger", "--json")
+    assert ops.code == 0, ops.output
+    projection = ops.json()
+    assert projection["unresolved_total"] == 1 and projection["oldest_unresolved"]["run_id"] == crashed.run_id
+    assert AFTER_AUTHORIZATION in projection["oldest_unresolved"]["warning"]
+    table = cli("ops", "ledger")
+    assert table.code == 0 and "Unresolved runs: 1" in table.stdout and crashed.run_id in table.stdout
+    assert durable_state(db_url, crashed.run_id) == before  # Ops only reads
+
+
+def test_replays_of_an_expired_authorized_run_say_unresolved_and_exit_3(cli: Cli, db_url: str, tmp_path: Path) -> None:
+    """Issue 26, finding 3: a replay of the crashed run's key by `run` or `submit` shows it UNRESOLVED with
+    the warning (`unresolved` and `lease_expired` true in --json) and exits 3, never 9 ("still running") or
+    0; nothing is written."""
+    crashed = crash(db_url, tmp_path, crashpoints.AFTER_PROVIDER_CALL)
+    before = durable_state(db_url, crashed.run_id)
+    replay_args = (str(crashed.definition), "--param", "n=1", "--idempotency-key", KEY)
+    for command in ("run", "submit"):
+        as_json = cli(command, *replay_args, "--json")
+        assert as_json.code == 3, (command, as_json.output)
+        run = as_json.json()
+        assert run["run_id"] == crashed.run_id and run["replayed"] is True
+        assert run["status"] == "running" and run["unresolved"] is True and run["lease_expired"] is True
+        assert AFTER_AUTHORIZATION in run["warning"]
+        assert "WARNING: UNRESOLVED" in as_json.stderr and f"reconcile {crashed.run_id}" in as_json.stderr
+        human = cli(command, *replay_args)
+        assert human.code == 3, (command, human.output)
+        assert "UNRESOLVED" in human.stdout and AFTER_AUTHORIZATION in unfolded(human.stdout)
+        assert "reconcile with:" in human.stdout
+    assert durable_state(db_url, crashed.run_id) == before  # replays only read
 
 
 def test_api_and_pages_show_an_expired_authorized_run_as_unresolved(db_url: str, tmp_path: Path) -> None:

@@ -9,16 +9,21 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+from durable_dataflow.api import tokens
+from durable_dataflow.api.app import create_app
 from durable_dataflow.cli import app as cli_app
 from durable_dataflow.core.schema import checkpoints, leases, ledger_entries
+from durable_dataflow.dataflow import crashpoints, runs, views
 from durable_dataflow.dataflow.definitions import load_definition
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.dataflow.schema import dataflow_runs
 from durable_dataflow.ops import ledger
 from durable_dataflow.platform import Platform
-from support.api_runs import copy_examples, make_atomic_run, make_outcome_unknown_run
+from support.api_runs import copy_examples, make_atomic_run, make_outcome_unknown_run, web_login
 
 
 @pytest.fixture
@@ -103,3 +108,75 @@ def test_cli_ops_ledger_and_tokens(db_url: str, tmp_path: Path) -> None:
     assert after["revoked_at_us"] is not None
     bad = runner.invoke(cli_app, ["--db", db_url, "tokens", "create", "--tenant", "acme", "--role", "root"])
     assert bad.exit_code != 0
+
+
+def _crashed_forward_run(platform: Platform, examples: Path, tenant: str, point: str, day: str) -> Run:
+    """A forward run whose process 'dies' at ``point`` (an in-process crash-point hook raising SystemExit):
+    its attempt keeps its lease, which nobody heartbeats any more."""
+
+    def crash(reached: str) -> None:
+        if reached == point:
+            raise SystemExit(f"simulated crash at {point}")
+
+    loaded = load_definition(examples / "daily_orders_publish" / "dataflow.yaml")
+    request = RunRequest(
+        loaded.definition, loaded.base_dir, {"day": day},
+        AccessContext(tenant, "test", roles=("operator",), auth_method="test"), Provenance("test", "cli"),
+        idempotency_key=f"{tenant}-{day}",
+    )  # fmt: skip
+    crashpoints.set_hook(crash)
+    try:
+        with pytest.raises(SystemExit):
+            platform.runs.run_inline(request)
+    finally:
+        crashpoints.set_hook(None)
+    with platform.db.read() as conn:
+        crashed = runs.find_by_key(conn, tenant, f"{tenant}-{day}")
+    assert crashed is not None
+    return crashed
+
+
+def test_ops_and_metrics_count_an_expired_authorized_run_as_the_read_views_do(
+    platform: Platform, tmp_path: Path
+) -> None:
+    """Issue 26, finding 2: a forward run that died after its provider call (running / dispatch_authorized)
+    whose lease expired on the database clock is unresolved in the Ops projection (CLI/API/page), in
+    `dataflow_unresolved_runs` and in the read views alike; one that died before authorization is not, and
+    neither is one whose lease is still live. Crashes are in-process crash-point hooks; the lease expires by
+    advancing this platform's database clock, so nothing waits."""
+    examples = copy_examples(tmp_path)
+    published = _crashed_forward_run(platform, examples, "acme", crashpoints.AFTER_PROVIDER_CALL, "2026-11-02")
+    claimed = _crashed_forward_run(platform, examples, "globex", crashpoints.AFTER_CLAIM, "2026-11-03")
+    assert (published.status, published.recovery_status) == ("running", "dispatch_authorized")
+    assert (claimed.status, claimed.recovery_status) == ("running", "leased")
+    live = ledger.read_projection(platform.db)
+    assert live.unresolved_total == 0, "a live attempt is running, not unresolved"
+    platform.db.advance_clock(platform.runs.config.lease_ttl_s + 5)
+    before = _snapshot(platform)
+
+    view = ledger.read_projection(platform.db)
+    assert view.unresolved_total == 1 and [u.run_id for u in view.unresolved] == [published.run_id]
+    assert view.oldest_unresolved is not None and view.oldest_unresolved.run_id == published.run_id
+    shown = view.oldest_unresolved
+    assert (shown.status, shown.recovery_status) == ("running", "dispatch_authorized")
+    assert "lease expired after dispatch authorization" in shown.warning
+    assert f"dataflow reconcile {published.run_id}" in shown.warning
+    assert ledger.read_projection(platform.db, tenant="acme").unresolved_total == 1
+    assert ledger.read_projection(platform.db, tenant="globex").unresolved_total == 0
+    with platform.db.read() as conn:
+        listed = views.load(conn, platform.db, runs.list_page(conn))
+    assert {v.run.run_id for v in listed if v.unresolved} == {published.run_id}, "the views count the same run"
+
+    platform_token = tokens.create_platform_token(platform.db, "oncall")[0]
+    operator = tokens.create_token(platform.db, "acme", "operator", "acme-operator")[0]
+    app = create_app(platform, data_root=examples / "revenue_by_region")
+    with TestClient(app) as client, TestClient(app, follow_redirects=False) as browser:
+        metrics = client.get("/metrics", headers={"Authorization": f"Bearer {platform_token}"}).text
+        api = client.get("/v1/ops/ledger", headers={"Authorization": f"Bearer {operator}"}).json()
+        assert web_login(browser, operator).status_code == 303
+        page = browser.get("/ui/ops").text
+    assert "dataflow_unresolved_runs 1.0" in metrics
+    assert "dataflow_oldest_unresolved_age_seconds 0.0" not in metrics
+    assert api["unresolved_total"] == 1 and [u["run_id"] for u in api["unresolved"]] == [published.run_id]
+    assert published.run_id in page and claimed.run_id not in page
+    assert _snapshot(platform) == before  # Ops and metrics only read: nothing was swept

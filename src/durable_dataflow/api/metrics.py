@@ -45,7 +45,7 @@ class _DatabaseCollector(Collector):
             by_status = ops_ledger.runs_by_status(conn)
             by_recovery = ops_ledger.runs_by_recovery_status(conn)
             kinds = ops_ledger.ledger_kind_counts(conn)
-            unresolved_total, oldest = ops_ledger.unresolved_runs(conn, now_us, limit=1)
+            unresolved_total, oldest = ops_ledger.unresolved_runs(conn, self.db, now_us, limit=1)
         runs = GaugeMetricFamily("dataflow_runs", "Dataflow runs by status", labels=["status"])
         for status, count in by_status.items():
             runs.add_metric([status], count)

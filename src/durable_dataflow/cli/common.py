@@ -265,6 +265,16 @@ def view_of(run: Run | RunView) -> RunView:
     return run if isinstance(run, views.RunView) else views.plain(run)
 
 
+def as_shown(platform: Platform, run: Run) -> RunView:
+    """The run as every read view shows it now (``views.load_one``: its lease read on the database clock).
+    `run` and `submit` print their run this way, so a replay of a run whose process died after its dispatch
+    authorization says UNRESOLVED and exits 3, as `show`, Ops and the API say, not ``running``."""
+    from durable_dataflow.dataflow import views
+
+    with platform.db.read() as conn:
+        return views.load_one(conn, platform.db, run)
+
+
 def warning_of(run: Run | RunView) -> str | None:
     """The run's warning; an unresolved run always has one, even if the projection lacks it."""
     return view_of(run).warning
@@ -333,11 +343,14 @@ def print_warning_block(console: Console, shown: Run | RunView, ctx: typer.Conte
         console.print(Text(f"  inspect with:     {command}", style="bold yellow"))
 
 
-def run_exit_code(run: Run) -> int:
-    """A run's outcome as an exit status: 0 succeeded, 1 failed, 3 unresolved, 9 not finished."""
+def run_exit_code(shown: Run | RunView) -> int:
+    """A run's outcome as an exit status: 0 succeeded, 1 failed, 3 unresolved (as shown: a read view's
+    expired attempt after dispatch authorization too), 9 not finished."""
     from durable_dataflow.dataflow.runs import RunStatus
 
-    if run.unresolved:
+    view = view_of(shown)
+    run = view.run
+    if view.unresolved:
         return EXIT_UNRESOLVED
     if run.status == RunStatus.SUCCEEDED:
         return EXIT_OK

@@ -42,22 +42,23 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
     return parsed
 
 
-def _announce(run: Run, replayed: bool, ctx: typer.Context, as_json: bool) -> None:
+def _announce(shown: Run | views.RunView, replayed: bool, ctx: typer.Context, as_json: bool) -> None:
     """Print the run; in JSON mode the notes go to stderr so stdout stays one JSON document."""
+    run = common.view_of(shown).run
     if as_json:
-        common.emit_json(common.run_json(run, replayed=replayed))
+        common.emit_json(common.run_json(shown, replayed=replayed))
         notes = common.stderr_console()
         if replayed:
             notes.print(Text(REPLAY_NOTE, style="bold"))
         if run.status == RunStatus.FAILED and run.error_code:
             notes.print(Text(printable(f"run failed [{run.error_code}]: {run.error_message}"), style="red"))
-        common.print_warning_block(notes, run, ctx)
+        common.print_warning_block(notes, shown, ctx)
         return
     console = common.stdout_console()
     if replayed:
         console.print(Text(REPLAY_NOTE, style="bold"))
-    console.print(render.run_panel(run, title="run (replayed)" if replayed else "run"))
-    common.print_warning_block(console, run, ctx)
+    console.print(render.run_panel(shown, title="run (replayed)" if replayed else "run"))
+    common.print_warning_block(console, shown, ctx)
 
 
 def build_request(
@@ -98,8 +99,9 @@ def run_command(
     with common.open_platform(ctx) as platform, progress_line.run_progress(loaded.definition.name, as_json) as sink:
         ledger.require_key_setting(platform.db, platform.runs.config.evidence_key)
         submission = platform.runs.run_inline(request, sink)
-    _announce(submission.run, not submission.created, ctx, as_json)
-    raise typer.Exit(common.run_exit_code(submission.run))
+        shown = common.as_shown(platform, submission.run)
+    _announce(shown, not submission.created, ctx, as_json)
+    raise typer.Exit(common.run_exit_code(shown))
 
 
 def runs_command(

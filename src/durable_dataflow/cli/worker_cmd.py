@@ -26,7 +26,7 @@ from durable_dataflow.core.errors import InputError, StorageUnavailable
 from durable_dataflow.dataflow import worker as worker_loop
 from durable_dataflow.dataflow.definitions import load_definition
 from durable_dataflow.dataflow.requests import MAX_ATTEMPTS_DEFAULT
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.views import RunView
 from durable_dataflow.platform import Platform
 
 OPEN_TRIES_MAX = 12  # with the back-off doubling from 0.1 s to 10 s: about a minute of outage
@@ -51,9 +51,12 @@ def configure_logging() -> None:
     )
 
 
-def _describe(run: Run, created: bool) -> str:
+def _describe(shown: RunView, created: bool) -> str:
+    """One line: the run, whether it was queued or replayed, and its status as `runs` shows it."""
+    run = shown.run
     origin = "queued" if created else "replayed: existing run returned, nothing recorded"
-    return f"run {run.run_id} ({run.definition_name}, {run.mode}) {origin}; status {run.status}, attempt {run.attempt}"
+    status = "UNRESOLVED" if shown.unresolved else run.status
+    return f"run {run.run_id} ({run.definition_name}, {run.mode}) {origin}; status {status}, attempt {run.attempt}"
 
 
 def submit(
@@ -84,13 +87,15 @@ def submit(
         if not adopt_evidence_key:
             ledger.require_key_setting(platform.db, platform.runs.config.evidence_key)
         submission = platform.runs.submit(request)
-    run, replayed = submission.run, not submission.created
+        shown = common.as_shown(platform, submission.run)
     if as_json:
-        common.emit_json(common.run_json(run, replayed=replayed))
-        common.print_warning_block(common.stderr_console(), run, ctx)
-        return
-    typer.echo(_describe(run, submission.created))
-    common.print_warning_block(common.stdout_console(), run, ctx)
+        common.emit_json(common.run_json(shown, replayed=not submission.created))
+        common.print_warning_block(common.stderr_console(), shown, ctx)
+    else:
+        typer.echo(_describe(shown, submission.created))
+        common.print_warning_block(common.stdout_console(), shown, ctx)
+    if shown.unresolved:  # a replay of a run that may have published: exit 3, as `run`'s replay does
+        raise typer.Exit(common.EXIT_UNRESOLVED)
 
 
 @common.with_limit_options

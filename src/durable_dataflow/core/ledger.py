@@ -491,20 +491,19 @@ def require_key_setting(
 # ---- read-only counts and lookups for read views and the Ops projection ------------------------
 
 
-def subjects_with_kind(conn: Connection, module: str, subject_ids: Sequence[str], kind: str) -> set[str]:
-    """The subjects among ``subject_ids`` whose chain holds at least one entry of ``kind``."""
-    if not subject_ids:
-        return set()
-    rows = conn.execute(
-        sa.select(ledger_entries.c.subject_id)
+def has_kind(module: str, subject_id: sa.ColumnElement[str], kind: str) -> sa.ColumnElement[bool]:
+    """A condition for the caller's own statement: the chain of the subject named by ``subject_id`` (a
+    column of the caller's table, correlated) holds at least one entry of ``kind``. The primary key's
+    ``(module, subject_id)`` prefix serves it: one subject's chain is read, never the whole ledger."""
+    return (
+        sa.exists()
         .where(
             ledger_entries.c.module == module,
-            ledger_entries.c.subject_id.in_(subject_ids),
+            ledger_entries.c.subject_id == subject_id,
             ledger_entries.c.kind == kind,
         )
-        .distinct()
-    ).all()
-    return {row.subject_id for row in rows}
+        .correlate_except(ledger_entries)
+    )
 
 
 def kind_counts(conn: Connection, module: str) -> dict[str, int]:

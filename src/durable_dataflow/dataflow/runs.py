@@ -12,15 +12,17 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy.engine import Connection
 
+from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, NotFound, StaleAttempt
+from durable_dataflow.dataflow import evidence
 from durable_dataflow.dataflow.schema import dataflow_runs
 
 MODULE = "dataflow"
@@ -365,20 +367,66 @@ def count_by(
     return [tuple(row) for row in conn.execute(query)]
 
 
-def unresolved_page(conn: Connection, tenant: str | None = None, *, limit: int) -> tuple[int, list[Run]]:
-    """The number of unresolved runs (platform-wide or one tenant's) and the oldest ``limit`` of
-    them, oldest first."""
-    where: list[sa.ColumnElement[bool]] = [dataflow_runs.c.recovery_status.in_(sorted(UNRESOLVED_RECOVERY))]
+# ---- unresolved: the one definition every reader counts and shows -----------------------------
+#
+# A run is unresolved when its projection says so (``UNRESOLVED_RECOVERY``, as ``Run.unresolved``) or
+# when it is still ``running`` but its attempt's lease expired on the database clock, undecided by any
+# sweeper, after a dispatch authorization: the next sweep makes it ``outcome_unknown`` (the sweeper's
+# rule: an authorization anywhere in the run's history, or the projection's ``dispatch_authorized``).
+# The read views (``dataflow.views``: runs, show, replays, the API and pages) and the counts (Ops,
+# ``/metrics``) all evaluate this one condition, in SQL, so they cannot disagree.
+
+
+def _expired_after_authorization(db: Database) -> sa.ColumnElement[bool]:
+    """Running, its lease expired and unswept, with a dispatch authorization: unresolved until swept."""
+    run_id = dataflow_runs.c.run_id
+    return sa.and_(
+        dataflow_runs.c.status == RunStatus.RUNNING,
+        leases.expired_held(db, MODULE, run_id),
+        sa.or_(
+            dataflow_runs.c.recovery_status == RecoveryStatus.DISPATCH_AUTHORIZED,
+            ledger.has_kind(MODULE, run_id, evidence.DISPATCH_AUTHORIZED),
+        ),
+    )
+
+
+def _unresolved(db: Database) -> sa.ColumnElement[bool]:
+    """The whole definition: projected unresolved, or expired after dispatch authorization."""
+    return sa.or_(dataflow_runs.c.recovery_status.in_(sorted(UNRESOLVED_RECOVERY)), _expired_after_authorization(db))
+
+
+def expired_after_authorization(conn: Connection, db: Database, run_ids: Collection[str]) -> set[str]:
+    """The runs among ``run_ids`` (at most ``leases.EXPIRY_SUBJECTS_MAX``) that are running with an expired
+    lease after a dispatch authorization: unresolved by the derivation (a read view asks about its page)."""
+    wanted = sorted(set(run_ids))
+    if not wanted:
+        return set()
+    if len(wanted) > leases.EXPIRY_SUBJECTS_MAX:
+        raise InputError(f"at most {leases.EXPIRY_SUBJECTS_MAX} runs per derivation query, got {len(wanted)}")
+    query = sa.select(dataflow_runs.c.run_id).where(
+        dataflow_runs.c.run_id.in_(wanted), _expired_after_authorization(db)
+    )
+    return set(conn.execute(query).scalars())
+
+
+def unresolved_page(
+    conn: Connection, db: Database, tenant: str | None = None, *, limit: int
+) -> tuple[int, list[tuple[Run, bool]]]:
+    """The number of unresolved runs (platform-wide or one tenant's) and the oldest ``limit`` of them,
+    oldest first, each with whether it is unresolved by its expired lease after dispatch authorization
+    (judged by the statement that found it, so a sweep in between cannot make it look resolved)."""
+    where: list[sa.ColumnElement[bool]] = [_unresolved(db)]
     if tenant is not None:
         where.append(dataflow_runs.c.tenant == tenant)
     total = int(conn.execute(sa.select(sa.func.count()).select_from(dataflow_runs).where(*where)).scalar_one())
+    after_authorization = _expired_after_authorization(db).label("expired_after_authorization")
     rows = conn.execute(
-        sa.select(dataflow_runs)
+        sa.select(dataflow_runs, after_authorization)
         .where(*where)
         .order_by(dataflow_runs.c.created_at_us, dataflow_runs.c.run_id)
-        .limit(max(1, limit))
+        .limit(max(1, min(limit, PAGE_SIZE_MAX)))
     ).all()
-    return total, [from_row(row) for row in rows]
+    return total, [(from_row(row), bool(row.expired_after_authorization)) for row in rows]
 
 
 def usage_by_definition(tenant: str) -> sa.Subquery:

@@ -24,7 +24,8 @@ from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.db import Database
-from durable_dataflow.dataflow import evidence, runs
+from durable_dataflow.core.invariants import invariant
+from durable_dataflow.dataflow import runs
 from durable_dataflow.dataflow.runs import MODULE, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.units import US_PER_S
 
@@ -149,42 +150,49 @@ def plain(run: Run) -> RunView:
 
 
 def derive(
-    items: Sequence[Run], expiry: Mapping[str, leases.LeaseExpiry], authorized: Collection[str]
+    items: Sequence[Run], expiry: Mapping[str, leases.LeaseExpiry], after_authorization: Collection[str]
 ) -> list[RunView]:
-    """The views of ``items`` from their leases (``leases.expiry_of``) and the ids of the runs whose
-    ledger holds a ``dispatch.authorized`` entry (only needed for the running runs with an expired lease)."""
+    """The views of ``items`` from their leases (``leases.expiry_of``) and the ids of the runs that are
+    unresolved by their expired lease after a dispatch authorization (``runs.expired_after_authorization``,
+    the one definition Ops and ``/metrics`` count by too)."""
     shown = []
     for run in items:
         lease = expiry.get(run.run_id)
         expired = lease is not None and lease.expired
-        if not expired or run.status != RunStatus.RUNNING:
-            shown.append(RunView(run, expired, run.unresolved, warning_of(run)))
-        elif run.recovery_status == RecoveryStatus.DISPATCH_AUTHORIZED or run.run_id in authorized:
+        if run.run_id in after_authorization:
+            # Judged by the later statement: its lease expired even if the earlier read just missed it.
             shown.append(RunView(run, True, True, expired_after_authorization_warning(run)))
-        else:
+        elif expired and run.status == RunStatus.RUNNING:
             shown.append(RunView(run, True, run.unresolved, expired_before_authorization_warning(run)))
+        else:
+            shown.append(RunView(run, expired, run.unresolved, warning_of(run)))
     return shown
 
 
 def load(conn: Connection, db: Database, items: Sequence[Run]) -> list[RunView]:
     """The views of ``items``, read in the caller's transaction: one statement for the leases and, only
-    when a running run's lease expired before its projection says dispatch_authorized, one for its history."""
+    when a running run's lease expired, one that applies the definition of unresolved to those runs."""
     expiry = leases.expiry_of(conn, db, MODULE, [run.run_id for run in items])
-    unsure = [
+    expired_running = [
         run.run_id
         for run in items
-        if run.status == RunStatus.RUNNING
-        and run.recovery_status != RecoveryStatus.DISPATCH_AUTHORIZED
-        and (lease := expiry.get(run.run_id)) is not None
-        and lease.expired
+        if run.status == RunStatus.RUNNING and (lease := expiry.get(run.run_id)) is not None and lease.expired
     ]
-    return derive(items, expiry, _authorized(conn, unsure))
+    return derive(items, expiry, runs.expired_after_authorization(conn, db, expired_running))
 
 
 def load_one(conn: Connection, db: Database, run: Run) -> RunView:
     return load(conn, db, [run])[0]
 
 
-def _authorized(conn: Connection, run_ids: Sequence[str]) -> set[str]:
-    """The runs among ``run_ids`` whose ledger holds a dispatch authorization (the sweeper's rule)."""
-    return ledger.subjects_with_kind(conn, MODULE, run_ids, evidence.DISPATCH_AUTHORIZED)
+def unresolved_page(
+    conn: Connection, db: Database, tenant: str | None = None, *, limit: int
+) -> tuple[int, list[RunView]]:
+    """The number of unresolved runs (platform-wide or one tenant's) and the oldest ``limit`` of them as
+    shown, oldest first: the Ops projection and ``/metrics`` count by the definition the views show by."""
+    total, page = runs.unresolved_page(conn, db, tenant, limit=limit)
+    found = [run for run, _ in page]
+    expiry = leases.expiry_of(conn, db, MODULE, [run.run_id for run in found])
+    shown = derive(found, expiry, {run.run_id for run, after_authorization in page if after_authorization})
+    invariant(all(view.unresolved for view in shown), "every run the unresolved query found is shown unresolved")
+    return total, shown

@@ -1,5 +1,6 @@
 """The platform-wide ledger projection: every module's subjects, entries, leases and checkpoints,
-the Dataflow runs by status and recovery status, and the unresolved runs with their ages.
+the Dataflow runs by status and recovery status, and the unresolved runs with their ages (unresolved
+as every read view shows it: ``dataflow.views``, one definition).
 
 Read-only by construction: every function here takes a connection from ``Database.read()`` and
 only selects. Ops never reconciles and never changes a run; it shows what the ledger says. Ops
@@ -17,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import checkpoints, leases, ledger
 from durable_dataflow.core.db import Database
-from durable_dataflow.dataflow import catalog, runs
+from durable_dataflow.dataflow import catalog, runs, views
 from durable_dataflow.dataflow.runs import MODULE as DATAFLOW_MODULE
 from durable_dataflow.dataflow.runs import unresolved_warning
 from durable_dataflow.dataflow.units import US_PER_S
@@ -158,32 +159,33 @@ def ledger_kind_counts(conn: Connection) -> dict[str, int]:
 
 
 def unresolved_runs(
-    conn: Connection, now_us: int, tenant: str | None = None, limit: int = UNRESOLVED_SHOWN_MAX
+    conn: Connection, db: Database, now_us: int, tenant: str | None = None, limit: int = UNRESOLVED_SHOWN_MAX
 ) -> tuple[int, list[UnresolvedRun]]:
-    """The total number of unresolved runs, and the oldest ``limit`` of them, oldest first."""
-    total, page = runs.unresolved_page(conn, tenant, limit=max(1, min(limit, UNRESOLVED_SHOWN_MAX)))
-    found = []
-    for run in page:
-        found.append(
-            UnresolvedRun(
-                module=DATAFLOW_MODULE,
-                run_id=run.run_id,
-                tenant=run.tenant,
-                definition_name=run.definition_name,
-                status=run.status,
-                recovery_status=run.recovery_status,
-                attempt=run.attempt,
-                idempotency_key=run.idempotency_key,
-                publication_idempotency_key=run.publication_idempotency_key,
-                output_digest=run.output_digest,
-                warning=run.warning or unresolved_warning(run),
-                created_at_us=run.created_at_us,
-                updated_at_us=run.updated_at_us,
-                age_s=max(0, now_us - run.created_at_us) / US_PER_S,
-                unresolved_for_s=max(0, now_us - run.updated_at_us) / US_PER_S,
-            )
-        )
-    return total, found
+    """The total number of unresolved runs, and the oldest ``limit`` of them, oldest first: unresolved as
+    the read views show it (``views.unresolved_page``), an expired attempt after dispatch authorization too."""
+    total, page = views.unresolved_page(conn, db, tenant, limit=max(1, min(limit, UNRESOLVED_SHOWN_MAX)))
+    return total, [_unresolved_run(view, now_us) for view in page]
+
+
+def _unresolved_run(view: views.RunView, now_us: int) -> UnresolvedRun:
+    run = view.run
+    return UnresolvedRun(
+        module=DATAFLOW_MODULE,
+        run_id=run.run_id,
+        tenant=run.tenant,
+        definition_name=run.definition_name,
+        status=run.status,
+        recovery_status=run.recovery_status,
+        attempt=run.attempt,
+        idempotency_key=run.idempotency_key,
+        publication_idempotency_key=run.publication_idempotency_key,
+        output_digest=run.output_digest,
+        warning=view.warning or unresolved_warning(run),
+        created_at_us=run.created_at_us,
+        updated_at_us=run.updated_at_us,
+        age_s=max(0, now_us - run.created_at_us) / US_PER_S,
+        unresolved_for_s=max(0, now_us - run.updated_at_us) / US_PER_S,
+    )
 
 
 def _status_pairs(conn: Connection, tenant: str | None) -> tuple[dict[str, int], dict[str, int]]:
@@ -201,7 +203,7 @@ def projection(
 ) -> LedgerProjection:
     """The whole Ops view in one read transaction (one consistent snapshot on PostgreSQL)."""
     now_us = db.now_us(conn)
-    total, unresolved = unresolved_runs(conn, now_us, tenant)
+    total, unresolved = unresolved_runs(conn, db, now_us, tenant)
     by_status, by_recovery = _status_pairs(conn, tenant)
     runs_total = sum(by_status.values())
     return LedgerProjection(
