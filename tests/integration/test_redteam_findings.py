@@ -89,12 +89,15 @@ def test_a_step_cannot_echo_the_spill_folder_through_a_catalog_error(server: Ser
 def test_delta_publish_errors_do_not_echo_absolute_sink_paths(server: Server) -> None:
     """A delta target whose location is a file the tenant's own parquet publication created: the
     delta-rs text ('Invalid table location: Path does not exist: "/abs/…"') is stored in the run's
-    error_message and in the reconcile detail."""
+    error_message and in the reconcile detail. The run must fail, with a message that says why and
+    never names the path (issue 26, finding 8: a run that did not fail passed this test)."""
     first = _run(server.post("acme-operator", _document(_inline(), "select s from t", _target("parquet", "out"))))
     stem = hashlib.sha256(f"dataflow/acme/{first['run_id']}".encode()).hexdigest()
     run = _run(server.post("acme-operator", _document(_inline(), "select s from t",
                                                       _target("delta", f"out/data/{stem}.parquet"))))  # fmt: skip
-    assert str(server.sinks) not in (run["error_message"] or ""), run["error_message"]
+    assert run["status"] == "failed", run
+    assert isinstance(run["error_message"], str) and run["error_message"].strip(), run
+    assert str(server.sinks) not in run["error_message"], run["error_message"]
     answer = server.client.post(f"/v1/runs/{run['run_id']}/reconcile", json={}, headers=server.headers["acme-operator"])
     assert str(server.sinks) not in answer.text
 
