@@ -258,6 +258,8 @@ def test_a_csv_that_does_not_fit_its_schema_names_the_column_not_the_value(tmp_p
     (tmp_path / "t.csv").write_text(f"n\n{VALUE_CANARY}\n")
     document = _definition("select n from t").model_dump(mode="json")
     document["sources"] = {"t": {"kind": "csv", "path": "t.csv", "schema": {"n": "int64"}}}
-    with pytest.raises(ExecutionError, match='column "n"') as failed:
+    # A declared column's value that does not parse is the source's invalid input (typed_sources).
+    with pytest.raises(InputError, match="source 't': column 'n' holds a value that is not of its declared type") \
+            as failed:
         execute(Definition.model_validate(document), {}, _ctx(tmp_path))
     assert VALUE_CANARY not in failed.value.message

@@ -202,10 +202,19 @@ class CsvSource(_Model):
 
 
 class ParquetSource(_Model):
-    """A Parquet file, or a folder whose *.parquet files are read in sorted name order."""
+    """A Parquet file, or a folder whose *.parquet files are read in sorted name order; `schema` fixes
+    column types (a declared column whose stored type differs is converted exactly, or the run fails)."""
 
     kind: Literal["parquet"]
     path: str = Field(min_length=1)
+    columns: dict[str, str] | None = Field(default=None, alias="schema")
+
+    _ordered = field_validator("columns", mode="before")(ordered_columns)
+
+    @field_validator("columns")
+    @classmethod
+    def _types(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return None if value is None else _check_type_map(value)
 
 
 class InlineSource(_Model):
@@ -238,6 +247,15 @@ class PostgresSource(_Model):
     kind: Literal["postgres"]
     dsn: SecretRef
     query: str = Field(min_length=1, max_length=STEP_SQL_CHARS_MAX)
+    # Declared result column types: a declared column whose PostgreSQL type differs is converted exactly.
+    columns: dict[str, str] | None = Field(default=None, alias="schema")
+
+    _ordered = field_validator("columns", mode="before")(ordered_columns)
+
+    @field_validator("columns")
+    @classmethod
+    def _types(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return None if value is None else _check_type_map(value)
 
     @field_validator("dsn", mode="before")
     @classmethod
@@ -592,6 +610,9 @@ def canonical_body(d: Definition) -> dict[str, Any]:
         columns = getattr(spec, "columns", None)
         if columns is not None:
             body["sources"][name]["schema"] = [[column, t] for column, t in columns.items()]
+        elif isinstance(spec, ParquetSource | PostgresSource):
+            # Their schema is newer than the body format: absent, the body (and hash) stays as it was.
+            del body["sources"][name]["schema"]
     return body
 
 

@@ -31,7 +31,7 @@ from durable_dataflow.core.errors import DataflowError, ExecutionError, InputErr
 from durable_dataflow.core.invariants import invariant
 from durable_dataflow.core.secrets import SecretScope
 from durable_dataflow.dataflow import arrowdigest
-from durable_dataflow.dataflow.definitions import PostgresSource, SourceSpec
+from durable_dataflow.dataflow.definitions import PostgresSource, SourceSpec, parse_arrow_type
 from durable_dataflow.datasources import pgerrors
 
 POSTGRES_CONNECT_TIMEOUT_S = 10
@@ -277,15 +277,44 @@ def _stream_postgres(stream: PostgresStream) -> tuple[pa.Schema, Iterator[pa.Rec
         # parses one statement only: "a; b" fails with 42601 instead of running b.
         cur.execute(spec.query)
         columns = list(cur.description or [])
+        missing = [c for c in spec.columns or {} if c not in {column.name for column in columns}]
+        if missing:
+            raise ExecutionError(
+                f"source {name!r}: the query's result has no column {missing[0]!r} that its schema declares"
+            )
         _arm_statement_timeout(stream, conn)
         first = _pg_batch(name, columns, cur.fetchmany(POSTGRES_FIRST_FETCH_ROWS), None)
+        typed_first = _declared_batch(stream, first)
     except psycopg.Error as exc:
         stream.close()
         raise _pg_query_error(stream, exc) from None
     except BaseException:
         stream.close()
         raise
-    return first.schema, _pg_batches(stream, cur, columns, first)
+    return typed_first.schema, _pg_batches(stream, cur, columns, first, typed_first)
+
+
+def _declared_batch(stream: PostgresStream, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """batch with every declared column cast to its declared type by Arrow's safe cast: text must parse,
+    a number must fit and keep its value (no overflow, no lost digits), a timestamp must not lose its time."""
+    declared = stream.spec.columns
+    if not declared:
+        return batch
+    arrays = []
+    for field_, column in zip(batch.schema, batch.columns, strict=True):
+        type_name = declared.get(field_.name)
+        target = None if type_name is None else parse_arrow_type(type_name)
+        if target is None or column.type == target:
+            arrays.append(column)
+            continue
+        try:
+            arrays.append(column.cast(target, safe=True))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OverflowError):
+            # Arrow's message quotes the value: only the source, the column and the type leave.
+            from durable_dataflow.dataflow.execution import typed_sources  # the engines' rule and wording
+
+            raise typed_sources.TypeCheck(stream.source, field_.name, type_name or "").error() from None
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
 
 
 def _connect(stream: PostgresStream, dsn: str) -> Any:
@@ -349,12 +378,13 @@ def _next_fetch_rows(batch: pa.RecordBatch, bytes_left: int) -> int:
 
 
 def _pg_batches(
-    stream: PostgresStream, cur: Any, columns: list[Any], first: pa.RecordBatch
+    stream: PostgresStream, cur: Any, columns: list[Any], first: pa.RecordBatch, typed_first: pa.RecordBatch
 ) -> Iterator[pa.RecordBatch]:
+    """The typed batches (``first`` as read, ``typed_first`` cast to the declared types)."""
     import psycopg
 
-    digester = arrowdigest.OutputDigester(first.schema)
-    batch: pa.RecordBatch | None = first
+    digester = arrowdigest.OutputDigester(typed_first.schema)
+    batch: pa.RecordBatch | None = typed_first
     try:
         while batch is not None:  # ends when the cursor is exhausted
             stream.bytes_read += batch.nbytes
@@ -369,7 +399,7 @@ def _pg_batches(
             wanted = _next_fetch_rows(batch, stream.bytes_max - stream.bytes_read)
             _arm_statement_timeout(stream, cur.connection)
             rows = cur.fetchmany(wanted)
-            batch = _pg_batch(stream.source, columns, rows, first.schema) if rows else None
+            batch = _declared_batch(stream, _pg_batch(stream.source, columns, rows, first.schema)) if rows else None
         stream.fingerprint = digester.digest()
     except psycopg.Error as exc:
         stream.failure = _pg_query_error(stream, exc)

@@ -127,7 +127,7 @@ class FileScan:
     reader: str
     stamps: tuple[FileStamp, ...]
     options: tuple[tuple[str, str], ...] = ()
-    declared: dict[str, str] | None = None  # csv: declared column types (Arrow type names)
+    declared: dict[str, str] | None = None  # declared column types (Arrow type names)
 
 
 @dataclass(frozen=True)
@@ -313,7 +313,8 @@ def _resolve_parquet(name: str, spec: ParquetSource, ctx: ExecutionContext) -> R
     parts = [[relative, _parquet_footer_fingerprint(name, s)] for (relative, _), s in zip(files, stamps, strict=True)]
     fingerprint = parts[0][1] if root.is_file() else hashing.digest({"files": parts})
     folders = _dir_stamps(stamps, ctx.allowed_roots)
-    return ResolvedSource(name, "parquet", FileScan("read_parquet", stamps), fingerprint, folders)
+    declared = dict(spec.columns) if spec.columns else None
+    return ResolvedSource(name, "parquet", FileScan("read_parquet", stamps, (), declared), fingerprint, folders)
 
 
 def _inline_value(value: Any, t: pa.DataType) -> Any:

@@ -22,7 +22,7 @@ import pyarrow as pa
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
 from durable_dataflow.dataflow import crashpoints, parameters, progress
 from durable_dataflow.dataflow.definitions import Definition, parse_arrow_type
-from durable_dataflow.dataflow.execution import resultstream, sandbox
+from durable_dataflow.dataflow.execution import resultstream, sandbox, typed_sources
 from durable_dataflow.dataflow.execution.engine import PROGRESS_INTERVAL_S, RESULT_BATCH_ROWS, EngineRun
 from durable_dataflow.dataflow.limits import ExecutionLimits, format_size
 from durable_dataflow.dataflow.postgres_source import PostgresStream
@@ -64,6 +64,10 @@ class _Watch:
     def __exit__(self, *exc_info: object) -> None:
         self._done.set()
         self._thread.join()
+
+    # The declared-type checks of the bound sources (replaced by _bind_sources): a data error that one
+    # of them reports is the source's invalid input, naming the source and the column.
+    type_checks = typed_sources.TypeChecks()
 
     def _watch(self) -> None:
         interval = PROGRESS_INTERVAL_S if self.sink is not None else self.time_limit_s
@@ -118,7 +122,7 @@ class _Watch:
             )
         if isinstance(exc, pa.ArrowCapacityError) or "offset overflow" in raw:
             return LimitExceeded(f"{part} produced a batch larger than Arrow can hold (2 GiB): {text}")
-        return ExecutionError(f"{part} failed: {text}")
+        return self.type_checks.failure(raw) or ExecutionError(f"{part} failed: {text}")
 
     def run(self, step: str, statement: str, params: dict[str, Any]) -> None:
         """Execute one statement under the remaining budget, translating every error."""
@@ -204,8 +208,16 @@ def _scan_sql(scan: FileScan, columns: dict[str, str] | None) -> str:
     return f"{scan.reader}([{paths}]{''.join(', ' + o for o in options)})"
 
 
-def _bind_csv(con: duckdb.DuckDBPyConnection, name: str, scan: FileScan) -> None:
+def _quoted(column: str) -> str:
+    return '"' + column.replace('"', '""') + '"'
+
+
+def _bind_csv(con: duckdb.DuckDBPyConnection, name: str, scan: FileScan, checks: typed_sources.TypeChecks) -> None:
+    """A view over the file whose declared columns DuckDB's reader parses as declared; with the
+    ``type_pushdown`` optimizer off (sandbox), no step's cast can make it read them as another type."""
     declared = scan.declared or {}
+    if declared:
+        checks.csv_files.update({s.path: (name, declared) for s in scan.stamps})
     header = dict(scan.options).get("header") == "true"
     if declared and not header:  # without a header line the declared schema names the columns, in order
         names = ", ".join(sandbox.string_literal(c) for c in declared)
@@ -220,7 +232,34 @@ def _bind_csv(con: duckdb.DuckDBPyConnection, name: str, scan: FileScan) -> None
     con.execute(f'CREATE TEMP VIEW "{name}" AS SELECT * FROM {_scan_sql(scan, declared or None)}')
 
 
-def _bind_one(con: duckdb.DuckDBPyConnection, source: ResolvedSource) -> None:
+def _bind_parquet(con: duckdb.DuckDBPyConnection, name: str, scan: FileScan, checks: typed_sources.TypeChecks) -> None:
+    """A view over the files; each declared column whose stored type differs is converted by a checked
+    cast (typed_sources), so the steps see exactly the declared types."""
+    con.execute(f'CREATE TEMP VIEW "{name}" AS SELECT * FROM {_scan_sql(scan, None)}')
+    if not scan.declared:
+        return
+    stored = {str(row[0]): str(row[1]) for row in con.execute(f'DESCRIBE "{name}"').fetchall()}
+    missing = [c for c in scan.declared if c not in stored]
+    if missing:
+        raise ExecutionError(f"source {name!r}: the files have no column {missing[0]!r} that its schema declares")
+    columns = []
+    for column, stored_type in stored.items():
+        declared = duckdb_type(scan.declared[column]) if column in scan.declared else stored_type
+        if _same_duckdb_type(declared, stored_type):
+            columns.append(_quoted(column))
+            continue
+        marker = checks.add(name, column, scan.declared[column])
+        cast = typed_sources.duckdb_checked_cast(_quoted(column), stored_type, declared, marker)
+        columns.append(f"{cast} AS {_quoted(column)}")
+    con.execute(f'CREATE OR REPLACE TEMP VIEW "{name}" AS SELECT {", ".join(columns)} FROM {_scan_sql(scan, None)}')
+
+
+def _same_duckdb_type(declared: str, stored: str) -> bool:
+    aliases = {"TIMESTAMPTZ": "TIMESTAMP WITH TIME ZONE"}
+    return aliases.get(declared, declared) == aliases.get(stored, stored)
+
+
+def _bind_one(con: duckdb.DuckDBPyConnection, source: ResolvedSource, checks: typed_sources.TypeChecks) -> None:
     name, binding = source.name, source.binding
     if isinstance(binding, ArrowTable):
         con.register(name, binding.table)
@@ -241,17 +280,18 @@ def _bind_one(con: duckdb.DuckDBPyConnection, source: ResolvedSource) -> None:
         finally:
             binding.close()
     elif binding.reader == "read_csv":
-        _bind_csv(con, name, binding)
+        _bind_csv(con, name, binding, checks)
     else:
-        con.execute(f'CREATE TEMP VIEW "{name}" AS SELECT * FROM {_scan_sql(binding, None)}')
+        _bind_parquet(con, name, binding, checks)
 
 
 def _bind_sources(con: duckdb.DuckDBPyConnection, resolved: list[ResolvedSource], watch: _Watch) -> None:
+    watch.type_checks = typed_sources.TypeChecks()
     for source in resolved:
         if watch.fired.is_set():
             raise watch.translate(source.name, duckdb.InterruptException("INTERRUPT"), "source")
         try:
-            _bind_one(con, source)
+            _bind_one(con, source, watch.type_checks)
         except (duckdb.Error, pa.ArrowException, OSError) as exc:
             raise watch.translate(source.name, exc, "source") from None
 
@@ -328,6 +368,8 @@ class DuckDBEngine:
         bound = {name: parameters.to_python(d.parameters[name].type, value) for name, value in job.params.items()}
         resolved = list(job.resolved)
         with _engine(job.limits, resolved) as (con, confined):
+            for step in steps:  # a step reads its sources by name, never their files (typed_sources)
+                sandbox.refuse_file_reads(con, step)
             return _run_steps(con, d, steps, bound, resolved, job.limits, job.deadline_at, job.progress_sink,
                               confined)
 

@@ -22,6 +22,7 @@ off and then locked, so no user statement can change a setting:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -48,6 +49,9 @@ _BASE_CONFIG: dict[str, str | bool] = {
     "allow_community_extensions": False,
     "allow_unsigned_extensions": False,
     "python_enable_replacements": False,  # no implicit scans of the caller's Python variables
+    # A step's cast (or a set operation) must not replace the type a source column is read as: the
+    # optimizer would push it into the CSV reader, and `007`/`abc` declared int64 would pass as text.
+    "disabled_optimizers": "type_pushdown",
     # No persistent secrets, and a secrets folder that names nothing: by default DuckDB points it at
     # the service user's home (~/.duckdb/stored_secrets), which duckdb_secrets() errors and
     # duckdb_settings() would show to a step.
@@ -161,6 +165,53 @@ def gate_step(cursor: duckdb.DuckDBPyConnection, step_name: str, sql: str) -> Ga
             f"{statement.type.name}"
         )
     return GatedStep(step_name, sql, frozenset(statement.named_parameters))
+
+
+# Table functions that read files by path (or run SQL given as text, which could), and relation names
+# that DuckDB would read as a file (a replacement scan): the sandbox admits the declared files, so a
+# step reading one itself would get the raw file, around its source's declared types.
+_FILE_READING_FUNCTION = re.compile(
+    r"read_.*|parquet_.*|.*_scan|sniff_csv|glob|query|query_table|json_execute_serialized_sql|iceberg_.*|delta_.*"
+)
+_FILE_LIKE_NAME = re.compile(r"[./\\:~]")
+STEP_TREE_NODES_MAX = 1_000_000  # nodes of a step's parse tree walked (the SQL text is bounded too)
+
+
+def refuse_file_reads(cursor: duckdb.DuckDBPyConnection, step: GatedStep) -> None:
+    """A step reads its sources by name: refuse a table function that reads a file and a relation named
+    like a file, anywhere in its parse tree (DuckDB's own, as json_serialize_sql gives it). Checked as the
+    execution starts, so such a run ends failed with invalid_input like any file the sandbox refuses."""
+    step_name = step.name
+    tree = json.loads(str(cursor.execute("SELECT json_serialize_sql(?)", [step.sql]).fetchall()[0][0]))
+    if tree.get("error"):
+        raise InputError(f"step {step_name!r}: the SQL cannot be checked ({tree.get('error_type', 'unknown')})")
+    pending: list[object] = [tree]
+    walked = 0
+    while pending:  # an explicit stack (no recursion); ends when the tree is walked or at the cap
+        node = pending.pop()
+        walked += 1
+        if walked > STEP_TREE_NODES_MAX:
+            raise InputError(f"step {step_name!r}: the SQL is too large to check")
+        if isinstance(node, list):
+            pending.extend(node)
+        elif isinstance(node, dict):
+            refused = _file_read(node)
+            if refused is not None:
+                raise InputError(
+                    f"step {step_name!r} tried to reach files, the network or extensions, which the sandbox "
+                    f"forbids: it reads files itself ({refused}); a step reads its sources and earlier steps by name"
+                )
+            pending.extend(node.values())
+
+
+def _file_read(node: dict[str, object]) -> str | None:
+    kind, function = node.get("type"), node.get("function")
+    if kind == "TABLE_FUNCTION" and isinstance(function, dict):
+        name = str(function.get("function_name", "")).lower()
+        return f"table function {name}" if _FILE_READING_FUNCTION.fullmatch(name) else None
+    if kind == "BASE_TABLE" and _FILE_LIKE_NAME.search(str(node.get("table_name", ""))):
+        return "a relation named like a file"
+    return None
 
 
 def materialize_statement(cursor: duckdb.DuckDBPyConnection, step: GatedStep) -> str:

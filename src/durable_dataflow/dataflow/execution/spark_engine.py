@@ -13,7 +13,8 @@ the token); the next execution connects again.
 * Parquet files and a Delta snapshot without partition columns are read by Spark from exactly the
   resolved files (``file://`` URIs, never a folder or a glob); a partitioned Delta snapshot, inline
   rows and a PostgreSQL stream become Arrow tables in the driver (bounded by the source limit) and
-  ``createDataFrame``. A CSV is read with ``mode=FAILFAST`` and the declared types as its schema.
+  ``createDataFrame``. A CSV is read with ``mode=FAILFAST``, its declared columns as text converted by a
+  checked cast, as is every declared Parquet column stored as another type (``typed_sources``).
 * Earlier steps are ``localCheckpoint``-ed (computed once, eagerly, in order, spilling to disk) and
   registered as views, like DuckDB's TEMP tables: each runs once however many later steps read it,
   its non-deterministic values are read consistently, and its errors name it, not a later step.
@@ -53,7 +54,7 @@ import pyarrow as pa
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
 from durable_dataflow.dataflow import crashpoints, progress
 from durable_dataflow.dataflow.definitions import Definition, parse_arrow_type
-from durable_dataflow.dataflow.execution import resultstream, spark_gate
+from durable_dataflow.dataflow.execution import resultstream, spark_gate, typed_sources
 from durable_dataflow.dataflow.execution.engine import PROGRESS_INTERVAL_S, RESULT_BATCH_ROWS, EngineRun
 from durable_dataflow.dataflow.limits import SPARK_CONF_ENV, SPARK_MASTER_ENV, SPARK_REMOTE_ENV, ExecutionLimits
 from durable_dataflow.dataflow.postgres_source import PostgresStream
@@ -434,6 +435,10 @@ class _Watch:
             collector.rows if collector else 0, collector.bytes if collector else 0,
         ))  # fmt: skip
 
+    # The declared-type checks of the bound sources (replaced by SparkEngine._run): a raised check is the
+    # source's invalid input, naming the source and the column.
+    type_checks = typed_sources.TypeChecks()
+
     def check(self, part: str) -> None:
         if self.fired.is_set():
             raise LimitExceeded(f"{part} exceeded the time limit of {self.limits.time_limit_s:g} s")
@@ -462,6 +467,9 @@ class _Watch:
             stop_session(lost=True)  # the next execution connects again, with a session the server knows
             return ExecutionError(f"{part} failed: the Spark engine was lost ({lost})")
         chain = _chain(exc)
+        typed = self.type_checks.failure(" ".join(link[4] + " " + " ".join(link[2].values()) for link in chain))
+        if typed is not None:
+            return typed
         text = spark_message(exc, self.own_text, chain)
         classes = " ".join(link[0] for link in chain)
         conditions = [link[1] or "" for link in chain]
@@ -568,8 +576,28 @@ def _csv_options(name: str, scan: FileScan) -> tuple[bool, str]:
     return options.get("header") == "true", delim[1:-1].replace("''", "'")
 
 
-def _read_csv(spark: SparkSession, name: str, scan: FileScan) -> DataFrame:
-    from pyspark.sql.types import StructField, StructType
+def _checked(df: DataFrame, name: str, declared: dict[str, str], checks: typed_sources.TypeChecks) -> DataFrame:
+    """df with each declared column whose type differs converted by a checked cast (typed_sources)."""
+    stored = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    missing = [c for c in declared if c not in stored]
+    if missing:
+        raise ExecutionError(f"source {name!r}: the files have no column {missing[0]!r} that its schema declares")
+    columns = []
+    for column, stored_type in stored.items():
+        quoted = "`" + column.replace("`", "``") + "`"
+        target = spark_type(declared[column]).simpleString() if column in declared else stored_type
+        if target == stored_type:
+            columns.append(quoted)
+            continue
+        marker = checks.add(name, column, declared[column])
+        columns.append(f"{typed_sources.spark_checked_cast(quoted, stored_type, target, marker)} AS {quoted}")
+    return df.selectExpr(*columns)
+
+
+def _read_csv(spark: SparkSession, name: str, scan: FileScan, checks: typed_sources.TypeChecks) -> DataFrame:
+    """The file with its declared columns read as text and converted by checked casts: Spark's own
+    parsing of a typed column cannot say which column failed; a checked cast names it."""
+    from pyspark.sql.types import StringType, StructField, StructType
 
     header, delim = _csv_options(name, scan)
     paths = [_file_uri(name, s.path) for s in scan.stamps]
@@ -580,7 +608,7 @@ def _read_csv(spark: SparkSession, name: str, scan: FileScan) -> DataFrame:
 
     declared = scan.declared or {}
     if declared and not header:  # without a header line the declared schema names the columns, in order
-        return read(StructType([StructField(c, spark_type(t)) for c, t in declared.items()]))
+        return _checked(read(StructType([StructField(c, StringType()) for c in declared])), name, declared, checks)
     if not header:  # named like DuckDB names them: column0.. (zero-padded to the widest number)
         df = read()
         width = len(str(len(df.columns) - 1))
@@ -591,7 +619,8 @@ def _read_csv(spark: SparkSession, name: str, scan: FileScan) -> DataFrame:
         raise ExecutionError(f"source {name!r}: the file has no column {missing[0]!r} that its schema declares")
     # Undeclared columns are inferred (a pass over the file), as DuckDB sniffs them.
     inferred = {} if set(names) <= set(declared) else {f.name: f.dataType for f in read().schema.fields}
-    return read(StructType([StructField(c, spark_type(declared[c]) if c in declared else inferred[c]) for c in names]))
+    text = read(StructType([StructField(c, StringType() if c in declared else inferred[c]) for c in names]))
+    return _checked(text, name, declared, checks) if declared else text
 
 
 def _arrow_within(name: str, schema: pa.Schema, batches: Iterator[pa.RecordBatch], bytes_max: int,
@@ -644,9 +673,11 @@ def _bind(spark: SparkSession, source: ResolvedSource, limits: ExecutionLimits, 
     elif isinstance(binding, PostgresStream):
         df = _read_postgres(spark, name, binding, watch)
     elif binding.reader == "read_csv":
-        df = _read_csv(spark, name, binding)
+        df = _read_csv(spark, name, binding, watch.type_checks)
     else:
         df = spark.read.parquet(*[_file_uri(name, s.path) for s in binding.stamps])
+        if binding.declared:
+            df = _checked(df, name, binding.declared, watch.type_checks)
     df.createOrReplaceTempView(name)
 
 
@@ -788,6 +819,7 @@ class SparkEngine:
         views = [*d.sources, *(step.name for step in steps[:-1])]
         try:
             with _Watch(spark, job, own_text, point) as watch:
+                watch.type_checks = typed_sources.TypeChecks()
                 for source in job.resolved:
                     with watch.guard(f"source {source.name!r}"):
                         _bind(spark, source, job.limits, watch)
