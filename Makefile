@@ -24,7 +24,9 @@ SOAK_ARGS ?=
 define DEMO_SCRIPT
 $(BIN)/dataflow run examples/revenue_by_region/dataflow.yaml --param day=2026-11-02 --idempotency-key demo-revenue-2026-11-02
 # A publication whose answer is lost: the process is killed right after the sink committed (crash point).
-DATAFLOW_LEASE_TTL=1 DATAFLOW_CRASH_AT=after_provider_call $(BIN)/dataflow run examples/daily_orders_publish/dataflow.yaml --param day=2026-11-03 --idempotency-key demo-publish-lost-answer || echo "demo: that run died after publishing; the platform cannot know whether its output exists"
+# A second `make demo` replays the key instead: exit 3 while the run is unresolved, 0 once reconciled.
+DATAFLOW_LEASE_TTL=1 DATAFLOW_CRASH_AT=after_provider_call $(BIN)/dataflow run examples/daily_orders_publish/dataflow.yaml --param day=2026-11-03 --idempotency-key demo-publish-lost-answer && published=0 || published=$$?
+case $$published in 137) echo "demo: that run died after publishing; the platform cannot know whether its output exists";; 3) echo "demo: a replay of that run, which is still unresolved (see its warning): nothing was executed again";; 0) echo "demo: a replay of that run, settled already: nothing was executed again";; *) exit $$published;; esac
 # Let its 1-second lease expire; the worker's sweeper then marks it outcome_unknown (never retried).
 sleep 1.5
 $(BIN)/dataflow worker --until-idle
