@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
-from durable_dataflow.cli import common, progress_line, render
+from durable_dataflow.cli import common, interrupts, progress_line, render
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.text import printable
@@ -98,10 +98,53 @@ def run_command(
     request = build_request(loaded, param, idempotency_key, tenant, max_attempts)
     with common.open_platform(ctx) as platform, progress_line.run_progress(loaded.definition.name, as_json) as sink:
         ledger.require_key_setting(platform.db, platform.runs.config.evidence_key)
-        submission = platform.runs.run_inline(request, sink)
+        service = platform.runs
+        try:
+            with interrupts.handled(service.interruption):
+                submission = interrupts.call_in_thread(lambda: service.run_inline(request, sink))
+        except interrupts.StopWaiting:
+            _stop_waiting(service.cancel_interrupted())
+            raise
+        cause = service.interruption.cause
         shown = common.as_shown(platform, submission.run)
     _announce(shown, not submission.created, ctx, as_json)
+    if cause is not None and submission.created:
+        raise typer.Exit(_interrupted_exit(submission.run, cause.signal, file, param, idempotency_key))
     raise typer.Exit(common.run_exit_code(shown))
+
+
+def _interrupted_exit(run: Run, signal_name: str, file: Path, param: list[str] | None, key: str | None) -> int:
+    """What an interrupted `dataflow run` says on stderr, and its exit status: 130 when the run was
+    cancelled; the run's own status when the signal came after its result was committed or its dispatch
+    authorized (nothing was interrupted then)."""
+    notes = common.stderr_console()
+    if run.status != RunStatus.CANCELLED:
+        after = "its dispatch was authorized" if run.mode == runs.Mode.FORWARD_RECOVERY else "its result was committed"
+        notes.print(Text(f"{signal_name} arrived after {after}: nothing was interrupted", style="bold"))
+        return common.run_exit_code(run)
+    again = " ".join(["dataflow run", str(file), *(f"-p {pair}" for pair in param or [])])
+    if key is not None:
+        again += " -k NEW_KEY"
+        how = f"with a new idempotency key (the key {key!r} now names this cancelled run): `{again}`"
+    else:
+        how = f"with `{again}`"
+    notes.print(Text(printable(
+        f"interrupted ({signal_name}): run {run.run_id} was cancelled before its dispatch was authorized, "
+        f"nothing was published. Run it again {how}"
+    ), style="bold yellow"))  # fmt: skip
+    return common.EXIT_INTERRUPTED
+
+
+def _stop_waiting(cancelled: list[Run]) -> None:
+    """A second signal: say which run was cancelled here, or that one is left to the sweeper."""
+    notes = common.stderr_console()
+    for run in cancelled:
+        notes.print(Text(f"interrupted again: run {run.run_id} was cancelled before its dispatch was authorized"))
+    if not cancelled:
+        notes.print(Text(
+            "interrupted again: the run was not cancelled (its dispatch may have been authorized, or it ended); "
+            "if it is still running, a sweeper decides it once its lease expires: see `dataflow runs`"
+        ))  # fmt: skip
 
 
 def runs_command(

@@ -81,3 +81,10 @@ class Unauthenticated(DataflowError):
     """No valid credential was presented."""
 
     code = "unauthenticated"
+
+
+class Interrupted(DataflowError):
+    """The process was told to stop (SIGINT, SIGTERM) while it executed: not a failure of the run.
+    Before dispatch authorization the run is cancelled (dataflow.cancel.interrupt)."""
+
+    code = "interrupted"

@@ -14,25 +14,34 @@
 
 Both cancellations append ``run.cancelled`` (who asked, from what state), checkpoint the run
 ``cancelled / no_external_output`` and are shown in its history (transitions.Outcome.CANCELLED).
+
+An **interrupted** attempt (SIGINT or SIGTERM to ``dataflow run`` or a worker, before its dispatch
+authorization) ends the same way, by :func:`interrupt`: the running attempt's own process closes it as
+an operator's cancel would, with reason ``interrupted``, the signal, and who (the user the process runs
+as, its host and trigger).
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.errors import Conflict, StaleAttempt
 from durable_dataflow.dataflow import evidence, requests, runs, transitions
+from durable_dataflow.dataflow.interruption import Cause
 from durable_dataflow.dataflow.requests import AccessContext, Provenance
 from durable_dataflow.dataflow.runs import MODULE, Run, RunStatus
-from durable_dataflow.dataflow.service import RunService
 from durable_dataflow.dataflow.transitions import Outcome
 
+if TYPE_CHECKING:  # the run service cancels its own interrupted attempts: it imports this module
+    from durable_dataflow.dataflow.service import RunService
+
 ERROR_CODE = "cancelled"
+INTERRUPTED = "interrupted"  # run.cancelled's reason when the attempt's own process was told to stop
 # How often a run that changed state under a cancel (claimed, finished) is looked at again.
 STATE_CHANGES_MAX = 3
 
@@ -70,10 +79,30 @@ def cancel(
         try:
             if run.status == RunStatus.QUEUED:
                 return _cancel_queued(service, run, asked_by)
-            return _cancel_running(service, run, asked_by)
+            return _cancel_running(service, run, asked_by, {})
         except _Moved:
             continue
     raise Conflict(f"run {run_id} kept changing state while it was being cancelled: try again")
+
+
+def interrupt(service: RunService, run: Run, attempt: int, cause: Cause) -> Run | None:
+    """Cancel ``attempt`` of ``run``, whose process was interrupted (``cause``) before it authorized a
+    dispatch: the operator's transition, asked by the user this process runs as. None when the attempt
+    no longer owns the run (a sweep, an operator's cancel or a newer attempt closed it): nothing is written."""
+    access = AccessContext.local(run.tenant)
+    asked_by = requests.asked_by(access, Provenance(actor=access.principal, trigger=cause.trigger))
+    reason = {"reason": INTERRUPTED, "signal": cause.signal}
+    for _ in range(STATE_CHANGES_MAX):
+        current = service.get(run.run_id)
+        if current.status != RunStatus.RUNNING or current.attempt != attempt:
+            return None
+        try:
+            return _cancel_running(service, current, asked_by, reason).run
+        except _Moved:
+            continue
+        except Conflict:  # authorized: the attempt goes on to publish, as after any late signal
+            return None
+    return None
 
 
 def refusal_of(run: Run) -> str:
@@ -96,12 +125,20 @@ def _authorized(run: Run) -> str:
     )
 
 
-def _payload(run: Run, asked_by: dict[str, Any]) -> dict[str, Any]:
-    return {**asked_by, "from_status": str(run.status), "no_external_output": True}
+def _payload(run: Run, asked_by: dict[str, Any], reason: dict[str, str]) -> dict[str, Any]:
+    return {**asked_by, **reason, "from_status": str(run.status), "no_external_output": True}
 
 
-def _projection(asked_by: dict[str, Any]) -> dict[str, Any]:
-    message = f"cancelled by {asked_by['principal']} before dispatch authorization: no external output"
+def _projection(asked_by: dict[str, Any], reason: dict[str, str]) -> dict[str, Any]:
+    who = asked_by["principal"]
+    if reason.get("reason") == INTERRUPTED:
+        host = asked_by["provenance"]["host"]
+        message = (
+            f"interrupted ({reason['signal']}) in the process of {who} on {host} before dispatch authorization: "
+            "no external output"
+        )
+    else:
+        message = f"cancelled by {who} before dispatch authorization: no external output"
     return {"error_code": ERROR_CODE, "error_message": message[: transitions.MESSAGE_CHARS_MAX]}
 
 
@@ -131,13 +168,15 @@ def _cancel_queued(service: RunService, run: Run, asked_by: dict[str, Any]) -> C
         if _dispatch_authorized(conn, run.run_id):  # a queued run never was: the sweeper makes it outcome_unknown
             raise Conflict(_authorized(locked))
         done = transitions.apply(
-            conn, db, locked, locked.attempt, Outcome.CANCELLED, [_payload(locked, asked_by)],
-            evidence_key=service.evidence_key, projection=_projection(asked_by),
+            conn, db, locked, locked.attempt, Outcome.CANCELLED, [_payload(locked, asked_by, {})],
+            evidence_key=service.evidence_key, projection=_projection(asked_by, {}),
         )  # fmt: skip
     return Cancellation(done, True, "cancelled while queued: no attempt had started")
 
 
-def _cancel_running(service: RunService, run: Run, asked_by: dict[str, Any]) -> Cancellation:
+def _cancel_running(
+    service: RunService, run: Run, asked_by: dict[str, Any], reason: dict[str, str]
+) -> Cancellation:
     db = service.db
     with db.begin() as conn:
         try:
@@ -150,8 +189,8 @@ def _cancel_running(service: RunService, run: Run, asked_by: dict[str, Any]) -> 
         if _dispatch_authorized(conn, run.run_id):
             raise Conflict(_authorized(locked))  # rolls the lease back: the attempt goes on
         done = transitions.apply(
-            conn, db, locked, locked.attempt, Outcome.CANCELLED, [_payload(locked, asked_by)],
-            evidence_key=service.evidence_key, projection=_projection(asked_by),
+            conn, db, locked, locked.attempt, Outcome.CANCELLED, [_payload(locked, asked_by, reason)],
+            evidence_key=service.evidence_key, projection=_projection(asked_by, reason),
         )  # fmt: skip
     return Cancellation(done, True, f"attempt {run.attempt} was closed under the fence before dispatch authorization")
 

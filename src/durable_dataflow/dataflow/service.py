@@ -7,6 +7,7 @@ attempts continue in :mod:`durable_dataflow.dataflow.forward`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import traceback
@@ -27,6 +28,7 @@ from durable_dataflow.core.errors import (
     DataflowError,
     EvidenceError,
     ExecutionError,
+    Interrupted,
     LeaseUnavailable,
     NotFound,
     StaleAttempt,
@@ -35,10 +37,12 @@ from durable_dataflow.core.heartbeat import Heartbeats
 from durable_dataflow.core.holders import HolderLock
 from durable_dataflow.core.secrets import Secret, SecretScope
 from durable_dataflow.dataflow import (
+    cancel,
     catalog,
     crashpoints,
     execution,
     forward,
+    interruption,
     limits,
     parameters,
     progress,
@@ -89,6 +93,11 @@ class RunService:
         # Held before any lease is taken, so a sweeper can tell this process died (core/holders.py).
         self.holder_lock = HolderLock(db, self.config.holder)
         self.heartbeats = Heartbeats(db)  # one thread beats every lease of this service's attempts
+        # Requested by the process's signal handlers (dataflow run, worker): every execution of this
+        # service stops, and an attempt not yet authorized to dispatch is cancelled (fail below).
+        self.interruption = interruption.Interruption()
+        self._executing: dict[str, Claim] = {}  # run id -> the attempt this process carries
+        self._executing_lock = threading.Lock()
 
     def close(self) -> None:
         """Stop the heartbeat thread and release the holder lock (``Platform.close``)."""
@@ -274,12 +283,31 @@ class RunService:
         """Carry one claimed attempt to its end, heartbeating the lease meanwhile."""
         run, attempt = claim.run, claim.attempt
         final: Run | None = None
-        with self.heartbeats.keep_alive(MODULE, run.run_id, attempt, self.config.lease_ttl_s):
-            if run.mode == Mode.ATOMIC:
-                final = self._execute_atomic(run, attempt, progress_sink)
-            else:
-                forward.execute_forward(self, run, attempt, progress_sink)
+        with self._executing_lock:
+            self._executing[run.run_id] = claim
+        try:
+            with self.heartbeats.keep_alive(MODULE, run.run_id, attempt, self.config.lease_ttl_s):
+                if run.mode == Mode.ATOMIC:
+                    final = self._execute_atomic(run, attempt, progress_sink)
+                else:
+                    forward.execute_forward(self, run, attempt, progress_sink)
+        finally:
+            with self._executing_lock:
+                self._executing.pop(run.run_id, None)
         return final if final is not None else self.get(run.run_id)
+
+    def cancel_interrupted(self) -> list[Run]:
+        """Cancel, from any thread, the attempts this process still carries that have not authorized a
+        dispatch (``dataflow run`` told twice to stop does not wait for its engine). Each is closed under
+        the fence first, so its own thread writes nothing more; an authorized one is left as it is, to
+        finish or to be swept like a crashed attempt's. Returns the runs cancelled."""
+        cause = self.interruption.cause
+        with self._executing_lock:
+            claims = list(self._executing.values())
+        if cause is None:
+            return []
+        cancelled = (cancel.interrupt(self, claim.run, claim.attempt, cause) for claim in claims)
+        return [run for run in cancelled if run is not None]
 
     def compute(self, run: Run, progress_sink: progress.ProgressSink | None = None) -> execution.ExecutionResult:
         """Resolve sources and run the steps: recomputable, nothing committed.
@@ -294,8 +322,14 @@ class RunService:
             # The time limit counts from here: resolution (hashing, listing) and the engine together.
             space, scope = self.run_workspace(run)
             ctx = context_for(space, self.limits_for(defn), self._platform_files, scope).started()
+            ctx = dataclasses.replace(ctx, interruption=self.interruption)
+            execution.check_interrupted(ctx)
             resolved = sources.resolve_sources(defn, ctx)
-            return execution.execute(defn, run.parameters, ctx, resolved, progress_sink)
+            result = execution.execute(defn, run.parameters, ctx, resolved, progress_sink)
+            # The last look before the terminal (atomic) or pre-dispatch (forward) commit: an interruption
+            # that arrives later finds the run committed, or authorized to publish, and stops nothing.
+            execution.check_interrupted(ctx)
+            return result
         except DataflowError:
             raise
         except Exception as error:  # no in-process error may leave a run running
@@ -343,7 +377,11 @@ class RunService:
             )  # fmt: skip
 
     def fail(self, run: Run, attempt: int, error: DataflowError, **facts: Any) -> Run | None:
-        """Terminal failure with nothing dispatched: no external output was created (None: fenced off)."""
+        """Terminal failure with nothing dispatched: no external output was created (None: fenced off).
+        An interruption is no failure: the attempt is cancelled (dataflow.cancel.interrupt)."""
+        cause = self.interruption.cause
+        if isinstance(error, Interrupted) and cause is not None:
+            return cancel.interrupt(self, run, attempt, cause)
         message = error.message[: transitions.MESSAGE_CHARS_MAX]
         return transitions.conclude(
             self.db, run, attempt, Outcome.FAILED_BEFORE_DISPATCH,

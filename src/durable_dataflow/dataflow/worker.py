@@ -11,9 +11,12 @@ bounded exponential back-off. An attempt that loses the database mid-execution i
 retried here: it is abandoned, its lease expires, and a sweeper decides it by the protocol
 (proven absent and retried before dispatch authorization, ``outcome_unknown`` after it).
 
-Stopping: :meth:`Worker.request_stop` (SIGTERM/SIGINT in the CLI) stops claiming; in-flight
-attempts run to their end (or their leases expire) and nothing is half written, because every
-write of an attempt is one fenced transaction.
+Stopping: :meth:`Worker.request_stop` stops claiming; in-flight attempts run to their end (or their
+leases expire) and nothing is half written, because every write of an attempt is one fenced
+transaction. SIGTERM/SIGINT in the CLI (:func:`install_signal_handlers`) also interrupt the service's
+executions (dataflow.interruption): an attempt not yet authorized to dispatch stops its engine within a
+second and ends ``cancelled`` (reason ``interrupted``, its lease released); one already authorized
+finishes its publication.
 """
 
 from __future__ import annotations
@@ -302,10 +305,13 @@ SignalHandler = Callable[[int, FrameType | None], Any] | int | None
 
 
 def install_signal_handlers(worker: Worker) -> dict[int, SignalHandler]:
-    """SIGTERM/SIGINT stop claiming (call from the main thread); returns the previous handlers."""
+    """SIGTERM/SIGINT stop claiming and interrupt the executions in flight (call from the main thread,
+    which only waits: the attempts run in the pool's threads); returns the previous handlers."""
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        worker.request_stop(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        worker.service.interruption.request(name, "worker")  # two attribute writes: safe here
+        worker.request_stop(name)
 
     previous: dict[int, SignalHandler] = {}
     for signum in (signal.SIGTERM, signal.SIGINT):

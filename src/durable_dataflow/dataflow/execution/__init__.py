@@ -23,8 +23,8 @@ from typing import Any, cast
 import pyarrow as pa
 
 from durable_dataflow.core import secrets
-from durable_dataflow.core.errors import InputError
-from durable_dataflow.dataflow import parameters, progress, results
+from durable_dataflow.core.errors import InputError, Interrupted
+from durable_dataflow.dataflow import interruption, parameters, progress, results
 from durable_dataflow.dataflow.definitions import Definition, LoadedDefinition
 from durable_dataflow.dataflow.execution.engine import Engine, EngineRun
 from durable_dataflow.dataflow.limits import ExecutionLimits
@@ -91,6 +91,8 @@ class ExecutionContext:
     deadline_at: float | None = None
     # The secrets the definition may name (a tenant's grants, or the local operator's scope).
     secrets: secrets.SecretScope = field(default_factory=secrets.SecretScope.local)
+    # The process's interruption, which stops the engine (None: nothing interrupts this execution).
+    interruption: interruption.Interruption | None = None
 
     def started(self) -> ExecutionContext:
         """This context with the time limit counting from now (resolution and engine together)."""
@@ -131,6 +133,13 @@ def preflight(d: Definition, ctx: ExecutionContext) -> None:
             confine_path(name, path, ctx)
 
 
+def check_interrupted(ctx: ExecutionContext) -> None:
+    """Interrupted when the process was told to stop: before an engine starts, nothing is left to stop."""
+    cause = ctx.interruption.cause if ctx.interruption is not None else None
+    if cause is not None:
+        raise Interrupted(f"the execution was interrupted ({cause.signal})")
+
+
 def execute(
     d: Definition,
     params: Mapping[str, Any],
@@ -146,8 +155,10 @@ def execute(
     deadline_at = ctx.deadline_at if ctx.deadline_at is not None else time.monotonic() + ctx.limits.time_limit_s
     ctx = dataclasses.replace(ctx, deadline_at=deadline_at)
     resolved = sources if sources is not None else resolve_sources(d, ctx)
+    check_interrupted(ctx)  # resolution (hashing, listing) is not interrupted midway: look once it is done
+    job = EngineRun(d, canonical, resolved, ctx.limits, deadline_at, progress_sink, ctx.interruption)
     try:
-        result = engine.run(EngineRun(d, canonical, resolved, ctx.limits, deadline_at, progress_sink), gated)
+        result = engine.run(job, gated)
     except Exception:
         # A file swapped while the engine read it may have made the engine fail on (and quote) other
         # bytes than were fingerprinted: that is reported as the change, never with the engine's text.

@@ -4,7 +4,7 @@ File sources (CSV, Parquet) are read by DuckDB itself through views over ``read_
 ``read_parquet`` in a database confined to exactly those files (``sandbox.open_confined``); a Delta
 snapshot is scanned as a pyarrow dataset with pushdown; a PostgreSQL query streams into a private
 table; inline rows are registered as an Arrow table. One watch thread per execution interrupts the
-engine when the time is up and reports progress (docs/engines.md).
+engine when the time is up, or the process is interrupted, and reports progress (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
-from durable_dataflow.dataflow import crashpoints, parameters, progress
+from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, Interrupted, LimitExceeded
+from durable_dataflow.dataflow import crashpoints, interruption, parameters, progress
 from durable_dataflow.dataflow.definitions import Definition, parse_arrow_type
 from durable_dataflow.dataflow.execution import resultstream, sandbox, typed_sources
 from durable_dataflow.dataflow.execution.engine import PROGRESS_INTERVAL_S, RESULT_BATCH_ROWS, EngineRun
@@ -30,8 +30,9 @@ from durable_dataflow.dataflow.sources import ArrowDataset, ArrowTable, FileScan
 
 
 class _Watch:
-    """One thread per execution: interrupts the engine when the time budget runs out and, when
-    someone watches, reports the engine's progress and the result stream's size meanwhile."""
+    """One thread per execution: interrupts the engine when the time budget runs out or the process is
+    interrupted (an interruption is a deadline reached now) and, when someone watches, reports the
+    engine's progress and the result stream's size meanwhile."""
 
     def __init__(
         self,
@@ -42,8 +43,10 @@ class _Watch:
         reports_percent: bool,
         streams: tuple[PostgresStream, ...] = (),
         own_text: str = "",
+        interrupted: interruption.Interruption | None = None,
     ) -> None:
         self.con = con
+        self.interruption = interrupted
         self.own_text = own_text  # the definition's SQL and names: what engine messages may quote
         self.deadline_at = deadline_at
         self.streams = streams  # queries the engine may be waiting on: cancelled with it
@@ -71,17 +74,35 @@ class _Watch:
 
     def _watch(self) -> None:
         interval = PROGRESS_INTERVAL_S if self.sink is not None else self.time_limit_s
-        while True:  # ends when the execution ends or its time is up
-            remaining = self.deadline_at - time.monotonic()
-            if remaining <= 0:
-                self.fired.set()
-                self.con.interrupt()
-                for stream in self.streams:
-                    stream.cancel()
+        next_report = time.monotonic() + interval
+        while True:  # ends when the execution ends, its time is up or the process is interrupted
+            now = time.monotonic()
+            remaining = self.deadline_at - now
+            if remaining <= 0 or self._interrupted():
+                self._stop_engine()
                 return
-            if self._done.wait(min(interval, remaining)):
+            wait = min(next_report - now, remaining)
+            if self.interruption is not None:
+                wait = min(wait, interruption.POLL_S)
+            if self._done.wait(max(0.0, wait)):
                 return
-            self._report()
+            if self.sink is not None and time.monotonic() >= next_report:
+                self._report()
+                next_report = time.monotonic() + interval
+
+    def _interrupted(self) -> bool:
+        return self.interruption is not None and self.interruption.requested
+
+    def _stop_engine(self) -> None:
+        """Interrupt until the execution notices: an interrupt that lands between two statements (or
+        before a statement's query starts) is not kept by DuckDB, and the next one would run on."""
+        self.fired.set()
+        for stream in self.streams:
+            stream.cancel()
+        while True:
+            self.con.interrupt()
+            if self._done.wait(interruption.POLL_S):
+                return
 
     def _report(self) -> None:
         if self.sink is None:
@@ -96,8 +117,12 @@ class _Watch:
             collector.rows if collector else 0, collector.bytes if collector else 0,
         ))  # fmt: skip
 
-    def exceeded(self, step: str) -> LimitExceeded:
-        return LimitExceeded(f"step {step!r} exceeded the time limit of {self.time_limit_s:g} s")
+    def stopped(self, part: str) -> DataflowError:
+        """Why the watch stopped the engine: the process's interruption, else the time limit."""
+        cause = self.interruption.cause if self.interruption is not None else None
+        if cause is not None:
+            return Interrupted(f"{part} was interrupted ({cause.signal})")
+        return LimitExceeded(f"{part} exceeded the time limit of {self.time_limit_s:g} s")
 
     def translate(self, step: str, exc: BaseException, what: str = "step") -> DataflowError:
         """An engine or Arrow error, raised while a statement ran, a source was bound or any batch was read.
@@ -109,7 +134,7 @@ class _Watch:
         raw = str(exc)  # classified on the engine's own words, shown only as ``text``
         part = f"{what} {step!r}"
         if self.fired.is_set() or isinstance(exc, duckdb.InterruptException) or text.startswith("INTERRUPT"):
-            return LimitExceeded(f"{part} exceeded the time limit of {self.time_limit_s:g} s")
+            return self.stopped(part)
         if "max_temp_directory_size" in raw:
             return LimitExceeded(
                 f"{part} exceeded the spill limit of {self.temp_limit} (--temp-max / DATAFLOW_TEMP_MAX): {text}"
@@ -127,7 +152,7 @@ class _Watch:
     def run(self, step: str, statement: str, params: dict[str, Any]) -> None:
         """Execute one statement under the remaining budget, translating every error."""
         if self.fired.is_set():
-            raise self.exceeded(step)
+            raise self.stopped(f"step {step!r}")
         try:
             self.con.execute(statement, params)
         except (duckdb.Error, pa.ArrowException, OSError) as exc:
@@ -137,7 +162,7 @@ class _Watch:
                declared: pa.Schema) -> None:
         """Stream the statement's result into the collector, which stops at the first bound hit."""
         if self.fired.is_set():
-            raise self.exceeded(step)
+            raise self.stopped(f"step {step!r}")
         self.collector = collector
         try:
             reader = self.con.sql(statement, params=params).to_arrow_reader(RESULT_BATCH_ROWS)
@@ -306,6 +331,7 @@ def _run_steps(
     deadline_at: float,
     sink: progress.ProgressSink | None,
     confined: bool,
+    interrupted: interruption.Interruption | None = None,
 ) -> resultstream.BoundedResult:
     declared = d.output.arrow_schema()
     bytes_max = d.output.max_bytes_int
@@ -314,7 +340,7 @@ def _run_steps(
     )
     streams = tuple(s.binding for s in resolved if isinstance(s.binding, PostgresStream))
     own_text = "\n".join([*(s.sql for s in d.steps), *d.sources, *(s.name for s in d.steps), *d.output.columns])
-    with _Watch(con, limits, deadline_at, sink, confined, streams, own_text) as watch:
+    with _Watch(con, limits, deadline_at, sink, confined, streams, own_text, interrupted) as watch:
         _bind_sources(con, resolved, watch)
         # Earlier steps become private TEMP tables that later steps read by name; the last step's
         # result is streamed straight out, in its own order.
@@ -371,7 +397,7 @@ class DuckDBEngine:
             for step in steps:  # a step reads its sources by name, never their files (typed_sources)
                 sandbox.refuse_file_reads(con, step)
             return _run_steps(con, d, steps, bound, resolved, job.limits, job.deadline_at, job.progress_sink,
-                              confined)
+                              confined, job.interruption)
 
 
 ENGINE = DuckDBEngine()

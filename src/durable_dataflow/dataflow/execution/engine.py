@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from durable_dataflow.dataflow import progress
+    from durable_dataflow.dataflow import interruption, progress
     from durable_dataflow.dataflow.definitions import Definition
     from durable_dataflow.dataflow.execution.resultstream import BoundedResult
     from durable_dataflow.dataflow.limits import ExecutionLimits
@@ -34,6 +34,9 @@ class EngineRun:
     limits: ExecutionLimits
     deadline_at: float  # time.monotonic() at which the execution's time is up
     progress_sink: progress.ProgressSink | None = None
+    # The process's interruption (SIGINT, SIGTERM): the engine stops as if its time were up, and raises
+    # core.errors.Interrupted instead of LimitExceeded.
+    interruption: interruption.Interruption | None = None
 
 
 class Engine(Protocol):

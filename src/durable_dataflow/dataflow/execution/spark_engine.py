@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
-from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
-from durable_dataflow.dataflow import crashpoints, progress
+from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, Interrupted, LimitExceeded
+from durable_dataflow.dataflow import crashpoints, interruption, progress
 from durable_dataflow.dataflow.definitions import Definition, parse_arrow_type
 from durable_dataflow.dataflow.execution import resultstream, spark_gate, typed_sources
 from durable_dataflow.dataflow.execution.engine import PROGRESS_INTERVAL_S, RESULT_BATCH_ROWS, EngineRun
@@ -334,6 +334,7 @@ class _Watch:
         self.remote = _is_remote(spark)
         self.tag = f"dataflow-{uuid.uuid4().hex}"
         self.deadline_at = job.deadline_at
+        self.interruption = job.interruption  # an interruption is a deadline reached now
         self.limits = job.limits
         self.sink = job.progress_sink
         self.own_text = own_text
@@ -368,12 +369,14 @@ class _Watch:
         while not self.fired.is_set():  # ends when the execution ends or its time is up
             now = time.monotonic()
             remaining = self.deadline_at - now
-            if remaining <= 0:
+            if remaining <= 0 or self._interrupted():
                 self.fired.set()
                 for stream in self.streams:
                     stream.cancel()
                 continue
             wait = remaining
+            if self.interruption is not None:
+                wait = min(wait, interruption.POLL_S)
             if self.sink is not None:
                 wait = min(wait, max(0.0, next_report - now))
             looking = self.point.pending and not self.remote  # Spark Connect has no status tracker
@@ -439,9 +442,19 @@ class _Watch:
     # source's invalid input, naming the source and the column.
     type_checks = typed_sources.TypeChecks()
 
+    def _interrupted(self) -> bool:
+        return self.interruption is not None and self.interruption.requested
+
+    def stopped(self, part: str) -> DataflowError:
+        """Why the watch cancelled the execution's jobs: the process's interruption, else the time limit."""
+        cause = self.interruption.cause if self.interruption is not None else None
+        if cause is not None:
+            return Interrupted(f"{part} was interrupted ({cause.signal})")
+        return LimitExceeded(f"{part} exceeded the time limit of {self.limits.time_limit_s:g} s")
+
     def check(self, part: str) -> None:
         if self.fired.is_set():
-            raise LimitExceeded(f"{part} exceeded the time limit of {self.limits.time_limit_s:g} s")
+            raise self.stopped(part)
 
     @contextlib.contextmanager
     def guard(self, part: str) -> Iterator[None]:
@@ -458,7 +471,7 @@ class _Watch:
         from py4j.protocol import Py4JNetworkError  # type: ignore[import-untyped]
 
         if self.fired.is_set():
-            return LimitExceeded(f"{part} exceeded the time limit of {self.limits.time_limit_s:g} s")
+            return self.stopped(part)
         if isinstance(exc, Py4JNetworkError | ConnectionError):
             stop_session()  # the JVM is gone: the next execution starts a new session
             return ExecutionError(f"{part} failed: the Spark engine was lost ({type(exc).__name__})")
@@ -719,14 +732,25 @@ def _bounded(watch: _Watch, part: str, call: Callable[..., _T], *args: Any) -> _
 
     thread = threading.Thread(target=target, name="dataflow-spark-call", daemon=True)
     thread.start()
-    thread.join(max(0.0, watch.deadline_at - time.monotonic()) + CALL_GRACE_S)
+    _await_call(watch, thread)
     if thread.is_alive():  # once Spark returns from the driver's work, it may start the call's job: cancel it
         threading.Thread(target=_cancel_while, args=(watch, thread), name="dataflow-spark-reaper", daemon=True).start()
     if thread.is_alive() or (watch.fired.is_set() and not failed):
-        raise LimitExceeded(f"{part} exceeded the time limit of {watch.limits.time_limit_s:g} s")
+        raise watch.stopped(part)
     if failed:
         raise failed[0]
     return done[0]
+
+
+def _await_call(watch: _Watch, thread: threading.Thread) -> None:
+    """Wait for a call's thread until the time is up or the process is interrupted (the watch fired),
+    then CALL_GRACE_S more for its cancelled job to return."""
+    while thread.is_alive() and not watch.fired.is_set():
+        remaining = watch.deadline_at - time.monotonic()
+        if remaining <= 0:
+            break
+        thread.join(min(remaining, interruption.POLL_S) if watch.interruption is not None else remaining)
+    thread.join(CALL_GRACE_S)
 
 
 def _make_active(spark: SparkSession) -> None:
