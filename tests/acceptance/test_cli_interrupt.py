@@ -214,3 +214,38 @@ def test_a_worker_told_to_stop_after_dispatch_authorization_finishes_the_publica
     assert (code, done.run.status) == (0, "succeeded"), output
     assert done.lease_released, output
     assert len(harness.parquet_publications(tmp_path / "flow" / "warehouse" / "quick")) == 1, output
+
+
+def test_a_second_signal_stops_waiting_and_leaves_no_run_running(
+    db_url: str, platform: Platform, tmp_path: Path
+) -> None:
+    """Proves two signals to `dataflow run` (SIGINT then SIGTERM, delivered together when the process,
+    paused inside the engine, continues) end it with exit 130 at once and its run cancelled, not running:
+    the second one cancels the attempt from the waiting thread if its own thread has not yet."""
+    flow = interrupts.slow_definition(tmp_path / "flow")
+    env = {**make_cli(db_url, tmp_path).env, "DATAFLOW_PAUSE_AT": crashpoints.DURING_EXECUTION}
+    log = tmp_path / "run.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            _argv(db_url, "run", str(flow), "-p", "day=2026-11-03"), cwd=tmp_path, env=env,
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        _wait_for_pause(process, log, "the pause inside the engine")
+        assert process.poll() is None, log.read_text()
+        process.send_signal(signal.SIGINT)  # both pending until the process continues
+        process.send_signal(signal.SIGTERM)
+        process.send_signal(signal.SIGCONT)
+        code = process.wait(timeout=interrupts.EXIT_AFTER_SIGNAL_S_MAX)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = log.read_text()
+    assert code == 130, output
+    assert "interrupted" in output and "Traceback" not in output, output
+    run = interrupts.only_run(platform)
+    assert run is not None
+    done = interrupts.ended(platform, run.run_id)
+    assert (done.run.status, done.head.kind) == ("cancelled", evidence.RUN_CANCELLED), output
+    assert done.head.payload["reason"] == "interrupted" and done.lease_released, output

@@ -12,16 +12,22 @@ cancel), an authorized one is left to the sweeper as a crash would leave it, and
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import TypeVar
 
-from durable_dataflow.dataflow.interruption import Interruption
+from durable_dataflow.cli import common
+from durable_dataflow.dataflow.interruption import POLL_S, Interruption
 
 T = TypeVar("T")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# After a second signal, how long the run's (interrupted) thread may take to end before the process
+# leaves anyway.
+STOP_GRACE_S = 2.0
 
 
 class StopWaiting(KeyboardInterrupt):
@@ -46,10 +52,15 @@ def handled(interruption: Interruption) -> Iterator[None]:
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
-def call_in_thread(fn: Callable[[], T]) -> T:
-    """``fn()`` in a thread of its own, awaited here; its exception is raised here. The wait is a lock
-    acquisition, which a signal interrupts on POSIX: the handler runs at once, then the wait goes on.
-    The thread is a daemon so that a second signal can end the process without it."""
+def call_in_thread(fn: Callable[[], T], on_stop: Callable[[], None]) -> T:
+    """``fn()`` in a thread of its own, awaited here; its exception is raised here. The wait wakes every
+    POLL_S: a signal the kernel delivered to another thread (the main one was stopped, or already had
+    one pending) only marks the handler due, and it runs when this thread next runs Python code.
+    On a second signal, ``on_stop()`` runs here (it cancels what it can and says so); then the thread
+    gets STOP_GRACE_S to end and the process leaves with status 130 through ``os._exit``: an engine
+    thread still inside DuckDB (or one tearing down its thread-local state) when the interpreter
+    finalizes is force-unwound through C++ frames and aborts the process (seen: SIGABRT, "exception
+    not rethrown"). Every write of the attempt is one transaction, so leaving mid-way is a crash at worst."""
     done: list[T] = []
     failed: list[BaseException] = []
 
@@ -61,7 +72,16 @@ def call_in_thread(fn: Callable[[], T]) -> T:
 
     thread = threading.Thread(target=target, name="dataflow-run", daemon=True)
     thread.start()
-    thread.join()
+    try:
+        while thread.is_alive():  # loops until the run's thread ends, each turn bounded by POLL_S
+            thread.join(POLL_S)
+    except StopWaiting:
+        on_stop()
+        thread.join(STOP_GRACE_S)
+        sys.stdout.flush()
+        sys.stderr.write("interrupted\n")
+        sys.stderr.flush()
+        os._exit(common.EXIT_INTERRUPTED)
     if failed:
         raise failed[0]
     return done[0]

@@ -99,12 +99,10 @@ def run_command(
     with common.open_platform(ctx) as platform, progress_line.run_progress(loaded.definition.name, as_json) as sink:
         ledger.require_key_setting(platform.db, platform.runs.config.evidence_key)
         service = platform.runs
-        try:
-            with interrupts.handled(service.interruption):
-                submission = interrupts.call_in_thread(lambda: service.run_inline(request, sink))
-        except interrupts.StopWaiting:
-            _stop_waiting(service.cancel_interrupted())
-            raise
+        with interrupts.handled(service.interruption):
+            submission = interrupts.call_in_thread(
+                lambda: service.run_inline(request, sink), lambda: _stop_waiting(service.cancel_interrupted())
+            )
         cause = service.interruption.cause
         shown = common.as_shown(platform, submission.run)
     _announce(shown, not submission.created, ctx, as_json)
