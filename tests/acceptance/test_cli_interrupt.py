@@ -154,14 +154,15 @@ def _wait_for_pause(process: subprocess.Popen[bytes], log: Path, what: str) -> N
 # ---- a worker told to stop ---------------------------------------------------------------------------
 
 WORKER_CASES = [
-    pytest.param(signal.SIGINT, False, id="SIGINT-atomic"),
-    pytest.param(signal.SIGTERM, True, id="SIGTERM-forward"),
+    pytest.param(signal.SIGINT, False, False, id="SIGINT-atomic"),
+    pytest.param(signal.SIGTERM, True, False, id="SIGTERM-forward"),
+    pytest.param(signal.SIGTERM, False, True, id="SIGTERM-atomic-once"),
 ]
 
 
-@pytest.mark.parametrize(("signum", "forward"), WORKER_CASES)
+@pytest.mark.parametrize(("signum", "forward", "once"), WORKER_CASES)
 def test_a_worker_told_to_stop_mid_execution_cancels_its_run_and_exits_cleanly(
-    db_url: str, platform: Platform, tmp_path: Path, signum: signal.Signals, forward: bool
+    db_url: str, platform: Platform, tmp_path: Path, signum: signal.Signals, forward: bool, once: bool
 ) -> None:
     """Proves a `dataflow worker` signalled while its engine runs a minutes-long query (paused inside the
     engine, then continued with the signal pending) stops the query, cancels the run (reason interrupted,
@@ -170,7 +171,7 @@ def test_a_worker_told_to_stop_mid_execution_cancels_its_run_and_exits_cleanly(
     run_id = platform.runs.submit(harness.request_for(flow, {"day": "2026-11-03"}, "worker-stop")).run.run_id
     env = harness.worker_env(db_url, lease_ttl_s=60.0, pause_at=crashpoints.DURING_EXECUTION)
     log = tmp_path / "worker.log"
-    worker = harness.start(harness.worker_args(), env, log)
+    worker = harness.start(harness.worker_args(once=once), env, log)
     try:
         _wait_for_pause(worker, log, "the worker's pause inside the engine")
         assert worker.poll() is None and interrupts.is_running(platform), harness.tail(log)

@@ -177,7 +177,7 @@ class Worker:
         if claim is not None:
             self._start(pool, claim)
             if self.options.once:
-                futures.wait(list(self._inflight))
+                self._wait_for_inflight()
                 return False
             return True
         if self.options.once:
@@ -254,6 +254,12 @@ class Worker:
 
     def _wait_for_room(self) -> None:
         futures.wait(list(self._inflight), timeout=self.options.poll_interval_s, return_when=futures.FIRST_COMPLETED)
+
+    def _wait_for_inflight(self) -> None:
+        """Until every attempt in flight ended, waking every poll interval: a signal the kernel gave
+        another thread only marks the handler due, and it runs when this (main) thread runs Python again."""
+        while futures.wait(list(self._inflight), timeout=self.options.poll_interval_s).not_done:
+            pass
 
     def _wait_for_work(self) -> None:
         self._stop.wait(self.options.poll_interval_s)
