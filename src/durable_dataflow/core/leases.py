@@ -333,19 +333,16 @@ def expiry_of(conn: Connection, db: Database, module: str, subject_ids: Collecti
 
 def expired_held(db: Database, module: str, subject_id: sa.ColumnElement[str]) -> sa.ColumnElement[bool]:
     """A condition for the caller's own statement: the subject named by ``subject_id`` (a column of the
-    caller's table, correlated) holds a lease of ``module`` that expired on the database clock and that no
-    sweeper has closed. The primary key serves it, one subject at a time. Read views use it to derive
-    what the next sweep will decide, in the same statement that reads or counts the subjects."""
-    return (
-        sa.exists()
-        .where(
-            leases.c.module == module,
-            leases.c.subject_id == subject_id,
-            leases.c.released_at_us.is_(None),
-            leases.c.expires_at_us <= db.now_us_expr(),
-        )
-        .correlate_except(leases)
+    caller's table) holds a lease of ``module`` that expired on the database clock and that no sweeper
+    has closed. The held leases are few and the partial index ``ix_leases_held_expiry`` serves them, so
+    the subquery is read once, not per subject (the table keeps every released lease). Read views use
+    it to derive what the next sweep will decide, in the same statement that reads or counts subjects."""
+    held_expired = sa.select(leases.c.subject_id).where(
+        leases.c.module == module,
+        leases.c.released_at_us.is_(None),
+        leases.c.expires_at_us <= db.now_us_expr(),
     )
+    return subject_id.in_(held_expired)
 
 
 SubjectJoin = Callable[[sa.Select[Any], sa.ColumnElement[str]], sa.Select[Any]]

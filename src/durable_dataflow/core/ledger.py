@@ -494,16 +494,21 @@ def require_key_setting(
 def has_kind(module: str, subject_id: sa.ColumnElement[str], kind: str) -> sa.ColumnElement[bool]:
     """A condition for the caller's own statement: the chain of the subject named by ``subject_id`` (a
     column of the caller's table, correlated) holds at least one entry of ``kind``. The primary key's
-    ``(module, subject_id)`` prefix serves it: one subject's chain is read, never the whole ledger."""
-    return (
-        sa.exists()
+    ``(module, subject_id)`` prefix serves it: one subject's chain is read, never the whole ledger. It is
+    a scalar subquery on purpose: PostgreSQL may run an ``EXISTS`` as one hashed subplan, a scan of
+    every entry of every subject, where the caller asks about a handful of subjects."""
+    first = (
+        sa.select(ledger_entries.c.seq)
         .where(
             ledger_entries.c.module == module,
             ledger_entries.c.subject_id == subject_id,
             ledger_entries.c.kind == kind,
         )
+        .limit(1)
         .correlate_except(ledger_entries)
+        .scalar_subquery()
     )
+    return first.is_not(None)
 
 
 def kind_counts(conn: Connection, module: str) -> dict[str, int]:
