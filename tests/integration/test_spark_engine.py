@@ -133,15 +133,15 @@ def test_csv_without_header_is_named_by_the_declared_schema_or_like_duckdb(tmp_p
 
 
 def test_csv_bad_value_fails_without_quoting_the_file(tmp_path: Path) -> None:
-    """Proves a CSV value that does not fit its declared type is an ExecutionError naming the source's
-    step, without the canary value or the file path in the message."""
+    """Proves a CSV value that does not fit its declared type is invalid input naming the source and the
+    column (declared source types, issue 26), without the canary value or the file path in the message."""
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n2,CANARY_7f3e_SECRET\n")
     d = definition({"t": {"kind": "csv", "path": "bad.csv", "schema": {"a": "int64", "b": "int64"}}},
                    "select a, b from t", schema={"a": "int64", "b": "int64"})
-    with pytest.raises(ExecutionError) as caught:
+    with pytest.raises(InputError) as caught:
         run(d, tmp_path)
     message = str(caught.value)
-    assert type(caught.value) is ExecutionError and message.startswith("step 's0' failed: [")
+    assert message.startswith("source 't': column 'b' holds a value that is not of its declared type int64")
     assert "CANARY" not in message and str(tmp_path) not in message and "\tat " not in message
     assert len(message) <= 340
 
