@@ -21,10 +21,12 @@ Proof horizon: as long as nobody deletes the manifests (they are the only record
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import stat
 import time
 import uuid
 from collections.abc import Iterator
@@ -119,6 +121,22 @@ def _replace_durably(tmp: Path, final: Path) -> None:
     _fsync_dir(final.parent)
 
 
+def _read_marker(path: Path) -> bytes:
+    """The marker's first bytes. Opened without blocking and without following a symlink, and read only
+    when it is a regular file: a FIFO (or a symlink to a device) in its place would block or never end,
+    and is not a marker this provider wrote (ValueError)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError(f"the folder's {MARKER} is not a marker this provider wrote") from None
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"the folder's {MARKER} is not a marker this provider wrote")
+        return handle.read(MARKER_BYTES_MAX + 1)
+
+
 class ParquetFolderProvider:
     """Publishes each key's rows as one Parquet file in a folder, committed by a manifest."""
 
@@ -154,8 +172,7 @@ class ParquetFolderProvider:
         if not all((folder / sub).is_dir() for sub in SUBFOLDERS):
             return Location(place, None)
         try:
-            with open(folder / MARKER, "rb") as handle:
-                raw = handle.read(MARKER_BYTES_MAX + 1)
+            raw = _read_marker(folder / MARKER)
         except FileNotFoundError:
             return Location(place, None)
         try:

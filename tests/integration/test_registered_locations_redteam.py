@@ -1,0 +1,46 @@
+"""Red-team findings on registered sink locations (issue 26, finding 1), each a way the first fix left open.
+
+- A `_location.json` that is a FIFO (anyone with write access to the sink folder can make one) blocked `locate`
+  in `open()` forever: every later run of the datasource and every reconcile of its runs hung.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.datasources.parquet_folder import MARKER
+from durable_dataflow.platform import Platform
+from support import flows
+
+WAIT_S = 20.0
+
+
+def _run(platform: Platform, base_dir: Path, provider: str, key: str, location: str = "sink") -> Run:
+    defn = flows.definition(flows.parquet_target(provider, location))
+    return platform.runs.run_inline(flows.request(defn, base_dir, key)).run
+
+
+def test_a_marker_that_is_a_fifo_fails_the_run_instead_of_hanging_it(platform: Platform, tmp_path: Path) -> None:
+    assert _run(platform, tmp_path, "parquet", "k1").status == "succeeded"
+    marker = tmp_path / "sink" / MARKER
+    marker.unlink()
+    os.mkfifo(marker)
+
+    done: list[Run] = []
+    worker = threading.Thread(target=lambda: done.append(_run(platform, tmp_path, "parquet", "k2")), daemon=True)
+    worker.start()
+    worker.join(WAIT_S)
+    if worker.is_alive():  # unblock the reader so the thread ends, then fail
+        fd = os.open(marker, os.O_WRONLY)
+        os.close(fd)
+        worker.join(WAIT_S)
+        pytest.fail("the run hung opening a FIFO marker")
+    run = done[0]
+    assert (run.status, run.recovery_status) == ("failed", "no_external_output")
+    assert run.error_message is not None and str(tmp_path) not in run.error_message
+    assert len(flows.manifests(tmp_path / "sink")) == 1
