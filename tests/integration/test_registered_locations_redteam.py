@@ -2,6 +2,10 @@
 
 - A `_location.json` that is a FIFO (anyone with write access to the sink folder can make one) blocked `locate`
   in `open()` forever: every later run of the datasource and every reconcile of its runs hung.
+- A Delta `_delta_log` without a first commit (what a concurrent first run of the datasource leaves between
+  creating the folder and committing version 0, or a crash there) failed `locate` with an unexpected
+  TableNotFoundError before `prepare` (which creates the table there) could run: the first run of a
+  datasource failed `execution_failed`, and after such a crash every run did.
 """
 
 from __future__ import annotations
@@ -44,3 +48,17 @@ def test_a_marker_that_is_a_fifo_fails_the_run_instead_of_hanging_it(platform: P
     assert (run.status, run.recovery_status) == ("failed", "no_external_output")
     assert run.error_message is not None and str(tmp_path) not in run.error_message
     assert len(flows.manifests(tmp_path / "sink")) == 1
+
+
+def test_a_delta_log_without_a_first_commit_is_no_table_yet(platform: Platform, tmp_path: Path) -> None:
+    (tmp_path / "sink" / "_delta_log").mkdir(parents=True)
+    run = _run(platform, tmp_path, "delta", "k1")
+    assert (run.status, run.error_code) == ("succeeded", None), run.error_message
+    assert len(flows.delta_publications(tmp_path / "sink")) == 1
+    (tmp_path / "sink").rename(tmp_path / "away")  # and the location it created is recorded
+    (tmp_path / "sink" / "_delta_log").mkdir(parents=True)
+    refused = _run(platform, tmp_path, "delta", "k2")
+    assert (refused.status, refused.recovery_status, refused.error_code) == (
+        "failed", "no_external_output", "location_missing",
+    )  # fmt: skip
+    assert not list((tmp_path / "sink" / "_delta_log").iterdir()), "the registered table was created again"

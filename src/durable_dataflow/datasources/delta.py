@@ -232,7 +232,13 @@ class DeltaProvider:
         place = f"delta:{path}"
         if not (path / "_delta_log").is_dir():
             return Location(place, None)
-        return Location(place, f"delta-table:{self._load(path).metadata().id}")
+        try:
+            table = self._load(path)
+        except self._dl.exceptions.TableNotFoundError:
+            # A log without a first commit (a concurrent first preparer between creating the folder and
+            # committing version 0, or one that crashed there): no table is there yet.
+            return Location(place, None)
+        return Location(place, f"delta-table:{table.metadata().id}")
 
     def publish(
         self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
