@@ -6,6 +6,8 @@
   creating the folder and committing version 0, or a crash there) failed `locate` with an unexpected
   TableNotFoundError before `prepare` (which creates the table there) could run: the first run of a
   datasource failed `execution_failed`, and after such a crash every run did.
+- `dataflow datasources forget NAME --yes` with a NAME that is not UTF-8 (a shell argument with a byte such as
+  0xff) crashed with `error [internal]: unexpected UnicodeEncodeError` (the ledger subject encoded the name).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.datasources.parquet_folder import MARKER
 from durable_dataflow.platform import Platform
 from support import flows
+from support.cli import make_cli
 
 WAIT_S = 20.0
 
@@ -62,3 +65,9 @@ def test_a_delta_log_without_a_first_commit_is_no_table_yet(platform: Platform, 
         "failed", "no_external_output", "location_missing",
     )  # fmt: skip
     assert not list((tmp_path / "sink" / "_delta_log").iterdir()), "the registered table was created again"
+
+
+def test_forget_with_a_name_that_is_no_text_is_invalid_input_not_an_internal_error(db_url: str, tmp_path: Path) -> None:
+    result = make_cli(db_url, tmp_path)("datasources", "forget", "a\udcffb", "--yes")
+    assert result.code == 2, result.output
+    assert "invalid_input" in result.output and "internal" not in result.output

@@ -107,6 +107,7 @@ def forget_command(
     from durable_dataflow.datasources import registry
 
     whose = check_tenant(tenant)
+    registry.check_name_text(name)
     if not yes:
         raise InputError(
             "forgetting a datasource's locations lets the next run create them afresh, and a reconcile may then find "

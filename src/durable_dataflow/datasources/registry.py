@@ -417,6 +417,18 @@ def _identity_problem(name: str, since: str, expected: str, identity: str | None
     return LOCATION_REPLACED.format(name=name, since=since, what=what)
 
 
+def check_name_text(name: object) -> str:
+    """A datasource name as `forget_locations` takes it: 1..200 characters of text that encodes as UTF-8
+    (a command-line argument that was not UTF-8 arrives with lone surrogates) and no NUL; InputError
+    otherwise, never quoting it."""
+    text = _check_text("name", name, DATASOURCE_NAME_CHARS_MAX)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError("datasource name must be valid UTF-8 text") from None
+    return text
+
+
 def ledger_subject(tenant: str, name: str) -> str:
     """The ledger subject of a tenant's datasource: 64 hex digits, as a subject id holds at most 64."""
     return hashing.sha256_bytes(f"{tenant}\x00{name}".encode()).removeprefix(hashing.PREFIX)
@@ -436,6 +448,7 @@ def forget_locations(
     then find a key absent there). Recorded in the ledger with who asked, in the caller's transaction.
     NotFound when the tenant has no such datasource; returns how many places were forgotten."""
     check_tenant(tenant)
+    check_name_text(name)
     if get_datasource_or_none(conn, name, tenant=tenant) is None:
         raise NotFound(f"datasource {name!r} is not registered for tenant {tenant!r}")
     where = (datasource_locations.c.tenant == tenant) & (datasource_locations.c.name == name)
