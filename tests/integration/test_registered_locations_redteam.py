@@ -6,6 +6,10 @@
   creating the folder and committing version 0, or a crash there) failed `locate` with an unexpected
   TableNotFoundError before `prepare` (which creates the table there) could run: the first run of a
   datasource failed `execution_failed`, and after such a crash every run did.
+- A run authorized before locations were recorded (its `dispatch.authorized` has no `sink_location`: an upgrade
+  while it was outcome_unknown) whose folder then went missing: the first run after the upgrade found no record,
+  created the folder afresh and recorded it, and the old run's reconcile, holding it to that record, proved its
+  key absent in the new folder and published it a second time (finding 1 again, across the upgrade).
 - `dataflow datasources forget NAME --yes` with a NAME that is not UTF-8 (a shell argument with a byte such as
   0xff) crashed with `error [internal]: unexpected UnicodeEncodeError` (the ledger subject encoded the name).
 """
@@ -15,16 +19,23 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from durable_dataflow.dataflow import reconcile
+from durable_dataflow.dataflow.requests import AccessContext, Provenance, asked_by
 from durable_dataflow.dataflow.runs import Run
-from durable_dataflow.datasources.parquet_folder import MARKER
+from durable_dataflow.datasources import registry
+from durable_dataflow.datasources.contract import PublishTarget
+from durable_dataflow.datasources.parquet_folder import MARKER, ParquetFolderProvider
+from durable_dataflow.datasources.testing import FaultInjectingProvider
 from durable_dataflow.platform import Platform
 from support import flows
 from support.cli import make_cli
 
 WAIT_S = 20.0
+OPERATOR = AccessContext("acme", "ops-alice", ("operator",), (), "test")
 
 
 def _run(platform: Platform, base_dir: Path, provider: str, key: str, location: str = "sink") -> Run:
@@ -71,3 +82,51 @@ def test_forget_with_a_name_that_is_no_text_is_invalid_input_not_an_internal_err
     result = make_cli(db_url, tmp_path)("datasources", "forget", "a\udcffb", "--yes")
     assert result.code == 2, result.output
     assert "invalid_input" in result.output and "internal" not in result.output
+
+
+class _BeforeLocate:
+    """The provider as this platform called it before `locate` existed (no location recorded at dispatch)."""
+
+    name = "parquet"
+    capabilities = ParquetFolderProvider.capabilities
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def prepare(self, target: PublishTarget) -> None:
+        self.inner.prepare(target)
+
+    def publish(self, *args: Any) -> Any:
+        return self.inner.publish(*args)
+
+    def inspect(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.inspect(*args, **kwargs)
+
+
+def test_a_run_authorized_before_locations_were_recorded_is_not_proven_absent_in_a_recreated_folder(
+    platform: Platform, tmp_path: Path
+) -> None:
+    faulty = FaultInjectingProvider(ParquetFolderProvider(), "timeout_after_commit", fail_times=1)
+    registry.register_provider("faulty", lambda: _BeforeLocate(faulty))
+    defn = flows.definition(flows.parquet_target("faulty"))
+    run_a = platform.runs.run_inline(flows.request(defn, tmp_path, "A")).run
+    assert run_a.status == "outcome_unknown"
+    (tmp_path / "sink").rename(tmp_path / "moved")
+    registry.register_provider("faulty", lambda: faulty)  # the upgrade
+    assert platform.runs.run_inline(flows.request(defn, tmp_path, "B")).run.status == "succeeded"
+
+    asked = Provenance("ops-alice", "cli")
+    held = reconcile.reconcile(platform.runs, run_a.run_id, access=OPERATOR, provenance=asked, resume=True)
+    assert (held.finding, held.resumed, held.run.status) == ("undecided", False, "outcome_unknown")
+    assert str(tmp_path) not in held.detail
+    assert len(flows.manifests(tmp_path / "sink")) == 1 and faulty.counters.inner_publish_calls == 2
+
+    (tmp_path / "sink").rename(tmp_path / "b")  # the operator puts A's folder back and says so
+    (tmp_path / "moved").rename(tmp_path / "sink")
+    with platform.db.begin() as conn:
+        registry.forget_locations(
+            conn, platform.db, "acme", "analytics.totals", asked_by(OPERATOR, asked),
+            evidence_key=platform.runs.config.evidence_key,
+        )  # fmt: skip
+    present = reconcile.reconcile(platform.runs, run_a.run_id, access=OPERATOR, provenance=asked)
+    assert (present.finding, present.run.status) == ("present", "succeeded")

@@ -100,7 +100,11 @@ def reconcile(
         # A recorded location that is missing or replaced is never inspected: a new, empty one proves nothing.
         with service.db.read() as conn:
             authorized = forward.authorized_location(conn, run)
-        forward.check_location(service, run, provider, target, authorized)
+        _, recorded = forward.check_location(service, run, provider, target, authorized)
+        if authorized is None and recorded is not None:
+            # Authorized before locations were recorded: the one recorded here since may have been created anew.
+            name = str((run.target or {}).get("datasource"))
+            raise contract.LocationGone(registry.LOCATION_RECORDED_LATER.format(name=name, run=recorded.created_by_run))
         finding = provider.inspect(forward.publication_key(run), target, fence=attempt)
         with service.db.read() as conn:  # "cannot see it" told apart from "never registered"
             finding = registry.explain_undecided(conn, run.tenant, run.target, finding)

@@ -329,6 +329,12 @@ LOCATION_REPLACED = (
     "concluded from it, because an earlier publication may be in the one that was replaced; restore it, or, "
     "if it is really gone, a platform operator runs `dataflow datasources forget`"
 )
+LOCATION_RECORDED_LATER = (
+    "the datasource {name!r} was recorded at this location by run {run}, after this run's dispatch was authorized "
+    "by a version that did not record locations: it may have been created again since, so nothing found there can "
+    "prove whether this run published; if it is the location this run was authorized to publish to, a platform "
+    "operator runs `dataflow datasources forget` and reconciles again"
+)
 CREATED_BY = "was created at this location by run {run}"
 AUTHORIZED_HERE = "was at this location when this run's dispatch was authorized"
 AUTHORIZED_ELSEWHERE = (
