@@ -172,6 +172,27 @@ def test_runs_filters_and_exit_codes(sqlite_cli: Cli) -> None:
     assert len(sqlite_cli("runs", "--json").json()) == 1  # the refused runs wrote nothing
 
 
+def test_runs_shows_and_filters_by_parameters(cli: Cli) -> None:
+    """`runs` has a parameters column and `--param NAME=VALUE` keeps the runs holding that canonical value
+    (repeatable, all must match); a --param without NAME= exits 2 naming its position, never echoing it."""
+    first = run_revenue(cli, day="2026-11-02", key="day-02")
+    second = run_revenue(cli, day="2026-11-03", key="day-03")
+    listed = cli("runs", "--param", "day=2026-11-03", "--json")
+    assert listed.code == 0, listed.output
+    assert [r["run_id"] for r in listed.json()] == [second["run_id"]]
+    assert listed.json()[0]["parameters"] == {"day": "2026-11-03"}
+    both = cli("runs", "--param", "day=2026-11-02", "-p", "day=2026-11-03", "--json")
+    assert both.code == 2 and "more than once" in both.stderr
+    table = cli("runs", "--param", "day=2026-11-02", "--definition", "revenue_by_region")
+    assert table.code == 0 and "parameters" in table.stdout and "day=2026-11-02" in table.stdout
+    assert str(first["run_id"])[-8:] in table.stdout and str(second["run_id"])[-8:] not in table.stdout
+    assert cli("runs", "--param", "day=2026-11-04", "--json").json() == []
+    secret = cli("runs", "--param", "day=2026-11-02", "--param", "s3cr3t-token")
+    assert secret.code == 2 and "--param number 2" in secret.stderr and "s3cr3t" not in secret.output
+    control = cli("runs", "--param", "day=2026\x1b[2J")
+    assert control.code == 2 and "control character" in control.stderr
+
+
 def test_tampered_result_is_reported_by_verify(sqlite_cli: Cli, sqlite_url: str) -> None:
     """Changing the stored result bytes makes `verify` exit 1 with the digest reason (facts, not the chain)."""
     run_id = str(run_revenue(sqlite_cli)["run_id"])

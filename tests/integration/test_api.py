@@ -180,6 +180,22 @@ def test_submit_created_replayed_and_conflicting(world: World) -> None:
     assert sum(1 for r in listed if r["idempotency_key"] == "nightly-2026-11-02") == 1
 
 
+def test_list_filters_by_parameter(world: World) -> None:
+    """`param=NAME=VALUE` (repeatable, all must match) keeps the runs holding that canonical value, as
+    `dataflow runs --param` does; a param without NAME= is 422 naming its position, never echoing it."""
+    body = {"definition_hash": world.atomic.definition_hash, "parameters": {"day": "2026-11-03"}}
+    other = world.call("POST", "/v1/runs?queue=true", world.tokens.submitter, body).json()["run"]
+    viewer = world.tokens.viewer
+    listed = world.call("GET", "/v1/runs?param=day%3D2026-11-03", viewer).json()["runs"]
+    assert [r["run_id"] for r in listed] == [other["run_id"]] and listed[0]["parameters"] == {"day": "2026-11-03"}
+    both = world.call("GET", "/v1/runs?definition=revenue_by_region&param=day=2026-11-02", viewer).json()["runs"]
+    assert [r["run_id"] for r in both] == [world.atomic.run_id]
+    assert world.call("GET", "/v1/runs?param=day=2026-11-02&param=day=2026-11-03", viewer).status_code == 422
+    bad = world.call("GET", "/v1/runs?param=day=2026-11-02&param=s3cr3t", viewer)
+    assert bad.status_code == 422 and "param number 2" in bad.text and "s3cr3t" not in bad.text
+    assert world.call("GET", "/v1/runs?param=day=2026%00", viewer).status_code == 422
+
+
 def test_submit_records_the_callers_identity(world: World) -> None:
     """The run's principal, provenance and access-context digest come from the token, trigger api."""
     body = {"definition_hash": world.atomic.definition_hash, "parameters": {"day": "2026-11-02"}}

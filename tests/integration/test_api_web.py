@@ -134,6 +134,25 @@ def test_run_page_shows_timeline_verification_and_publication(web: Web) -> None:
     assert "<button" in html and "Reconcile</button>" not in html  # viewers get no Reconcile button
 
 
+def test_pages_show_parameters_and_the_history_filters_by_definition(web: Web) -> None:
+    """The run page and the history show each run's parameters; the history filters by definition name
+    and by one NAME=VALUE parameter."""
+    client = web.client(web.tokens.viewer)
+    page = client.get(f"/ui/runs/{web.atomic.run_id}").text
+    assert "Parameters" in page and "day=2026-11-02" in page
+    history = client.get("/ui/runs").text
+    assert '<th scope="col">Parameters</th>' in history and "day=2026-11-02" in history
+    atomic_only = client.get("/ui/runs?definition=revenue_by_region").text
+    assert web.atomic.run_id in atomic_only and web.unknown.run_id not in atomic_only
+    publish_only = client.get("/ui/runs?definition=daily_orders_publish&param=day%3D2026-11-02").text
+    assert web.unknown.run_id in publish_only and web.atomic.run_id not in publish_only
+    assert 'value="daily_orders_publish"' in publish_only
+    none = client.get("/ui/runs?param=day%3D2026-11-03").text
+    assert web.atomic.run_id not in none and web.unknown.run_id not in none and "No runs match." in none
+    bad = client.get("/ui/runs?param=2026-11-02")
+    assert bad.status_code == 422 and "2026-11-02" not in bad.text
+
+
 def test_operator_reconciles_from_the_run_page(web: Web) -> None:
     """The operator's form POST (with its CSRF token) reconciles and the page shows the finding."""
     client = web.client(web.tokens.operator)

@@ -169,8 +169,10 @@ def list_runs(
     created_before: datetime | None = None,
     cursor: str | None = None,
     limit: int = LIST_LIMIT_DEFAULT,
+    parameters: Mapping[str, str] | None = None,
 ) -> RunPage:
-    """One page of the caller's runs, newest first, with the cursor of the next page."""
+    """One page of the caller's runs, newest first, with the cursor of the next page; ``parameters``
+    keeps runs holding every named value (``runs.list_page``)."""
     if not 1 <= limit <= LIST_LIMIT_MAX:
         raise InputError(f"limit must be between 1 and {LIST_LIMIT_MAX}")
     before = decode_cursor(cursor) if cursor else None
@@ -185,6 +187,7 @@ def list_runs(
             created_before_us=to_us(created_before),
             before=before,
             limit=limit + 1,
+            parameters=parameters,
         )
         page = found[:limit]
         shown = views.load(conn, platform.db, page)  # reads only: an expired lease is shown, never swept

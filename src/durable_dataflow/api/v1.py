@@ -16,6 +16,7 @@ from durable_dataflow.api.auth import api_caller, platform_of
 from durable_dataflow.api.bodies import body_openapi, json_body
 from durable_dataflow.api.operations import Caller
 from durable_dataflow.api.tokens import Role
+from durable_dataflow.dataflow import runs
 from durable_dataflow.dataflow.requests import IDEMPOTENCY_KEY_CHARS_MAX, MAX_ATTEMPTS_DEFAULT, MAX_ATTEMPTS_LIMIT
 from durable_dataflow.dataflow.runs import RecoveryStatus, RunStatus
 from durable_dataflow.datasources import registry
@@ -97,6 +98,9 @@ def list_runs(
     created_before: datetime | None = None,
     cursor: str | None = Query(default=None, max_length=operations.CURSOR_CHARS_MAX),
     limit: int = Query(default=operations.LIST_LIMIT_DEFAULT, ge=1, le=operations.LIST_LIMIT_MAX),
+    param: list[str] | None = Query(
+        default=None, description="NAME=VALUE: only runs with this parameter value (repeatable, all must match)"
+    ),
 ) -> dict[str, Any]:
     """The caller's runs, newest first; pass ``next_cursor`` back as ``cursor`` for the next page."""
     page = operations.list_runs(
@@ -109,6 +113,7 @@ def list_runs(
         created_before=created_before,
         cursor=cursor,
         limit=limit,
+        parameters=runs.parse_parameter_filters(param or [], "param"),
     )
     return {"runs": [operations.public_run(v, page.now_us) for v in page.views], "next_cursor": page.next_cursor}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
@@ -23,13 +23,16 @@ from durable_dataflow.api.errors import HTTP_STATUS_BY_CODE
 from durable_dataflow.api.tokens import Role
 from durable_dataflow.core.errors import DataflowError, Unauthenticated
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import schedules, views
+from durable_dataflow.dataflow import runs, schedules, views
 from durable_dataflow.dataflow.runs import RecoveryStatus, RunStatus
 from durable_dataflow.ops import ledger as ops_ledger
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 HISTORY_PAGE_SIZE = 50
 TOKEN_FORM_CHARS_MAX = 200
+# The run history's definition and parameter fields hold at most this many characters (more: 422).
+FILTER_CHARS_MAX = 1_000
+PARAMETERS_CELL_CHARS_MAX = 60
 FINDINGS = frozenset({"present", "mismatch", "absent", "undecided"})
 FINDING_TEXT = {
     "present": "The sink holds the publication with the recorded output digest. The run is now succeeded.",
@@ -50,7 +53,12 @@ def time_text(us: int) -> str:
     return views.time_text(us, "utc")
 
 
-TEMPLATES.env.globals.update(age_text=age_text, time_text=time_text)
+def parameters_cell(parameters: dict[str, Any]) -> str:
+    """A run's parameters in one history cell, cut with an ellipsis (the run page shows them whole)."""
+    return runs.parameters_text(parameters, PARAMETERS_CELL_CHARS_MAX)
+
+
+TEMPLATES.env.globals.update(age_text=age_text, time_text=time_text, parameters_cell=parameters_cell)
 
 
 def printable_output(value: Any) -> Any:
@@ -126,9 +134,15 @@ def logout(request: Request, csrf: str = Form(default="")) -> RedirectResponse:
 
 @router.get("/runs", response_class=HTMLResponse)
 def history(
-    request: Request, status: str = "", recovery_status: str = "", cursor: str = ""
+    request: Request,
+    status: str = "",
+    recovery_status: str = "",
+    cursor: str = "",
+    definition: str = Query(default="", max_length=FILTER_CHARS_MAX),
+    param: str = Query(default="", max_length=FILTER_CHARS_MAX),
 ) -> Response:
-    """The run history: status, Core recovery status, attempts, rows, age, and every warning."""
+    """The run history: parameters, status, Core recovery status, attempts, rows, age, and every
+    warning; filtered by status, definition name and one ``NAME=VALUE`` parameter."""
     caller = web_caller(request, platform_wide=True)
     if caller.token.is_platform:  # the landing page after login: a platform operator's page is /ui/ops
         return RedirectResponse("/ui/ops", status_code=303)
@@ -139,12 +153,15 @@ def history(
         recovery_status=recovery_status or None,
         cursor=cursor or None,
         limit=HISTORY_PAGE_SIZE,
+        definition=definition or None,
+        parameters=runs.parse_parameter_filters([param] if param else [], "the parameter filter"),
     )
+    filters = {"status": status, "recovery_status": recovery_status, "definition": definition, "param": param}
     context = {
+        **filters,
+        "filter_query": {name: value for name, value in filters.items() if value},
         "caller": caller,
         "page": page,
-        "status": status,
-        "recovery_status": recovery_status,
         "statuses": [s.value for s in RunStatus],
         "recovery_statuses": [s.value for s in RecoveryStatus],
     }

@@ -15,8 +15,11 @@ from rich.text import Text
 
 from durable_dataflow.cli import common
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.runs import Run, parameters_text
 from durable_dataflow.dataflow.views import RunView
+
+# The history's parameters cell is cut here, with an ellipsis: `runs --json` carries every value whole.
+PARAMETERS_CELL_CHARS_MAX = 40
 
 
 def _field_rows(view: RunView) -> list[tuple[str, str | Text | None]]:
@@ -71,7 +74,7 @@ def _one_line(value: str) -> str:
 def history_table(items: Sequence[Run | RunView], now_s: float) -> Table:
     """The run history: unresolved runs carry their warning, in bold yellow, never 'failed'."""
     table = Table(show_lines=False, expand=False)
-    for column in ("run", "definition", "status", "recovery", "attempt", "rows", "age"):
+    for column in ("run", "definition", "parameters", "status", "recovery", "attempt", "rows", "age"):
         table.add_column(column, no_wrap=True)
     table.add_column("WARNING", overflow="fold")
     for view in map(common.view_of, items):
@@ -81,6 +84,7 @@ def history_table(items: Sequence[Run | RunView], now_s: float) -> Table:
         table.add_row(
             Text(_one_line(common.short_id(run.run_id))),
             Text(_one_line(run.definition_name)),
+            Text(_one_line(parameters_text(run.parameters, PARAMETERS_CELL_CHARS_MAX))),
             common.status_text(view),
             Text(_one_line(run.recovery_status), style="bold yellow" if view.unresolved else ""),
             Text(f"{run.attempt}/{run.max_attempts}"),

@@ -153,17 +153,27 @@ def runs_command(
     ] = None,
     definition: Annotated[str | None, typer.Option("--definition", help="Only runs of this definition name.")] = None,
     tenant: Annotated[str | None, typer.Option("--tenant", help="Only runs of this tenant (default: all).")] = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option("--param", "-p", help="NAME=VALUE: only runs with this parameter value (repeatable, all match)."),
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", help=f"At most this many runs (1 to {runs.PAGE_SIZE_MAX}).")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print the runs as a JSON list.")] = False,
 ) -> None:
-    """The run history, newest first, with recovery status and a warning on every unresolved run."""
+    """The run history, newest first, with parameters, recovery status and a warning on every unresolved run."""
     _check_choice("--status", status, [s.value for s in RunStatus])
     _check_choice("--recovery-status", recovery_status, [s.value for s in runs.RecoveryStatus])
     if not 1 <= limit <= runs.PAGE_SIZE_MAX:
         raise InputError(f"--limit must be between 1 and {runs.PAGE_SIZE_MAX}, got {limit}")
     with common.open_platform(ctx) as platform, platform.db.read() as conn:
         found = runs.list_page(
-            conn, tenant=tenant, status=status, recovery_status=recovery_status, definition_name=definition, limit=limit
+            conn,
+            tenant=tenant,
+            status=status,
+            recovery_status=recovery_status,
+            definition_name=definition,
+            parameters=parse_params(param or []),
+            limit=limit,
         )
         items = views.load(conn, platform.db, found)  # reads only: an expired lease is shown, never swept
     if as_json:

@@ -19,9 +19,10 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import leases, ledger
+from durable_dataflow.core import hashing, leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, NotFound, StaleAttempt
+from durable_dataflow.core.text import CC_CONTROLS
 from durable_dataflow.dataflow import evidence
 from durable_dataflow.dataflow.schema import dataflow_runs
 
@@ -34,6 +35,10 @@ RUN_ID_TAIL_CHARS_MIN = 8
 RUN_ID_CHARS = 36
 RUN_ID_MATCHES_SHOWN_MAX = 5
 _RUN_ID_TEXT = re.compile(r"^[0-9a-f-]+$")
+# A run list filters by at most this many parameters, each value at most this long (a string
+# parameter's own limit, dataflow.parameters.STRING_PARAMETER_CHARS_MAX).
+PARAMETER_FILTERS_MAX = 20
+PARAMETER_FILTER_CHARS_MAX = 10_000
 
 
 class RunStatus(enum.StrEnum):
@@ -266,16 +271,22 @@ def list_page(
     created_before_us: int | None = None,
     before: tuple[int, str] | None = None,
     limit: int = PAGE_SIZE_DEFAULT,
+    parameters: Mapping[str, str] | None = None,
 ) -> list[Run]:
-    """Newest first; ``before`` is the (created_at_us, run_id) cursor of the previous page's last run.
+    """Newest first; ``before`` is the (created_at_us, run_id) cursor of the previous page's last run;
+    ``parameters`` keeps runs whose every named parameter has that value (see ``_parameter_condition``).
     A status or recovery status that is not one, or a filter holding a NUL (PostgreSQL cannot compare
     it), is an InputError on both engines."""
+    if parameters is not None and len(parameters) > PARAMETER_FILTERS_MAX:
+        raise InputError(f"at most {PARAMETER_FILTERS_MAX} parameter filters are accepted")
     for name, value, allowed in (("status", status, _STATUSES), ("recovery_status", recovery_status, _RECOVERIES)):
         if value is not None and value not in allowed:
             raise InputError(f"{name} must be one of: {', '.join(sorted(allowed))}")
     if any("\x00" in value for value in (tenant, definition_name) if value is not None):
         raise InputError("a run filter must not contain a NUL character")
     query = sa.select(dataflow_runs)
+    for number, (name, value) in enumerate((parameters or {}).items(), start=1):
+        query = query.where(_parameter_condition(conn.dialect.name, number, name, value))
     conditions = [
         (tenant, dataflow_runs.c.tenant),
         (status, dataflow_runs.c.status),
@@ -294,6 +305,82 @@ def list_page(
     query = query.order_by(dataflow_runs.c.created_at_us.desc(), dataflow_runs.c.run_id.desc())
     rows = conn.execute(query.limit(max(1, min(limit, PAGE_SIZE_MAX)))).all()
     return [from_row(row) for row in rows]
+
+
+def parameters_text(parameters: Mapping[str, Any], chars_max: int | None = None) -> str:
+    """A run's parameters as ``name=value`` pairs by name, a string as it is and a number or boolean as
+    its JSON: the form ``--param`` and ``?param=`` filter by. Longer than ``chars_max``, it is cut and
+    ends with an ellipsis (the JSON forms carry it whole)."""
+    if not isinstance(parameters, Mapping):  # a row damaged by hand (from_row): shown as nothing
+        return ""
+    pairs = (f"{name}={value if isinstance(value, str) else _canonical(value)}" for name, value in parameters.items())
+    text = " ".join(sorted(pairs))
+    if chars_max is None or len(text) <= chars_max:
+        return text
+    return text[: chars_max - 1] + "…"
+
+
+def _canonical(value: Any) -> str:
+    """A stored value's canonical JSON (``1e-7``, not Python's ``1e-07``); a damaged one as Python shows it."""
+    try:
+        return hashing.canonical_json(value).decode("utf-8")
+    except InputError:
+        return repr(value)
+
+
+def parse_parameter_filters(pairs: Collection[str], option: str) -> dict[str, str]:
+    """``NAME=VALUE`` filters (the API's ``param``, the page's field) as a mapping. A pair without a
+    name is refused by its position, never echoed: it may be a value pasted without its name."""
+    if len(pairs) > PARAMETER_FILTERS_MAX:
+        raise InputError(f"at most {PARAMETER_FILTERS_MAX} {option} filters are accepted")
+    parsed: dict[str, str] = {}
+    for number, pair in enumerate(pairs, start=1):
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise InputError(f"{option} number {number} must have the form NAME=VALUE")
+        if name.strip() in parsed:
+            raise InputError(f"{option} number {number} names a parameter given before")
+        parsed[name.strip()] = value
+    return parsed
+
+
+def _parameter_condition(dialect: str, number: int, name: str, value: str) -> sa.ColumnElement[bool]:
+    """Runs whose parameter ``name`` holds ``value`` in its canonical form: a string equal to it, or a
+    number or boolean whose canonical JSON is exactly it (``12``, ``true``; a date is its ISO string).
+
+    The stored ``parameters_json`` is RFC 8785 canonical JSON of one flat object of scalars, so a
+    parameter is there exactly as the text ``{"name":<value>`` or ``,"name":<value>``, a number or
+    boolean followed by ``,`` or ``}``. A raw ``"`` inside a string is always escaped, so ``{"`` and
+    ``,"`` begin only a key: the match is exact, with no JSON parsing in SQL (a row damaged by hand
+    matches nothing rather than failing the list). The patterns are bound values, never SQL text;
+    ``instr``/``strpos`` compare case-sensitively on both engines, unlike SQLite's LIKE. Messages
+    name the filter's position, never its text (it may be a secret pasted into the wrong field).
+    """
+    if not name or len(value) > PARAMETER_FILTER_CHARS_MAX:
+        raise InputError(
+            f"parameter filter number {number} needs a name and a value of at most {PARAMETER_FILTER_CHARS_MAX} "
+            "characters"
+        )
+    if any(ord(char) in CC_CONTROLS for char in name + value):
+        raise InputError(f"parameter filter number {number} must not contain a control character")
+    key = hashing.canonical_json(name).decode("utf-8") + ":"
+    patterns = [start + key + hashing.canonical_json(value).decode("utf-8") for start in "{,"]
+    literal = _json_literal(value)
+    if literal is not None:
+        patterns += [start + key + literal + end for start in "{," for end in ",}"]
+    column = dataflow_runs.c.parameters_json
+    find = sa.func.strpos if dialect == "postgresql" else sa.func.instr
+    return sa.or_(*(find(column, pattern) > 0 for pattern in patterns))
+
+
+def _json_literal(value: str) -> str | None:
+    """``value`` when it is the canonical JSON of a number or a boolean, else None."""
+    try:
+        loaded = json.loads(value)
+        canonical = hashing.canonical_json(loaded).decode("utf-8")
+    except (ValueError, InputError):  # not JSON, a non-finite number, an integer too long to read
+        return None
+    return canonical if isinstance(loaded, bool | int | float) and canonical == value else None
 
 
 def resolve_run_id(conn: Connection, text: str) -> str:
