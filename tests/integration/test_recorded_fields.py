@@ -418,7 +418,7 @@ def test_dispatch_authorized_facts_forward(platform: Platform, tmp_path: Path, p
 
     run = done.run
     key = f"dataflow/{TENANT}/{run.run_id}"
-    assert defn.target is not None and defn.target.model_dump(mode="json") == TARGET_RECORDED
+    assert defn.target is not None and defn.target.recorded() == TARGET_RECORDED
     expected = {
         "publication_idempotency_key": key,
         "publication_idempotency_digest": _expected_idempotency_digest(key, facts["output_digest"]),

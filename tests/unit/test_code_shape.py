@@ -50,6 +50,10 @@ OWNERS: dict[tuple[str, str], tuple[frozenset[str], str]] = {
         frozenset({"dataflow.results"}),
         "stored result bytes: written in the atomic terminal commit, read for export",
     ),
+    ("dataflow.schema", "partition_tokens"): (
+        frozenset({"dataflow.partition_tokens"}),
+        "the monotonic token per partition of a replace_partition target, taken in the pre-dispatch commit",
+    ),
     ("dataflow.schedule_schema", "schedules"): (
         frozenset({"dataflow.schedules"}),
         "applied schedules per tenant and definition name: apply, pause, list",

@@ -32,13 +32,15 @@ from durable_dataflow.datasources.schema import metadata
 )
 def test_builtin_providers_load_through_entry_points(name: str, cls: type) -> None:
     """Each built-in provider is found by its entry point, satisfies the Provider protocol and declares
-    exactly the capabilities forward recovery requires (publish and inspect: there is no other)."""
+    exactly the capabilities forward recovery requires (publish and inspect), plus replace_partition for
+    the providers that replace a partition atomically (Delta and PostgreSQL; not the Parquet folder)."""
     provider = registry.load_provider(name)
     assert isinstance(provider, cls)
     assert isinstance(provider, Provider)
     assert provider.name == name
     registry.require_capabilities(provider, {"publish", "inspect"})
-    assert provider.capabilities == frozenset({"publish", "inspect"})
+    partitions = {"replace_partition"} if name in ("delta", "postgres") else set()
+    assert provider.capabilities == frozenset({"publish", "inspect", *partitions})
     assert name in registry.available_providers()
 
 

@@ -325,6 +325,11 @@ class OutputSpec(_Model):
         return arrow_schema_of(self.columns)
 
 
+# A partition value written "$name" is the run's value of parameter `name`; any other is a literal.
+PARAMETER_REFERENCE = "$"
+PARTITION_COLUMNS_MAX = 8
+
+
 class TargetSpec(_Model):
     """Where a published run's result goes (forward-recovery mode)."""
 
@@ -332,8 +337,38 @@ class TargetSpec(_Model):
     provider: str = Field(min_length=1, max_length=200)
     datasource: str = Field(min_length=1, max_length=200)
     location: str = Field(min_length=1, max_length=2000)
-    mode: Literal["append", "overwrite"] = "append"
+    mode: Literal["append", "overwrite", "replace_partition"] = "append"
+    # With mode replace_partition (and only then): column -> "$parameter" or a JSON scalar literal.
+    partition: dict[str, str | int | float | bool] | None = Field(
+        default=None, min_length=1, max_length=PARTITION_COLUMNS_MAX
+    )
     options: dict[str, SecretRef | str | int | float | bool | list[Any] | dict[str, Any] | None] = {}
+
+    @model_validator(mode="after")
+    def _partition_with_its_mode(self) -> TargetSpec:
+        if self.mode == "replace_partition" and self.partition is None:
+            raise ValueError("mode replace_partition needs a partition: {column: $parameter or a value}")
+        if self.mode != "replace_partition" and self.partition is not None:
+            raise ValueError("a partition is given only with mode replace_partition")
+        for column, value in (self.partition or {}).items():
+            _check_json_value(value, f"partition column {column!r}")
+        return self
+
+    def recorded(self) -> dict[str, Any]:
+        """The target as a run records it (and its request hash covers): without a partition, exactly
+        the dict recorded before partitions existed."""
+        body: dict[str, Any] = self.model_dump(mode="json")
+        if self.partition is None:
+            del body["partition"]
+        return body
+
+    def partition_parameters(self) -> dict[str, str]:
+        """The partition columns given as a parameter reference, each with the parameter's name."""
+        return {
+            column: value[1:]
+            for column, value in (self.partition or {}).items()
+            if isinstance(value, str) and value.startswith(PARAMETER_REFERENCE)
+        }
 
     @field_validator("options", mode="before")
     @classmethod
@@ -438,6 +473,18 @@ class Definition(_Model):
             if step.name in seen:
                 raise ValueError(f"steps[{index}].name is the name of an earlier step")
             seen.add(step.name)
+        return self
+
+    @model_validator(mode="after")
+    def _partition_fits(self) -> Definition:
+        if self.target is None or self.target.partition is None:
+            return self
+        for column in self.target.partition:
+            if column not in self.output.columns:
+                raise ValueError(f"target.partition column {column!r} is not in output.schema")
+        for column, name in self.target.partition_parameters().items():
+            if name not in self.parameters:
+                raise ValueError(f"target.partition column {column!r} names an undeclared parameter {name!r}")
         return self
 
     @model_validator(mode="after")
@@ -601,6 +648,9 @@ def canonical_body(d: Definition) -> dict[str, Any]:
     # The schedule block is newer still, and likewise invisible when absent.
     if d.schedule is None:
         del body["schedule"]
+    # So is a target's partition (only mode replace_partition has one).
+    if body.get("target") is not None and d.target is not None and d.target.partition is None:
+        del body["target"]["partition"]
     # So is the engine: the default keeps a definition's hash; another engine is another definition.
     if d.engine == "duckdb":
         del body["engine"]

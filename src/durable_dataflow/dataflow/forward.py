@@ -22,8 +22,17 @@ from durable_dataflow.core import checkpoints, fencing, hashing, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import DataflowError, EvidenceError, ExecutionError, InputError, StaleAttempt
 from durable_dataflow.core.secrets import Secret, SecretScope
-from durable_dataflow.dataflow import crashpoints, evidence, progress, results, transitions, workspace
+from durable_dataflow.dataflow import (
+    crashpoints,
+    evidence,
+    partition_tokens,
+    progress,
+    results,
+    transitions,
+    workspace,
+)
 from durable_dataflow.dataflow.execution import ExecutionResult
+from durable_dataflow.dataflow.parameters import resolve_partition
 from durable_dataflow.dataflow.runs import MODULE, Run
 from durable_dataflow.dataflow.transitions import Outcome
 from durable_dataflow.dataflow.workspace import Workspace
@@ -42,6 +51,8 @@ from durable_dataflow.datasources.contract import (
 )
 
 REQUIRED_CAPABILITIES: tuple[Capability, ...] = ("publish", "inspect")
+# What a provider must also declare for a target with mode replace_partition.
+PARTITION_CAPABILITY: Capability = "replace_partition"
 # The dispatch.authorized field that records the prepared location ({place_digest, identity}).
 SINK_LOCATION = "sink_location"
 
@@ -66,13 +77,56 @@ def publication_key(run: Run) -> str:
     return f"dataflow/{run.tenant}/{run.run_id}"
 
 
-def publish_target(run: Run, scope: SecretScope | None = None) -> PublishTarget:
+class PartitionViolation(DataflowError):
+    """Result rows lie outside the run's partition: nothing is dispatched."""
+
+    code = "partition_violation"
+
+
+def run_partition(run: Run) -> dict[str, Any] | None:
+    """The run's partition values: its target's partition with parameter references resolved with the
+    run's recorded parameters (the same values on every call: execution, dispatch, resume); None for a
+    target without a partition."""
+    partition = (run.target or {}).get("partition")
+    if not partition:
+        return None
+    return resolve_partition(partition, run.parameters or {})
+
+
+def check_partition_rows(table: Any, partition: Mapping[str, Any]) -> None:
+    """Every row's partition columns equal the partition values (a null is a violation);
+    PartitionViolation names the first column with violations and how many rows, never a value."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for column, value in partition.items():
+        if column not in table.column_names:
+            raise PartitionViolation(f"the result has no partition column {column!r}")
+        values = table.column(column)
+        try:
+            wanted = pa.scalar(value).cast(values.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            raise PartitionViolation(
+                f"the partition value of column {column!r} does not fit the column's type"
+            ) from None
+        matching = pc.sum(pc.fill_null(pc.equal(values, wanted), False).cast(pa.int64())).as_py() or 0
+        outside = table.num_rows - int(matching)
+        if outside:
+            raise PartitionViolation(
+                f"{outside} result rows have a value of partition column {column!r} outside the run's partition: "
+                "nothing was published"
+            )
+
+
+def publish_target(run: Run, scope: SecretScope | None = None, partition_token: int | None = None) -> PublishTarget:
     """The run's target inside its workspace: relative locations start at its sink root, secrets
-    resolve in ``scope`` (without one, a tenant run gets no secrets at all: it fails closed)."""
+    resolve in ``scope`` (without one, a tenant run gets no secrets at all: it fails closed). A
+    partitioned target carries the run's partition values and ``partition_token``."""
     space = workspace.of_run(run.workspace, run.base_dir, run.provenance.get("trigger"))
     target = run.target or {}
     options = dict(target.get("options") or {})
     options["base_dir"] = str(space.sink_root)
+    partition = run_partition(run)
     return PublishTarget(
         datasource=str(target["datasource"]),
         location=str(target["location"]),
@@ -80,14 +134,24 @@ def publish_target(run: Run, scope: SecretScope | None = None) -> PublishTarget:
         options=options,
         absolute_locations=space.absolute_locations,
         secrets=scope or SecretScope(tenant=run.tenant if space.scope == "tenant" else None),
+        partition=partition,
+        partition_token=partition_token if partition is not None else None,
     )
 
 
 def load_capable_provider(run: Run) -> Provider:
     """The run's provider, with publish and inspect; raises MissingCapability otherwise."""
     provider = registry.load_provider(str((run.target or {}).get("provider")))
-    registry.require_capabilities(provider, REQUIRED_CAPABILITIES)
+    registry.require_capabilities(provider, needed_capabilities(run.target))
     return provider
+
+
+def needed_capabilities(target: Mapping[str, Any] | None) -> tuple[Capability, ...]:
+    """What the target's provider must declare: publish and inspect, and replace_partition for a
+    target with that mode (checked before a run is recorded too: `RunService.check_placement`)."""
+    if (target or {}).get("mode") == "replace_partition":
+        return (*REQUIRED_CAPABILITIES, PARTITION_CAPABILITY)
+    return REQUIRED_CAPABILITIES
 
 
 def preflight_target(service: Attempts, run: Run, provider: Provider) -> None:
@@ -208,6 +272,16 @@ def authorized_location(conn: Connection, run: Run) -> Mapping[str, Any] | None:
     return None
 
 
+def authorized_partition_token(conn: Connection, run: Run) -> int | None:
+    """The partition token the run's first ``dispatch.authorized`` took (a resume copies that payload,
+    so it publishes under the same token), or None (a target without a partition)."""
+    for entry in ledger.read(conn, MODULE, run.run_id):
+        if entry.kind == evidence.DISPATCH_AUTHORIZED:
+            token = entry.payload.get(partition_tokens.PARTITION_TOKEN)
+            return token if isinstance(token, int) else None
+    return None
+
+
 def execute_forward(
     service: Attempts, run: Run, attempt: int, progress_sink: progress.ProgressSink | None = None
 ) -> None:
@@ -231,6 +305,13 @@ def execute_forward(
     progress.report(progress_sink, progress.Progress(
         progress.Phase.COMMITTING, None, result.row_count, len(result.ipc_bytes)
     ))  # fmt: skip
+    try:
+        partition = run_partition(run)
+        if partition is not None:
+            check_partition_rows(results.decode_ipc(result.ipc_bytes), partition)
+    except DataflowError as error:
+        service.fail(run, attempt, error)
+        return
     crashpoints.reach(crashpoints.BEFORE_PREDISPATCH_COMMIT)
     try:
         authorize_dispatch(service, run, attempt, result, located)
@@ -265,12 +346,19 @@ def authorize_dispatch(
             where = f" at seq {verification.broken_seq}" if verification.broken_seq is not None else ""
             raise EvidenceError(f"the run's evidence failed verification{where} before dispatch: {verification.reason}")
         results.store(conn, run.run_id, attempt, result)
+        partition = run_partition(run)
+        taken: dict[str, Any] = {}
+        if partition is not None:  # in this commit: the later authorized run of a partition wins
+            taken[partition_tokens.PARTITION_TOKEN] = partition_tokens.take(
+                conn, run.tenant, _datasource(run), partition
+            )
         payload = {
             **results.facts(result),
             "publication_idempotency_key": key,
             "publication_idempotency_digest": idem_digest,
             "target": target,
             **location_fact(located),
+            **taken,
         }
         transitions.apply(
             conn, db, run, attempt, Outcome.DISPATCH_AUTHORIZED, [payload], evidence_key=service.evidence_key,
@@ -288,10 +376,13 @@ def dispatch(service: Attempts, run: Run, attempt: int, provider: Provider) -> N
     run = service.get(run.run_id)
     recorded_digest = str(run.output_digest)
     table = results.decode_ipc(service.result_bytes(run.run_id))
+    with service.db.read() as conn:
+        token = authorized_partition_token(conn, run)
     try:
         outcome: PublishOutcome = provider.publish(
-            publication_key(run), attempt, table, recorded_digest, publish_target(run, service.run_workspace(run)[1])
-        )
+            publication_key(run), attempt, table, recorded_digest,
+            publish_target(run, service.run_workspace(run)[1], token),
+        )  # fmt: skip
     except Inconclusive as error:
         crashpoints.reach(crashpoints.AFTER_PROVIDER_CALL)
         record_unknown(service, run, attempt, f"the provider could not say whether it published: {error.message}")

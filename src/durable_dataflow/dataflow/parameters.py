@@ -201,3 +201,18 @@ def bind_values(d: Definition, params: Mapping[str, Any]) -> dict[str, Any]:
     """Python values (date, datetime, Decimal, ...) for DuckDB named parameters ``$name``."""
     canonical = check_parameters(d, params)
     return {name: to_python(d.parameters[name].type, value) for name, value in canonical.items()}
+
+
+def resolve_partition(partition: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """A target's partition with each "$name" replaced by the run's canonical value of parameter
+    `name` (literals unchanged). InputError, naming the column, when a referenced value is missing."""
+    resolved: dict[str, Any] = {}
+    for column, value in partition.items():
+        if isinstance(value, str) and value.startswith("$"):
+            name = value[1:]
+            if values.get(name) is None:
+                raise InputError(f"partition column {column!r}: parameter {name!r} has no value in this run")
+            resolved[column] = values[name]
+        else:
+            resolved[column] = value
+    return resolved

@@ -84,3 +84,16 @@ run_results = sa.Table(
     sa.Column("row_count", sa.BigInteger, nullable=False),
     sa.Column("bytes", sa.LargeBinary, nullable=False),
 )
+
+# The monotonic partition token per tenant, datasource and partition (dataflow.partition_tokens): taken
+# in each pre-dispatch commit of a replace_partition run, so the later authorized run of a partition wins.
+partition_tokens = sa.Table(
+    "partition_tokens",
+    metadata,
+    sa.Column("tenant", sa.String(TENANT_LENGTH), nullable=False),
+    sa.Column("datasource", sa.String(200), nullable=False),
+    # sha256 over the RFC 8785 JSON of {column: value}: never the values themselves.
+    sa.Column("partition_digest", sa.String(HASH), nullable=False),
+    sa.Column("token", sa.BigInteger, nullable=False),
+    sa.PrimaryKeyConstraint("tenant", "datasource", "partition_digest", name="pk_partition_tokens"),
+)

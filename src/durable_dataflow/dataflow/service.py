@@ -28,6 +28,7 @@ from durable_dataflow.core.errors import (
     DataflowError,
     EvidenceError,
     ExecutionError,
+    InputError,
     Interrupted,
     LeaseUnavailable,
     NotFound,
@@ -61,6 +62,7 @@ from durable_dataflow.dataflow.service_config import lease_ttl_from_env as lease
 from durable_dataflow.dataflow.transitions import Outcome
 from durable_dataflow.dataflow.workspace import Workspace
 from durable_dataflow.datasources import registry
+from durable_dataflow.datasources.contract import MissingCapability
 
 DEFINITIONS_CACHED_MAX = 256
 
@@ -150,7 +152,7 @@ class RunService:
         defn = request.definition
         params = parameters.check_parameters(defn, request.parameters)
         d_hash = definition_hash(defn)
-        target = defn.target.model_dump(mode="json") if defn.target is not None else None
+        target = defn.target.recorded() if defn.target is not None else None
         r_hash = request_hash(d_hash, params, target)
         key = request.idempotency_key
         if key is not None:
@@ -183,7 +185,7 @@ class RunService:
         for runs submitted later (a schedule's ticks): secrets not available, a sink location outside
         the sink root, an overwrite the caller may not do, sources outside the data roots, SQL the
         engine's gate refuses. Parameters are not checked here: a schedule's come with each tick."""
-        target = defn.target.model_dump(mode="json") if defn.target is not None else None
+        target = defn.target.recorded() if defn.target is not None else None
         scope = self.secret_scope(space, access.tenant)
         self._check_workspace(defn, target, space, scope, access.roles)
         execution.preflight(defn, context_for(space, self.limits_for(defn), self._platform_files, scope))
@@ -206,10 +208,25 @@ class RunService:
         if target is None:
             return
         workspace.check_location(space, str(target["location"]))
+        if target.get("mode") == "replace_partition":
+            self._check_partition_provider(str(target["provider"]))
         if target.get("mode") == "overwrite":
             with self.db.read() as conn:
                 registered = registry.get_datasource_or_none(conn, str(target["datasource"]))
             workspace.check_overwrite(roles, target, registered)
+
+    def _check_partition_provider(self, name: str) -> None:
+        """A replace_partition target needs a provider that replaces a partition atomically (Delta,
+        PostgreSQL; not the Parquet folder): refused before anything is recorded."""
+        try:
+            provider = registry.load_provider(name)
+        except MissingCapability:
+            return  # reported as the run's missing capability, as for any other target
+        if forward.PARTITION_CAPABILITY not in provider.capabilities:
+            raise InputError(
+                f"provider {provider.name!r} cannot replace a partition atomically: "
+                "target mode replace_partition needs the delta or postgres provider"
+            )
 
     def run_workspace(self, run: Run) -> tuple[Workspace, SecretScope]:
         """The workspace a run was recorded with, and the secrets it may name."""

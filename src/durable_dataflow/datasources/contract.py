@@ -55,8 +55,13 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 # What a provider offers the platform; forward recovery needs both (`registry.require_capabilities`).
-Capability = Literal["publish", "inspect"]
-WriteMode = Literal["append", "overwrite"]
+# "replace_partition": the provider replaces one partition of its table atomically (its publish honours
+# `PublishTarget.partition` and `partition_token`); a target with `mode: replace_partition` needs it.
+Capability = Literal["publish", "inspect", "replace_partition"]
+WriteMode = Literal["append", "overwrite", "replace_partition"]
+# Why a partitioned publish carrying a lower partition token than the sink has applied is refused
+# (a conclusive Rejected: nothing written). Operators find runs failed for this reason in operations.md.
+SUPERSEDED = "superseded by a later run's publication of this partition"
 
 # Idempotency keys are stable run-derived strings; a generous bound keeps them storable as a
 # primary key and as a Delta app id everywhere.
@@ -133,6 +138,12 @@ class PublishTarget:
     through `secrets` (the run's scope: a tenant's grants, or the local operator's).
 
     `absolute_locations` False confines a file sink to `options['base_dir']` (a tenant's sink root).
+
+    With `mode` "replace_partition", `partition` maps each partition column to its value (the run's
+    parameters resolved) and `partition_token` is the platform's monotonic token for that partition,
+    taken in the pre-dispatch commit: the publication replaces exactly the rows whose columns equal
+    those values, and is refused (`Rejected`, SUPERSEDED) when the sink already applied a higher token
+    to the partition. Both are None for the other modes.
     """
 
     datasource: str
@@ -141,6 +152,41 @@ class PublishTarget:
     options: Mapping[str, Any] = field(default_factory=dict)
     absolute_locations: bool = True
     secrets: SecretScope = field(default_factory=SecretScope.local)
+    partition: Mapping[str, Any] | None = None
+    partition_token: int | None = None
+
+
+def partition_of(target: PublishTarget) -> tuple[Mapping[str, Any], int]:
+    """The partition values and token of a "replace_partition" target; InputError (before the sink is
+    touched) when either is missing or the token is no positive integer."""
+    if not target.partition or target.partition_token is None:
+        raise InputError("a replace_partition publication needs its partition values and partition token")
+    check_token(target.partition_token, "partition token")
+    return target.partition, target.partition_token
+
+
+def partition_values(partition: Mapping[str, Any], schema: pa.Schema) -> dict[str, Any]:
+    """Each partition value as the Python value of its column's Arrow type in `schema` (a date column
+    gets a date, not its text); InputError naming the column (never the value) when a column is
+    missing or the value does not fit its type."""
+    import pyarrow as pa
+
+    typed: dict[str, Any] = {}
+    for column, value in partition.items():
+        if column not in schema.names:
+            raise InputError(f"the rows have no partition column {column!r}")
+        try:
+            typed[column] = pa.scalar(value).cast(schema.field(column).type).as_py()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            raise InputError(f"the partition value of column {column!r} does not fit the column's type") from None
+        if typed[column] is None:
+            raise InputError(f"the partition value of column {column!r} is null")
+    return typed
+
+
+def superseded(applied: int) -> Rejected:
+    """The refusal of a partitioned publish whose token is below `applied`, the sink's highest."""
+    return Rejected(f"{SUPERSEDED} (partition token {applied} was applied)")
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,19 @@ create anything: a location without a `_delta_log` folder (missing, moved away, 
 mount point, which is an empty folder) holds no table this provider prepared, so it cannot be seen:
 `publish` raises `Inconclusive` and `inspect` answers `Undecided` (LOCATION_MISSING), never `Absent`.
 
+Partitions (`mode: replace_partition`, issue 27): the publication is one commit made by
+`write_deltalake(dt, rows, mode="overwrite", predicate=P)` on the checked snapshot, where P selects the
+partition (`"col" = literal AND ...`, identifiers and string literals quoted with their quote doubled,
+a date compared as `CAST('YYYY-MM-DD' AS DATE)`): it removes the partition's files (or rewrites the
+files that hold its rows, in a table not partitioned by those columns) and adds the new ones; other
+partitions' rows are untouched and readers see the old partition or the new one. It carries, besides
+`Transaction(K, t)`, the partition's app transaction `Transaction(PARTITION_APP_PREFIX + digest of the
+partition values, partition token)`: its version is the highest partition token applied (the provider
+never writes a lower one), and a publish with a lower token is `Rejected` (`contract.SUPERSEDED`).
+Two concurrent publications of one partition carry the same app id, so one of them conflicts and is
+decided again on the new snapshot. A table the first partitioned publication makes out of the
+placeholder is created partitioned by the partition columns (`partition_by`).
+
 Proof horizon: txn entries survive log cleanup through checkpoints (never pass `last_updated`,
 so `delta.setTransactionRetentionDuration` cannot expire them). The digest lives in the commit
 info, which log cleanup (`delta.logRetentionDuration`, 30 days by default) deletes: after that a
@@ -46,6 +59,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from durable_dataflow.core import hashing
+from durable_dataflow.core.errors import InputError
 from durable_dataflow.datasources.contract import (
     LOCATION_MISSING,
     Absent,
@@ -65,8 +80,11 @@ from durable_dataflow.datasources.contract import (
     check_key,
     check_token,
     describe_exception,
+    partition_of,
+    partition_values,
     resolve_location,
     resolve_location_named,
+    superseded,
 )
 
 COMMIT_ATTEMPTS_MAX = 32
@@ -76,6 +94,40 @@ FENCE_SUFFIX = "#fence"
 FENCE_MARKER_VERSION = 0
 PLACEHOLDER_COLUMN = "__durable_dataflow_fence_only__"
 COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
+# The app id of a partition's transaction: this prefix and the digest of its values.
+PARTITION_APP_PREFIX = "dataflow-partition/"
+
+
+def _quote_identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(column: str, value: Any) -> str:
+    """A SQL literal of a typed partition value for the predicate; never built from unchecked text."""
+    import datetime as dt
+
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        return f"CAST('{value.isoformat()}' AS DATE)"
+    raise InputError(
+        f"partition column {column!r}: the delta provider replaces partitions of string, integer, "
+        "boolean and date columns only"
+    )
+
+
+def partition_predicate(values: dict[str, Any]) -> str:
+    """The predicate selecting the partition: `"col" = literal` for each column, joined by AND."""
+    return " AND ".join(f"{_quote_identifier(c)} = {_literal(c, v)}" for c, v in values.items())
+
+
+def partition_app_id(partition: Any) -> str:
+    """The app id whose version is the highest partition token applied to this partition."""
+    return PARTITION_APP_PREFIX + hashing.digest(dict(partition))
 
 
 def _deltalake() -> Any:
@@ -173,7 +225,7 @@ class DeltaProvider:
     """Publishes to a Delta table; the key is an app-transaction id, the token its version."""
 
     name = "delta"
-    capabilities: frozenset[Capability] = frozenset({"publish", "inspect"})
+    capabilities: frozenset[Capability] = frozenset({"publish", "inspect", "replace_partition"})
 
     def __init__(self) -> None:
         # Fail at construction, so the registry reports the missing extra as a capability.
@@ -247,6 +299,10 @@ class DeltaProvider:
         check_key(key)
         check_token(token)
         path = resolve_location(target)
+        predicate: str | None = None
+        if target.mode == "replace_partition":
+            partition, _ = partition_of(target)
+            predicate = partition_predicate(partition_values(partition, table.schema))
         if not (path / "_delta_log").is_dir():
             # The table was prepared before dispatch was authorized and is never created here: without
             # its log now (moved, not mounted: an empty mount point), an earlier publication may be in it.
@@ -254,7 +310,7 @@ class DeltaProvider:
         try:
             for _ in range(COMMIT_ATTEMPTS_MAX):
                 dt = self._load(path)
-                outcome = self._publish_on(dt, path, key, token, table, digest, target)
+                outcome = self._publish_on(dt, path, key, token, table, digest, target, predicate)
                 if outcome is not None:
                     return outcome
         except Exception as exc:
@@ -267,9 +323,18 @@ class DeltaProvider:
         )
 
     def _publish_on(
-        self, dt: Any, path: Path, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
+        self,
+        dt: Any,
+        path: Path,
+        key: str,
+        token: int,
+        table: pa.Table,
+        digest: str,
+        target: PublishTarget,
+        predicate: str | None = None,
     ) -> PublishOutcome | None:
-        """One decision on one snapshot; None when the commit conflicted and must be decided again."""
+        """One decision on one snapshot; None when the commit conflicted and must be decided again.
+        With a predicate (replace_partition) the commit replaces that partition only."""
         where = resolve_location_named(target)[1]
         published = dt.transaction_version(key)
         if published is not None and published > FENCE_MARKER_VERSION:
@@ -284,8 +349,16 @@ class DeltaProvider:
             if mismatch is not None:
                 return Rejected(f"schema incompatible with the Delta table: {mismatch}")
             table = table.select([f.name for f in dt.schema().fields])
+        transactions = [self._dl.Transaction(key, token)]
+        if predicate is not None:
+            partition, partition_token = partition_of(target)
+            app_id = partition_app_id(partition)
+            applied = dt.transaction_version(app_id)
+            if applied is not None and partition_token < applied:
+                return superseded(int(applied))
+            transactions.append(self._dl.Transaction(app_id, partition_token))
         props = self._dl.CommitProperties(
-            app_transactions=[self._dl.Transaction(key, token)],
+            app_transactions=transactions,
             custom_metadata={
                 "dataflow_kind": "publication",
                 "dataflow_key": key,
@@ -294,12 +367,17 @@ class DeltaProvider:
                 "dataflow_rows": table.num_rows,
             },
         )
+        partitioned = predicate is not None
         try:
             self._dl.write_deltalake(
                 dt,  # the checked object, never the path: same snapshot for check and commit
                 table,
-                mode="overwrite" if placeholder else target.mode,
+                mode="overwrite" if placeholder or partitioned else target.mode,
                 schema_mode="overwrite" if placeholder else None,
+                # A table made out of the placeholder is partitioned by the partition's columns.
+                partition_by=list(partition_of(target)[0]) if placeholder and partitioned else None,
+                # The placeholder holds no rows: the first publication replaces it whole.
+                predicate=None if placeholder else predicate,
                 commit_properties=props,
             )
         except self._dl.exceptions.CommitFailedError:

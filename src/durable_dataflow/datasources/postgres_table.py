@@ -5,6 +5,8 @@ In the sink database, beside the target table:
   xact_id)` — one row per published key, inserted in the same transaction as the data rows, so
   the key lookup is a conclusive proof (reference/sinks-and-libs.md §6);
 - `sink_fences(idempotency_key PK, token)` — the fence an inspection recorded for an absent key.
+- `sink_partitions(table_name, partition_key, token)` — for `mode: replace_partition`, the highest
+  partition token applied to each partition of a table (`partition_key`: the digest of its values).
 `prepare` creates these record tables before dispatch is authorized; `publish` and `inspect` never
 create them. Missing later, the DSN reaches another database than the one published to, or one
 restored from before they existed, so nothing can be proven: `publish` raises `Inconclusive` and
@@ -17,6 +19,12 @@ The DSN is a `{"secret": NAME}` reference in `target.options["dsn"]`, resolved p
 text reaches a message (libpq's connection errors quote segments of the DSN, server messages quote
 values): each is a fixed description plus the SQLSTATE, or the kind of connection failure (`pgerrors`).
 `target.location` is the table name (`table` or `schema.table`).
+A partitioned publish (`mode: replace_partition`) does in that one transaction, after the key's lock
+and checks: `pg_advisory_xact_lock` on the table and partition (concurrent publishers of a partition
+serialize), the partition's token read from `sink_partitions` — a lower token than the one applied is
+`Rejected` (`contract.SUPERSEDED`), nothing written — and raised, `DELETE` of the partition's rows (the
+values passed as typed parameters), COPY of the rows and the record row. Readers see the old partition
+or the new one. The identity `locate` reports covers sink_publications and sink_fences only.
 Proof horizon: as long as `sink_publications` rows are kept (prune them only with their data).
 """
 
@@ -32,6 +40,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
+from durable_dataflow.core import hashing
 from durable_dataflow.core.errors import ExecutionError, InputError
 from durable_dataflow.datasources import pgerrors
 from durable_dataflow.datasources.contract import (
@@ -53,6 +62,9 @@ from durable_dataflow.datasources.contract import (
     Undecided,
     check_key,
     check_token,
+    partition_of,
+    partition_values,
+    superseded,
 )
 
 CONNECT_TIMEOUT_S = 10
@@ -70,7 +82,17 @@ _CREATE_BOOKKEEPING = (
          published_at timestamptz NOT NULL DEFAULT now(),
          xact_id xid8 NOT NULL DEFAULT pg_current_xact_id())""",
     "CREATE TABLE IF NOT EXISTS sink_fences (idempotency_key text PRIMARY KEY, token bigint NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS sink_partitions (table_name text NOT NULL, partition_key text NOT NULL,
+         token bigint NOT NULL, PRIMARY KEY (table_name, partition_key))""",
 )
+# All of them, sink_partitions included (a database prepared before partitions lacks it: prepare adds it).
+_BOOKKEEPING_COMPLETE = (
+    "SELECT to_regclass('sink_publications') IS NOT NULL AND to_regclass('sink_fences') IS NOT NULL"
+    " AND to_regclass('sink_partitions') IS NOT NULL"
+)
+_SELECT_PARTITION = "SELECT token FROM sink_partitions WHERE table_name = %s AND partition_key = %s"
+_RAISE_PARTITION = """INSERT INTO sink_partitions (table_name, partition_key, token) VALUES (%s, %s, %s)
+  ON CONFLICT (table_name, partition_key) DO UPDATE SET token = GREATEST(sink_partitions.token, EXCLUDED.token)"""
 _BOOKKEEPING_PRESENT = (
     "SELECT to_regclass('sink_publications') IS NOT NULL AND to_regclass('sink_fences') IS NOT NULL"
 )
@@ -166,7 +188,7 @@ class PostgresTableProvider:
     """Publishes rows into a PostgreSQL table with a keyed publication record in the same transaction."""
 
     name = "postgres"
-    capabilities: frozenset[Capability] = frozenset({"publish", "inspect"})
+    capabilities: frozenset[Capability] = frozenset({"publish", "inspect", "replace_partition"})
 
     @contextmanager
     def _connect(self, dsn: str) -> Iterator[psycopg.Connection[Any]]:
@@ -179,7 +201,8 @@ class PostgresTableProvider:
     def _create_bookkeeping(self, conn: psycopg.Connection[Any]) -> None:
         """Create the bookkeeping tables when missing, serialized so concurrent preparers do not collide."""
         conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
-        if self._has_bookkeeping(conn):
+        complete = conn.execute(_BOOKKEEPING_COMPLETE).fetchone()
+        if complete is not None and complete[0] is True:
             conn.commit()
             return
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (BOOKKEEPING_LOCK_ID,))
@@ -251,6 +274,8 @@ class PostgresTableProvider:
         check_key(key)
         check_token(token)
         table_name = _TableName.parse(target.location)
+        if target.mode == "replace_partition":
+            partition_values(partition_of(target)[0], table.schema)  # refused here, before connecting
         dsn = _resolve_dsn(target)
         try:
             conn = _open(dsn)
@@ -322,6 +347,10 @@ class PostgresTableProvider:
             return Rejected(problem)
         if target.mode == "overwrite":
             conn.execute(sql.SQL("DELETE FROM {}").format(table_name.ident()))
+        if target.mode == "replace_partition":
+            refused = self._replace_partition(conn, table_name, table.schema, target)
+            if refused is not None:
+                return refused
         self._copy_rows(conn, table_name, table, key)
         inserted = conn.execute(
             _INSERT_PUBLICATION, (key, digest, token, table.num_rows, table_name.text())
@@ -329,6 +358,23 @@ class PostgresTableProvider:
         if inserted is None:
             raise psycopg.DataError("the publication record was not inserted")
         return Published(self._refs(dbname, key, table_name.text(), inserted[0]), digest)
+
+    def _replace_partition(
+        self, conn: psycopg.Connection[Any], table_name: _TableName, schema: pa.Schema, target: PublishTarget
+    ) -> Rejected | None:
+        """Under the partition's lock: refuse a token below the one applied (nothing written), else
+        raise it and delete the partition's rows, in the publish's transaction."""
+        partition, token = partition_of(target)
+        values = partition_values(partition, schema)
+        partition_key = hashing.digest(dict(partition))
+        conn.execute(_LOCK_KEY, (f"partition:{table_name.text()}:{partition_key}",))
+        row = conn.execute(_SELECT_PARTITION, (table_name.text(), partition_key)).fetchone()
+        if row is not None and token < int(row[0]):
+            return superseded(int(row[0]))
+        conn.execute(_RAISE_PARTITION, (table_name.text(), partition_key, token))
+        match = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(column)) for column in values)
+        conn.execute(sql.SQL("DELETE FROM {} WHERE {}").format(table_name.ident(), match), list(values.values()))
+        return None
 
     def _columns(self, conn: psycopg.Connection[Any], table_name: _TableName) -> list[str] | None:
         regclass = conn.execute("SELECT to_regclass(%s)::oid", (table_name.text(),)).fetchone()

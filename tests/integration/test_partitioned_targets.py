@@ -1,0 +1,290 @@
+"""Partitioned targets (issue 27, items 1-3): `mode: replace_partition` on the Delta and PostgreSQL sinks.
+
+A re-run of a day replaces that day (the later run's rows, one copy) and leaves the other days alone,
+read back by an independent reader (the Delta log replayed by hand and its Parquet files read with
+pyarrow; psycopg for PostgreSQL); rows outside the run's partition never leave the platform; of two
+overlapping runs of a partition the one authorized later wins (the earlier one's publish is refused
+`superseded`), also when the earlier one is resumed after proven absence; a string partition value
+cannot inject into the Delta predicate or the PostgreSQL DELETE; the Parquet folder refuses the mode
+before anything is recorded; a definition without a partition keeps its hash. On SQLite and PostgreSQL
+platform databases.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import psycopg
+import pyarrow.parquet as pq
+import pytest
+
+from durable_dataflow.core.errors import InputError
+from durable_dataflow.dataflow import crashpoints, forward
+from durable_dataflow.dataflow.definitions import Definition, definition_hash, parse_definition
+from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.datasources import registry
+from durable_dataflow.datasources.contract import SUPERSEDED
+from durable_dataflow.datasources.delta import DeltaProvider
+from durable_dataflow.datasources.postgres_table import PostgresTableProvider
+from durable_dataflow.datasources.testing import FaultInjectingProvider
+from durable_dataflow.platform import Platform
+from support import flows
+
+SINK_SECRET = "TEST_PARTITIONED_SINK_DSN"
+PG_TABLE = "public.daily_totals"
+# A definition without a partition keeps exactly its hash from before partitions existed (computed
+# with the code of the commit before them).
+UNPARTITIONED_DELTA_HASH = "sha256:58c0b51ba71331665e7119c9f91bb8c221332dbfdb22ee1246dffb22c750d6c5"
+
+
+def _target(provider: str, *, column: str = "day", options: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "type": "datasources.publication",
+        "provider": provider,
+        "datasource": "analytics.daily_totals",
+        "location": PG_TABLE if provider in ("postgres", "faulty_pg") else "daily",
+        "mode": "replace_partition",
+        "partition": {column: f"${column}"},
+        **({"options": options} if options else {}),
+    }
+
+
+def _definition(target: dict[str, Any], *, sql: str | None = None) -> Definition:
+    """Totals per region for one day; `factor` tells one run's rows from another's."""
+    document = {
+        "name": "daily_totals",
+        "version": 1,
+        "parameters": {
+            "day": {"type": "date"},
+            "region": {"type": "string", "default": "-"},
+            "factor": {"type": "int", "default": 1},
+        },
+        "sources": {
+            "sales": {"kind": "inline", "rows": flows.ROWS, "schema": {"region": "string", "amount": "decimal(12,2)"}},
+        },
+        "steps": [
+            {
+                "name": "totals",
+                "sql": sql
+                or (
+                    "select $day::DATE as day, region, (sum(amount) * $factor)::DECIMAL(18,2) as total, "
+                    "count(*)::BIGINT as n from sales group by region order by region"
+                ),
+            }
+        ],
+        "output": {
+            "schema": {"day": "date", "region": "string", "total": "decimal(18,2)", "n": "int64"},
+            "max_rows": 100,
+            "max_bytes": "1MiB",
+        },
+        "target": target,
+    }
+    return parse_definition(json.dumps(document), "<test>")
+
+
+def _run(platform: Platform, tmp_path: Path, defn: Definition, key: str, **params: Any) -> Run:
+    return platform.runs.run_inline(flows.request(defn, tmp_path, key, params=params)).run
+
+
+def _delta_rows_independently(table_dir: Path) -> list[dict[str, Any]]:
+    """The table's rows read without delta-rs: the log replayed by hand (adds minus removes), each live
+    Parquet file read with pyarrow, its partition values taken from its add action."""
+    live: dict[str, dict[str, Any]] = {}
+    for commit in sorted((table_dir / "_delta_log").glob("*.json")):
+        for line in commit.read_text("utf-8").splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "add" in action:
+                live[action["add"]["path"]] = action["add"].get("partitionValues") or {}
+            elif "remove" in action:
+                live.pop(action["remove"]["path"], None)
+    rows: list[dict[str, Any]] = []
+    for path, values in live.items():
+        for row in pq.read_table(table_dir / unquote(path)).to_pylist():
+            rows.append({**row, **{k: v for k, v in values.items()}})
+    return rows
+
+
+def _day_totals(rows: list[dict[str, Any]]) -> dict[str, list[tuple[str, str]]]:
+    found: dict[str, list[tuple[str, str]]] = {}
+    for row in rows:
+        found.setdefault(str(row["day"]), []).append((str(row["region"]), f"{float(row['total']):.2f}"))
+    return {day: sorted(values) for day, values in found.items()}
+
+
+def _sink_rows(kind: str, tmp_path: Path, dsn: str | None) -> dict[str, list[tuple[str, str]]]:
+    """The sink's rows per day through independent readers (both for Delta, and they must agree)."""
+    if kind == "delta":
+        table_dir = tmp_path / "daily"
+        by_hand = _day_totals(_delta_rows_independently(table_dir))
+        import deltalake
+
+        by_delta_rs = _day_totals(deltalake.DeltaTable(str(table_dir)).to_pyarrow_table().to_pylist())
+        assert by_hand == by_delta_rs
+        return by_hand
+    assert dsn is not None
+    with psycopg.connect(dsn) as conn:
+        exists = conn.execute("SELECT to_regclass(%s)", (PG_TABLE,)).fetchone()
+        if exists is None or exists[0] is None:
+            return {}
+        rows = conn.execute(f"SELECT day, region, total FROM {PG_TABLE}").fetchall()
+    return _day_totals([{"day": d, "region": r, "total": t} for d, r, t in rows])
+
+
+EXPECTED_1 = [("north", "11.50"), ("south", "4.25")]
+
+
+def _expected(factor: int) -> list[tuple[str, str]]:
+    return [(region, f"{float(total) * factor:.2f}") for region, total in EXPECTED_1]
+
+
+@pytest.fixture(params=["delta", "postgres"])
+def sink(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str | None]:
+    """The sink kind and, for PostgreSQL, its DSN (a throwaway database, named by a secret)."""
+    if request.param == "delta":
+        return "delta", None
+    pg_url: str = request.getfixturevalue("pg_url")
+    monkeypatch.setenv(SINK_SECRET, pg_url)
+    return "postgres", pg_url.replace("postgresql+psycopg://", "postgresql://")
+
+
+def _provider_target(kind: str, provider: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    options = {"dsn": {"secret": SINK_SECRET}} if kind == "postgres" else None
+    target = _target(kind, options=options, **kwargs)
+    if provider is not None:
+        target["provider"] = provider
+    return target
+
+
+def test_a_rerun_of_a_day_replaces_it_and_leaves_the_other_days(
+    platform: Platform, tmp_path: Path, sink: tuple[str, str | None]
+) -> None:
+    """Day 1, day 2, then day 1 again under another key with other totals: the sink holds day 1 once,
+    with the later run's rows, and day 2 untouched."""
+    kind, dsn = sink
+    defn = _definition(_provider_target(kind))
+    first = _run(platform, tmp_path, defn, "d1-a", day="2024-03-01")
+    second = _run(platform, tmp_path, defn, "d2-a", day="2024-03-02")
+    again = _run(platform, tmp_path, defn, "d1-b", day="2024-03-01", factor=3)
+    assert [r.status for r in (first, second, again)] == ["succeeded"] * 3
+    assert _sink_rows(kind, tmp_path, dsn) == {"2024-03-01": _expected(3), "2024-03-02": _expected(1)}
+    if kind == "delta":
+        import deltalake
+
+        assert deltalake.DeltaTable(str(tmp_path / "daily")).metadata().partition_columns == ["day"]
+
+
+def test_rows_outside_the_partition_never_leave_the_platform(
+    platform: Platform, tmp_path: Path, sink: tuple[str, str | None]
+) -> None:
+    """One result row of another day: the run fails with no external output before dispatch (no
+    dispatch.authorized), the reason names the column and the count, and the sink has no row."""
+    kind, dsn = sink
+    sql = (
+        "select case when region = 'south' then $day::DATE + 1 else $day::DATE end as day, region, "
+        "sum(amount)::DECIMAL(18,2) as total, count(*)::BIGINT as n from sales group by region"
+    )
+    run = _run(platform, tmp_path, _definition(_provider_target(kind), sql=sql), "bad", day="2024-03-01")
+    assert (run.status, run.error_code) == ("failed", "partition_violation")
+    assert run.error_message is not None
+    assert "1 result rows" in run.error_message and "'day'" in run.error_message
+    assert "2024-03" not in run.error_message
+    assert "dispatch.authorized" not in flows.kinds(platform, run.run_id)
+    assert _sink_rows(kind, tmp_path, dsn) == {}
+
+
+def test_the_later_authorized_run_of_a_partition_wins_an_overlap(
+    platform: Platform, tmp_path: Path, sink: tuple[str, str | None]
+) -> None:
+    """Run A is authorized (partition token 1) and, before it publishes, run B of the same day is
+    authorized (token 2) and publishes; A's publish then carries the lower token: Rejected superseded,
+    nothing written. The sink holds B's rows once."""
+    kind, dsn = sink
+    defn = _definition(_provider_target(kind))
+    later: list[Run] = []
+
+    def overlap(point: str) -> None:
+        if point == crashpoints.AFTER_PREDISPATCH_COMMIT and not later:
+            crashpoints.set_hook(None)
+            later.append(_run(platform, tmp_path, defn, "day-b", day="2024-03-01", factor=2))
+
+    crashpoints.set_hook(overlap)
+    earlier = _run(platform, tmp_path, defn, "day-a", day="2024-03-01")
+    assert later[0].status == "succeeded"
+    assert (earlier.status, earlier.error_code) == ("failed", "publication_rejected")
+    assert earlier.error_message is not None and SUPERSEDED in earlier.error_message
+    assert _sink_rows(kind, tmp_path, dsn) == {"2024-03-01": _expected(2)}
+
+
+def test_a_resume_never_replaces_a_newer_publication_of_its_partition(
+    platform: Platform, tmp_path: Path, sink: tuple[str, str | None]
+) -> None:
+    """Run A is authorized (token 1) but its publish never reaches the sink (outcome_unknown); run B of
+    the same day publishes (token 2); reconcile proves A absent and resumes it under A's own token 1:
+    refused superseded, and the sink still holds B's rows once."""
+    kind, dsn = sink
+    inner = DeltaProvider() if kind == "delta" else PostgresTableProvider()
+    faulty = FaultInjectingProvider(inner, "fail_before_send", fail_times=1)
+    registry.register_provider("faulty", lambda: faulty)
+    defn = _definition(_provider_target(kind, "faulty"))  # its first publish call fails, later ones pass
+    earlier = _run(platform, tmp_path, defn, "day-a", day="2024-03-01")
+    assert earlier.status == "outcome_unknown"
+    later = _run(platform, tmp_path, defn, "day-b", day="2024-03-01", factor=2)
+    assert later.status == "succeeded", (later.error_code, later.error_message)
+    resumed = flows.reconcile_as_operator(platform, earlier.run_id, resume=True)
+    assert resumed.resumed
+    assert (resumed.run.status, resumed.run.error_code) == ("failed", "publication_rejected")
+    assert resumed.run.error_message is not None and SUPERSEDED in resumed.run.error_message
+    assert _sink_rows(kind, tmp_path, dsn) == {"2024-03-01": _expected(2)}
+
+
+INJECTION = "x' OR '1'='1"
+
+
+def test_a_string_partition_value_cannot_inject(
+    platform: Platform, tmp_path: Path, sink: tuple[str, str | None]
+) -> None:
+    """A region partition whose value is a quote-laden string: it replaces only its own rows (the
+    predicate / DELETE compare it as a value), twice, and the other region's rows stay."""
+    kind, dsn = sink
+    sql = (
+        "select DATE '2024-03-01' as day, $region as region, (sum(amount) * $factor)::DECIMAL(18,2) as total, "
+        "count(*)::BIGINT as n from sales"
+    )
+    defn = _definition(_provider_target(kind, column="region"), sql=sql)
+    assert _run(platform, tmp_path, defn, "plain", day="2024-03-01", region="plain").status == "succeeded"
+    for key, factor in (("inject-1", 1), ("inject-2", 2)):
+        run = _run(platform, tmp_path, defn, key, day="2024-03-01", region=INJECTION, factor=factor)
+        assert run.status == "succeeded"
+    assert _sink_rows(kind, tmp_path, dsn) == {"2024-03-01": sorted([(INJECTION, "31.50"), ("plain", "15.75")])}
+
+
+@pytest.mark.parametrize("submit", ["run_inline", "submit"])
+def test_the_parquet_folder_refuses_replace_partition_before_anything_is_recorded(
+    platform: Platform, tmp_path: Path, submit: str
+) -> None:
+    before = flows.row_counts(platform)
+    call: Callable[..., Any] = getattr(platform.runs, submit)
+    with pytest.raises(InputError, match="cannot replace a partition atomically"):
+        call(flows.request(_definition(_target("parquet")), tmp_path, "k", params={"day": "2024-03-01"}))
+    assert flows.row_counts(platform) == before
+    assert not (tmp_path / "daily").exists()
+
+
+def test_a_definition_without_a_partition_keeps_its_hash() -> None:
+    assert definition_hash(flows.definition(flows.parquet_target("delta"))) == UNPARTITIONED_DELTA_HASH
+
+
+def test_the_resolved_partition_is_in_the_authorization(platform: Platform, tmp_path: Path) -> None:
+    """dispatch.authorized records the partition token; the run's target records the partition as written."""
+    defn = _definition(_target("delta"))
+    run = _run(platform, tmp_path, defn, "k", day="2024-03-01")
+    assert run.status == "succeeded" and (run.target or {})["partition"] == {"day": "$day"}
+    with platform.runs.db.read() as conn:
+        assert forward.authorized_partition_token(conn, run) == 1
+    second = _run(platform, tmp_path, defn, "k2", day="2024-03-01")
+    with platform.runs.db.read() as conn:
+        assert forward.authorized_partition_token(conn, second) == 2
