@@ -288,3 +288,44 @@ def test_the_resolved_partition_is_in_the_authorization(platform: Platform, tmp_
     second = _run(platform, tmp_path, defn, "k2", day="2024-03-01")
     with platform.runs.db.read() as conn:
         assert forward.authorized_partition_token(conn, second) == 2
+
+
+def test_the_api_refuses_replace_partition_on_parquet_with_422(platform: Platform, tmp_path: Path) -> None:
+    """POST /v1/runs with an inline definition whose Parquet target asks replace_partition: 422
+    invalid_input, the reason names the provider, and no run is recorded."""
+    from fastapi.testclient import TestClient
+
+    from durable_dataflow.api.app import create_app
+    from support.api_runs import make_tokens
+
+    tokens = make_tokens(platform)
+    document = json.loads(json.dumps(_definition(_target("parquet")).model_dump(mode="json", by_alias=True)))
+    document = {k: v for k, v in document.items() if v is not None and k not in ("limits", "schedule")}
+    before = flows.row_counts(platform)
+    (tmp_path / "root" / "acme").mkdir(parents=True)
+    with TestClient(create_app(platform, data_root=tmp_path / "root")) as client:
+        answer = client.post(
+            "/v1/runs",
+            json={"definition": document, "parameters": {"day": "2024-03-01"}},
+            headers={"Authorization": f"Bearer {tokens.submitter}"},
+        )
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["code"] == "invalid_input"
+    assert "cannot replace a partition atomically" in answer.json()["error"]["message"]
+    assert flows.row_counts(platform) == before
+
+
+def test_the_delta_predicate_quotes_identifiers_and_values() -> None:
+    """Quotes are doubled in identifiers and string literals; a date compares as a date; a type the
+    provider cannot compare exactly is refused before the sink is touched (never echoing the value)."""
+    import datetime as dt
+    from decimal import Decimal
+
+    from durable_dataflow.datasources.delta import partition_predicate
+
+    assert partition_predicate({'we"ird': INJECTION, "day": dt.date(2024, 3, 1), "n": 3, "b": True}) == (
+        '"we""ird" = \'x\'\' OR \'\'1\'\'=\'\'1\' AND "day" = CAST(\'2024-03-01\' AS DATE) AND "n" = 3 AND "b" = TRUE'
+    )
+    with pytest.raises(InputError, match="'amount'") as refused:
+        partition_predicate({"amount": Decimal("1.50")})
+    assert "1.50" not in str(refused.value)
