@@ -329,3 +329,24 @@ def test_the_delta_predicate_quotes_identifiers_and_values() -> None:
     with pytest.raises(InputError, match="'amount'") as refused:
         partition_predicate({"amount": Decimal("1.50")})
     assert "1.50" not in str(refused.value)
+
+
+def test_reconcile_by_key_of_a_partition_publication_whose_answer_was_lost(
+    platform: Platform, tmp_path: Path, sink: tuple[str, str | None]
+) -> None:
+    """The sink commits the partition and the answer is lost (outcome_unknown): reconcile by key finds it
+    present with the recorded digest (succeeded), the partition holds that run's rows once, and a resume
+    is not needed; a later run of the day still replaces it."""
+    kind, dsn = sink
+    inner = DeltaProvider() if kind == "delta" else PostgresTableProvider()
+    faulty = FaultInjectingProvider(inner, "timeout_after_commit", fail_times=1)
+    registry.register_provider("faulty", lambda: faulty)
+    defn = _definition(_provider_target(kind, "faulty"))
+    lost = _run(platform, tmp_path, defn, "lost", day="2024-03-01", factor=2)
+    assert lost.status == "outcome_unknown"
+    found = flows.reconcile_as_operator(platform, lost.run_id)
+    assert (found.finding, found.run.status) == ("present", "succeeded")
+    assert _sink_rows(kind, tmp_path, dsn) == {"2024-03-01": _expected(2)}
+    assert _run(platform, tmp_path, defn, "next", day="2024-03-01", factor=3).status == "succeeded"
+    assert _sink_rows(kind, tmp_path, dsn) == {"2024-03-01": _expected(3)}
+    assert faulty.counters.inner_publish_calls == 2
