@@ -1,5 +1,6 @@
 """A target's partition (issue 27): `mode: replace_partition` needs one, nothing else may have one, its
-columns are in output.schema, its "$name" references name declared parameters; absent, the target is
+columns are in output.schema and of a type with exact equality, its "$name" references name declared
+parameters of the column's kind and its literals are canonical values of that kind; absent, the target is
 recorded and hashed exactly as before."""
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ def _parse(target_extra: dict[str, Any]) -> Any:
         "sources": {
             "sales": {"kind": "inline", "rows": flows.ROWS, "schema": {"region": "string", "amount": "float64"}}
         },
-        "steps": [{"name": "out", "sql": "select $day::DATE as day, region from sales"}],
-        "output": {"schema": {"day": "date", "region": "string"}, "max_rows": 10, "max_bytes": "1MiB"},
+        "steps": [{"name": "out", "sql": "select $day::DATE as day, region, amount as score from sales"}],
+        "output": {
+            "schema": {"day": "date", "region": "string", "score": "float64"},
+            "max_rows": 10,
+            "max_bytes": "1MiB",
+        },
         "target": {
             "type": "datasources.publication",
             "provider": "delta",
@@ -51,6 +56,10 @@ def test_a_partitioned_target_parses() -> None:
         ({"mode": "replace_partition", "partition": {"other": "$day"}}, "not in output.schema"),
         ({"mode": "replace_partition", "partition": {"day": "$nope"}}, "undeclared parameter"),
         ({"mode": "replace_partition", "partition": {}}, "partition"),
+        ({"mode": "replace_partition", "partition": {"region": "$day"}}, "must be declared string"),
+        ({"mode": "replace_partition", "partition": {"region": 5}}, "literal must be a string"),
+        ({"mode": "replace_partition", "partition": {"day": "2024-3-1"}}, "literal must be a date"),
+        ({"mode": "replace_partition", "partition": {"score": 1.5}}, "a partition column is a string"),
     ],
 )
 def test_a_wrong_partition_is_refused(extra: dict[str, Any], words: str) -> None:

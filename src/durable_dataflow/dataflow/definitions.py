@@ -330,6 +330,35 @@ PARAMETER_REFERENCE = "$"
 PARTITION_COLUMNS_MAX = 8
 
 
+def _partition_kind(dtype: pa.DataType) -> str | None:
+    """The parameter type whose values a partition column of this Arrow type holds (one canonical JSON
+    form per value, so a partition has one digest whoever names it), or None (float: no exact equality)."""
+    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
+        return "string"
+    if pa.types.is_integer(dtype):
+        return "int"
+    if pa.types.is_boolean(dtype):
+        return "bool"
+    if pa.types.is_date(dtype):
+        return "date"
+    if pa.types.is_timestamp(dtype):
+        return "timestamp"
+    if pa.types.is_decimal(dtype):
+        return "decimal"
+    return None
+
+
+def _canonical_literal(kind: str, value: Any) -> bool:
+    """Whether a partition literal is a value of `kind` in the canonical form its parameter would have."""
+    if isinstance(value, bool) != (kind == "bool"):
+        return False
+    try:
+        canonical = parameters_mod.coerce(kind, value)
+    except parameters_mod.ParameterValueError:
+        return False
+    return bool(canonical == value and type(canonical) is type(value))
+
+
 class TargetSpec(_Model):
     """Where a published run's result goes (forward-recovery mode)."""
 
@@ -482,9 +511,28 @@ class Definition(_Model):
         for column in self.target.partition:
             if column not in self.output.columns:
                 raise ValueError(f"target.partition column {column!r} is not in output.schema")
-        for column, name in self.target.partition_parameters().items():
-            if name not in self.parameters:
-                raise ValueError(f"target.partition column {column!r} names an undeclared parameter {name!r}")
+        references = self.target.partition_parameters()
+        for column, value in self.target.partition.items():
+            kind = _partition_kind(parse_arrow_type(self.output.columns[column]))
+            if kind is None:
+                raise ValueError(
+                    f"target.partition column {column!r}: a partition column is a string, integer, boolean, date, "
+                    "timestamp or decimal column"
+                )
+            if column in references:
+                name = references[column]
+                if name not in self.parameters:
+                    raise ValueError(f"target.partition column {column!r} names an undeclared parameter {name!r}")
+                if self.parameters[name].type != kind:
+                    raise ValueError(
+                        f"target.partition column {column!r} is a {kind} column: parameter {name!r} must be "
+                        f"declared {kind}"
+                    )
+            elif not _canonical_literal(kind, value):
+                raise ValueError(
+                    f"target.partition column {column!r} is a {kind} column: its literal must be a {kind} "
+                    "in canonical form"
+                )
         return self
 
     @model_validator(mode="after")
