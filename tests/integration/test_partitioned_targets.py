@@ -350,3 +350,22 @@ def test_reconcile_by_key_of_a_partition_publication_whose_answer_was_lost(
     assert _run(platform, tmp_path, defn, "next", day="2024-03-01", factor=3).status == "succeeded"
     assert _sink_rows(kind, tmp_path, dsn) == {"2024-03-01": _expected(3)}
     assert faulty.counters.inner_publish_calls == 2
+
+
+def test_an_existing_table_filled_by_appends_is_replaced_by_partition(
+    platform: Platform, tmp_path: Path, sink: tuple[str, str | None]
+) -> None:
+    """A table an append target created (for Delta: not partitioned) keeps working: a partitioned run of
+    a day replaces that day's appended rows through the predicate and leaves the other day's."""
+    kind, dsn = sink
+    appending = {**_provider_target(kind), "mode": "append"}
+    del appending["partition"]
+    for day in ("2024-03-01", "2024-03-02"):
+        assert _run(platform, tmp_path, _definition(appending), f"append-{day}", day=day).status == "succeeded"
+    replaced = _run(platform, tmp_path, _definition(_provider_target(kind)), "replace", day="2024-03-01", factor=4)
+    assert replaced.status == "succeeded", replaced.error_message
+    assert _sink_rows(kind, tmp_path, dsn) == {"2024-03-01": _expected(4), "2024-03-02": _expected(1)}
+    if kind == "delta":
+        import deltalake
+
+        assert deltalake.DeltaTable(str(tmp_path / "daily")).metadata().partition_columns == []
