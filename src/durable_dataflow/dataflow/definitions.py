@@ -177,6 +177,11 @@ class SecretRef(_Model):
     secret: str = Field(pattern=SECRET_NAME_PATTERN.pattern)
 
 
+
+def _optional_type_map(value: dict[str, str] | None) -> dict[str, str] | None:
+    """An optional source schema: checked like a required one when given."""
+    return None if value is None else _check_type_map(value)
+
 class CsvSource(_Model):
     """A CSV file; `schema` fixes column types (others are inferred)."""
 
@@ -195,10 +200,7 @@ class CsvSource(_Model):
             return value
         raise ValueError("the delimiter is not allowed: use one printable ASCII character other than '\"', or a tab")
 
-    @field_validator("columns")
-    @classmethod
-    def _types(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        return None if value is None else _check_type_map(value)
+    _types = field_validator("columns")(_optional_type_map)
 
 
 class ParquetSource(_Model):
@@ -211,10 +213,7 @@ class ParquetSource(_Model):
 
     _ordered = field_validator("columns", mode="before")(ordered_columns)
 
-    @field_validator("columns")
-    @classmethod
-    def _types(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        return None if value is None else _check_type_map(value)
+    _types = field_validator("columns")(_optional_type_map)
 
 
 class InlineSource(_Model):
@@ -252,10 +251,7 @@ class PostgresSource(_Model):
 
     _ordered = field_validator("columns", mode="before")(ordered_columns)
 
-    @field_validator("columns")
-    @classmethod
-    def _types(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        return None if value is None else _check_type_map(value)
+    _types = field_validator("columns")(_optional_type_map)
 
     @field_validator("dsn", mode="before")
     @classmethod
