@@ -119,22 +119,29 @@ def test_thousand_runs_four_workers_duplicate_keys(postgres_server: PostgresServ
 
 @pytest.mark.timeout(120)
 def test_sigterm_lets_the_in_flight_run_finish(postgres_server: PostgresServer, tmp_path: Path) -> None:
-    """SIGTERM reaching a worker mid-execution (held at during_execution by a pause, so the signal
-    is certainly in flight with the run) stops claiming; the run finishes under attempt 1, the
-    next queued run stays queued, and the worker exits 0."""
+    """SIGTERM reaching a worker whose forward run is authorized to dispatch (held at
+    after_predispatch_commit by a pause, so the signal is certainly in flight with the run) stops
+    claiming; the authorized publication is never cut short: the run finishes under attempt 1, its
+    rows in the sink once, the next queued run stays queued, and the worker exits 0. (Whether an
+    attempt not yet authorized ends ``cancelled`` or finishes depends on which thread runs first after
+    SIGCONT; tests/integration/test_execution_interrupt.py holds that case deterministically.)"""
     url = harness.fresh_database(postgres_server, "sigterm")
     atomic, forward = _definitions(tmp_path)
     log = tmp_path / "worker.log"
     with harness.open_platform(url) as platform:
-        _submit_inline(platform, atomic, forward, 2)
-        env = harness.worker_env(url, lease_ttl_s=FLEET_TTL_S, pause_at="during_execution")
+        platform.runs.submit(harness.request_for(forward, {"n": "0"}, "k-0"))
+        platform.runs.submit(harness.request_for(atomic, {"n": "1"}, "k-1"))
+        env = harness.worker_env(url, lease_ttl_s=FLEET_TTL_S, pause_at="after_predispatch_commit")
         worker = harness.start(harness.worker_args(), env, log)
         harness.wait_until(lambda: harness.is_stopped(worker.pid) or worker.poll() is not None, 60, "the pause")
         worker.send_signal(harness.signal.SIGTERM)  # delivered when the process continues
         harness.resume(worker)
         code = harness.wait_exit(worker, log)
         states = [(r.idempotency_key, r.status, r.attempt) for r in harness.all_runs(platform.db)]
+        published = harness.parquet_publications(forward.parent / "sink")
+        violations = [v for v in harness.check(platform.db, published).violations if "still queued" not in v]
     events = harness.log_events(log)
     assert code == 0, harness.tail(log)
     assert sorted(states) == [("k-0", "succeeded", 1), ("k-1", "queued", 0)], harness.tail(log)
+    assert len(published) == 1 and violations == [], (published, violations)  # k-1 stays queued on purpose
     assert events["worker.stopping"] == 1 and events["run.finished"] == 1, events

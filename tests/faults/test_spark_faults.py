@@ -35,6 +35,7 @@ from durable_dataflow.dataflow.definitions import Definition, load_definition
 from durable_dataflow.dataflow.execution import ExecutionContext, ExecutionLimits, execute, spark_engine
 from durable_dataflow.dataflow.forward import publication_key
 from durable_dataflow.dataflow.runs import MODULE, Run
+from durable_dataflow.datasources.parquet_folder import MARKER
 from durable_dataflow.platform import Platform
 from faults import harness
 
@@ -91,8 +92,9 @@ def sink_of(definition: Path) -> Path:
 
 
 def sink_files(definition: Path) -> list[Path]:
-    """Every file in the sink folder (preparing it before authorization creates folders only)."""
-    return sorted(p for p in sink_of(definition).rglob("*") if p.is_file())
+    """Every file in the sink folder but its location marker: preparing it before authorization creates the
+    folders and the marker that records which folder was registered, nothing else."""
+    return sorted(p for p in sink_of(definition).rglob("*") if p.is_file() and p != sink_of(definition) / MARKER)
 
 
 def spark_env(url: str, ttl_s: float, marker: str, *, master: str = "local[2]", event_log: Path | None = None,

@@ -44,7 +44,14 @@ from durable_dataflow.dataflow.execution import ExecutionResult
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.service import Claim, RunService
-from durable_dataflow.datasources.contract import AlreadyPublished, Fenced, Published, PublishOutcome, PublishTarget
+from durable_dataflow.datasources.contract import (
+    AlreadyPublished,
+    Fenced,
+    Location,
+    Published,
+    PublishOutcome,
+    PublishTarget,
+)
 from hypothesis_profiles import CI_EXAMPLES, LONG_PROFILE, machine_settings
 from support.statemachine import (
     LEASE_TTL_S,
@@ -106,6 +113,7 @@ class Held:
     attempt: int
     mode: Mode
     result: ExecutionResult | None = None
+    located: Location | None = None  # what prepare_target created or found, for the authorization to record
     authorized: bool = False
     outcome: PublishOutcome | None = None
     recorded_digest: str = ""
@@ -325,7 +333,7 @@ class RecoveryMachine(RuleBasedStateMachine):
         if held.mode == Mode.FORWARD_RECOVERY:  # execute_forward prepares the sink before computing
             provider = forward.load_capable_provider(run)
             forward.preflight_target(svc, run, provider)
-            forward.prepare_target(svc, run, provider)
+            held.located = forward.prepare_target(svc, run, provider)
         held.result = svc.compute(run)
 
     @precondition(lambda self: self.within_budget("execute_whole_attempt") and self.has(needs_compute))
@@ -355,7 +363,7 @@ class RecoveryMachine(RuleBasedStateMachine):
         assert result is not None
         refused = self.fenced_write(
             held, "the pre-dispatch commit",
-            lambda: forward.authorize_dispatch(svc, svc.get(held.run_id), held.attempt, result),
+            lambda: forward.authorize_dispatch(svc, svc.get(held.run_id), held.attempt, result, held.located),
         )  # fmt: skip
         if refused:
             self.forget(held)  # execute_forward stops here: the sweeper proves the attempt absent
@@ -563,7 +571,7 @@ class RecoveryMachine(RuleBasedStateMachine):
         event(f"reconcile found {finding}" + (" and resumed" if resumed else ""))
         assert (result.finding, result.resumed) == (finding, resumed), (
             f"reconcile of run {run_id} found {result.finding!r} (resumed={result.resumed}), expected {finding!r} "
-            f"(resumed={resumed}): {describe(before)}"
+            f"(resumed={resumed}); its detail: {result.detail}; {describe(before)}"
         )
         after = self.read()
         run = after.runs[run_id]

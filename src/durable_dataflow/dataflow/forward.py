@@ -326,10 +326,11 @@ def execute_forward(
 
 
 def authorize_dispatch(
-    service: Attempts, run: Run, attempt: int, result: ExecutionResult, located: contract.Location | None = None
+    service: Attempts, run: Run, attempt: int, result: ExecutionResult, located: contract.Location | None
 ) -> None:
     """The pre-dispatch fenced commit: result, digests, ``dispatch.authorized`` (with the prepared
-    location's place digest and identity, which reconcile holds the target to). The chain it extends
+    location's place digest and identity, which reconcile holds the target to; ``located`` is what
+    `prepare_target` returned, None only for a provider that does not locate). The chain it extends
     must verify first (EvidenceError otherwise): a publication is never authorized on evidence that
     could not later prove its success, such as entries written under another evidence-key setting."""
     key = publication_key(run)
