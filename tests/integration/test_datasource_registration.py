@@ -342,3 +342,40 @@ def test_forward_prepare_target_registers_through_the_service(platform: Platform
     assert (tmp_path / "prepared" / "_manifests").is_dir()
     [row] = _rows(platform)
     assert (row["tenant"], row["location"], row["created_by_run"]) == ("acme", "prepared", run.run_id)
+
+
+def test_migration_0010_marks_the_registrations_made_before_locations_were_recorded(db_url: str) -> None:
+    """Proves upgrading a 0009 database marks a datasource a run registered with no recorded place
+    (`locations_unrecorded`), and neither a declaration nor a registration whose place was recorded; a downgrade
+    drops the mark and keeps the rows."""
+    db = Database(db_url)
+    try:
+        migrations.upgrade(db, "0009_partition_tokens")
+        insert = (
+            "INSERT INTO datasources (tenant, name, provider, location, options_json, registered_at, created_by_run) "
+            "VALUES (:tenant, :name, 'parquet', 'sink', '{}', :at, :run)"
+        )
+        at = "2026-01-02 03:04:05+00:00"
+        with db.begin() as conn:
+            for tenant, name, run in (("acme", "old", "r-old"), ("acme", "recorded", "r-rec"), ("*", "declared", None)):
+                conn.execute(sa.text(insert), {"tenant": tenant, "name": name, "at": at, "run": run})
+            conn.execute(
+                sa.text(
+                    "INSERT INTO datasource_locations (tenant, name, place_digest, identity, created_by_run, "
+                    "recorded_at) VALUES ('acme', 'recorded', 'sha256:00', 'id', 'r-rec', :at)"
+                ),
+                {"at": at},
+            )
+        migrations.upgrade(db)
+        with db.read() as conn:
+            marked = {
+                name: registry.get_datasource(conn, name, tenant=tenant).locations_unrecorded
+                for tenant, name in (("acme", "old"), ("acme", "recorded"), ("*", "declared"))
+            }
+        assert marked == {"old": True, "recorded": False, "declared": False}
+        _alembic(db, "downgrade", "0009_partition_tokens")
+        with db.read() as conn:
+            assert len(conn.execute(sa.text("SELECT name FROM datasources")).all()) == 3
+        migrations.upgrade(db)
+    finally:
+        db.dispose()

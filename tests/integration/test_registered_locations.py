@@ -35,9 +35,9 @@ from durable_dataflow.datasources.contract import (
     PublishTarget,
 )
 from durable_dataflow.datasources.delta import DeltaProvider
-from durable_dataflow.datasources.parquet_folder import ParquetFolderProvider
+from durable_dataflow.datasources.parquet_folder import MARKER, ParquetFolderProvider
 from durable_dataflow.datasources.postgres_table import PostgresTableProvider
-from durable_dataflow.datasources.schema import datasource_locations
+from durable_dataflow.datasources.schema import datasource_locations, datasources
 from durable_dataflow.datasources.testing import FaultInjectingProvider
 from durable_dataflow.platform import Platform
 from support import flows
@@ -175,6 +175,54 @@ def test_forgetting_a_datasource_lets_the_next_run_create_it_and_is_recorded_wit
     payload = entries[0].payload
     assert (payload["tenant"], payload["datasource"], payload["places_forgotten"]) == ("acme", "analytics.totals", 1)
     assert payload["principal"] == "ops-alice" and payload["provenance"]["actor"] == "ops-alice"
+
+
+def _as_registered_before_locations_were_recorded(platform: Platform) -> None:
+    """What migration 0010 leaves of a datasource a run registered before 0008: no recorded place, marked."""
+    where = sa.and_(datasources.c.tenant == "acme", datasources.c.name == "analytics.totals")
+    with platform.db.begin() as conn:
+        conn.execute(sa.delete(datasource_locations).where(
+            datasource_locations.c.tenant == "acme", datasource_locations.c.name == "analytics.totals"
+        ))  # fmt: skip
+        conn.execute(sa.update(datasources).where(where).values(locations_unrecorded=True))
+
+
+@pytest.mark.parametrize("name", sorted(FILE_PROVIDERS))
+def test_a_datasource_registered_before_locations_were_recorded_is_not_created_where_nothing_is_found(
+    platform: Platform, tmp_path: Path, name: str
+) -> None:
+    """The upgrade path: A's answer was lost under a version that recorded no locations, and its folder is not
+    mounted when the upgraded platform runs B. B is refused before dispatch without creating the folder, A stays
+    undecided; with the folder back B's run records it as found and publishes; a folder at another base directory
+    is refused too until the platform operator forgets the datasource, after which it is created."""
+    faulty = FaultInjectingProvider(FILE_PROVIDERS[name](), "timeout_after_commit", fail_times=1)
+    registry.register_provider("faulty", lambda: faulty)
+    run_a = _run(platform, tmp_path, "faulty", "A")
+    assert run_a.status == "outcome_unknown"
+    _as_registered_before_locations_were_recorded(platform)
+    sink, moved = tmp_path / "sink", tmp_path / "moved"
+    sink.rename(moved)
+
+    run_b = _run(platform, tmp_path, "faulty", "B")
+    assert (run_b.status, run_b.recovery_status) == ("failed", "no_external_output")
+    assert run_b.error_code == "location_missing" and run_b.error_message is not None
+    assert f"was registered by run {run_a.run_id} before" in run_b.error_message
+    assert str(tmp_path) not in run_b.error_message
+    assert not sink.exists(), "a location of a datasource registered before locations were recorded was created"
+    undecided = _reconcile(platform, run_a.run_id)
+    assert undecided.finding == "undecided" and not sink.exists()
+
+    moved.rename(sink)
+    if name == "parquet":
+        (sink / MARKER).unlink()  # laid out before folders carried a marker: there all the same
+    assert _run(platform, tmp_path, "faulty", "C").status == "succeeded"
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    assert _run(platform, other, "faulty", "D").error_code == "location_missing"
+    assert not (other / "sink").exists()
+    _forget(platform)
+    assert _run(platform, other, "faulty", "E").status == "succeeded"
+    assert _publications(name, sink) == 2 and _publications(name, other / "sink") == 1  # A's and C's; E's
 
 
 def test_forgetting_a_datasource_the_tenant_never_registered_is_not_found(platform: Platform) -> None:

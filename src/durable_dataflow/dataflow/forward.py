@@ -225,7 +225,11 @@ def check_location(
         return found, None
     with service.db.read() as conn:
         recorded = registry.recorded_location(conn, run.tenant, _datasource(run), found.place)
-    problem = registry.location_problem(_datasource(run), recorded, found.identity, _thing(provider))
+        problem = (
+            registry.location_problem(_datasource(run), recorded, found.identity, _thing(provider))
+            if recorded is not None
+            else registry.unrecorded_location_problem(conn, run.tenant, _datasource(run), found)
+        )
     if problem is not None:
         raise contract.LocationGone(problem)
     return found, recorded

@@ -246,10 +246,13 @@ class Undecided:
 class Location:
     """Where a target resolves and what is there (`locate`). `place` describes the resolved location
     (an absolute folder, a database and table) and is never shown: the platform keeps its digest.
-    `identity` is the provider's id of the location it prepared there, None when there is none."""
+    `identity` is the provider's id of the location it prepared there, None when there is none.
+    `occupied`: with no identity, something this provider could publish into is there all the same
+    (a Parquet folder laid out before folders carried a marker), so it is not "nothing there"."""
 
     place: str
     identity: str | None
+    occupied: bool = False
 
 
 PublishOutcome = Published | AlreadyPublished | Fenced | Rejected

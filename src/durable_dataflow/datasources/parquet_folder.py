@@ -166,7 +166,8 @@ class ParquetFolderProvider:
 
     def locate(self, target: PublishTarget) -> Location:
         """The resolved folder and its marker's id (`contract.locate`); None when the folder, a subfolder
-        or the marker is missing. A marker that is not one this provider wrote raises ValueError."""
+        or the marker is missing (occupied: a folder laid out before folders carried a marker). A marker
+        that is not one this provider wrote raises ValueError."""
         folder = resolve_location(target)
         place = f"parquet:{folder}"
         if not all((folder / sub).is_dir() for sub in SUBFOLDERS):
@@ -174,7 +175,7 @@ class ParquetFolderProvider:
         try:
             raw = _read_marker(folder / MARKER)
         except FileNotFoundError:
-            return Location(place, None)
+            return Location(place, None, occupied=True)
         try:
             marker = json.loads(raw) if len(raw) <= MARKER_BYTES_MAX else None
         except ValueError:

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from importlib import metadata as importlib_metadata
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, insert, or_, select
+from sqlalchemy import Connection, delete, func, insert, or_, select, update
 
 from durable_dataflow.core import hashing, ledger
 from durable_dataflow.core.db import Database, insert_if_absent
@@ -33,6 +33,7 @@ from durable_dataflow.datasources.contract import (
     LOCATION_MISSING,
     Capability,
     InspectOutcome,
+    Location,
     MissingCapability,
     Provider,
     Undecided,
@@ -146,6 +147,8 @@ class Datasource:
     registered_at: datetime
     tenant: str = PLATFORM_DECLARED
     created_by_run: str | None = None
+    # Registered by a publication before locations were recorded (migration 0010), until forgotten.
+    locations_unrecorded: bool = False
 
 
 @dataclass(frozen=True)
@@ -329,6 +332,13 @@ LOCATION_REPLACED = (
     "concluded from it, because an earlier publication may be in the one that was replaced; restore it, or, "
     "if it is really gone, a platform operator runs `dataflow datasources forget`"
 )
+LOCATION_UNRECORDED_GONE = (
+    "the datasource {name!r} was registered by run {run} before this platform recorded where it created "
+    "locations, and "
+    + LOCATION_MISSING
+    + "; it is not created here, because an earlier publication may be in it: restore or mount it, or, if it "
+    "is really gone or was never created here, a platform operator runs `dataflow datasources forget`"
+)
 LOCATION_RECORDED_LATER = (
     "the datasource {name!r} was recorded at this location by run {run}, after this run's dispatch was authorized "
     "by a version that did not record locations: it may have been created again since, so nothing found there can "
@@ -396,6 +406,19 @@ def record_location(
     return stored
 
 
+def unrecorded_location_problem(conn: Connection, tenant: str, name: str, found: Location) -> str | None:
+    """Why a place where the tenant's datasource has no recorded location cannot be prepared or inspected:
+    nothing is there and the datasource was registered before locations were recorded, so the platform
+    may have created it there and lost it (`LOCATION_UNRECORDED_GONE`); None otherwise (something is
+    there: the run records it as found)."""
+    if found.identity is not None or found.occupied:
+        return None
+    stored = get_datasource_or_none(conn, name, tenant=tenant)
+    if stored is None or not stored.locations_unrecorded:
+        return None
+    return LOCATION_UNRECORDED_GONE.format(name=name, run=stored.created_by_run)
+
+
 def location_problem(name: str, recorded: RecordedLocation | None, identity: str | None, what: str) -> str | None:
     """Why a datasource recorded at a place cannot be prepared or inspected there now (missing, or
     another ``what`` in its place), or None: never recorded there, or still the one recorded."""
@@ -450,8 +473,9 @@ def forget_locations(
     evidence_key: Secret | None = None,
 ) -> int:
     """The platform operator's declaration that the tenant's datasource's created locations are really
-    gone: their records are deleted, so the next run creates the location afresh (and a reconcile may
-    then find a key absent there). Recorded in the ledger with who asked, in the caller's transaction.
+    gone: their records are deleted (and a registration from before locations were recorded is no
+    longer held to them), so the next run creates the location afresh (and a reconcile may then find
+    a key absent there). Recorded in the ledger with who asked, in the caller's transaction.
     NotFound when the tenant has no such datasource; returns how many places were forgotten."""
     check_tenant(tenant)
     check_name_text(name)
@@ -460,6 +484,8 @@ def forget_locations(
     where = (datasource_locations.c.tenant == tenant) & (datasource_locations.c.name == name)
     forgotten = int(conn.execute(select(func.count()).select_from(datasource_locations).where(where)).scalar_one())
     conn.execute(delete(datasource_locations).where(where))
+    registered = (datasources.c.tenant == tenant) & (datasources.c.name == name)
+    conn.execute(update(datasources).where(registered).values(locations_unrecorded=False))
     ledger.append(
         conn, db, LEDGER_MODULE, ledger_subject(tenant, name), 0, LOCATIONS_FORGOTTEN,
         {"tenant": tenant, "datasource": name, "places_forgotten": forgotten, **asked_by},
@@ -481,6 +507,7 @@ def _row_to_datasource(row: Any) -> Datasource:
         registered_at,
         row.tenant,
         row.created_by_run,
+        bool(row.locations_unrecorded),
     )
 
 

@@ -12,7 +12,7 @@ tenant: two tenants' `analytics.totals` are two rows, and neither can see or blo
 
 from __future__ import annotations
 
-from sqlalchemy import Column, DateTime, MetaData, PrimaryKeyConstraint, String, Table, Text
+from sqlalchemy import Boolean, Column, DateTime, MetaData, PrimaryKeyConstraint, String, Table, Text, false
 
 # Bounds for the registry's text columns; a named datasource is an identifier, not a document.
 DATASOURCE_NAME_CHARS_MAX = 200
@@ -40,6 +40,10 @@ datasources = Table(
     Column("registered_at", DateTime(timezone=True), nullable=False),
     # The run whose first publication registered the datasource; None for a declaration.
     Column("created_by_run", String(RUN_ID_CHARS_MAX), nullable=True),
+    # True for a datasource registered by a publication before locations were recorded (migration
+    # 0010 sets it): a place of it where nothing is found may be one the platform created and lost,
+    # so it is not created there until a platform operator forgets its locations.
+    Column("locations_unrecorded", Boolean, nullable=False, server_default=false()),
     PrimaryKeyConstraint("tenant", "name", name="pk_datasources"),
 )
 
