@@ -14,10 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from durable_dataflow.core.errors import Interrupted, LimitExceeded
-from durable_dataflow.dataflow import crashpoints, progress
+from durable_dataflow.dataflow import crashpoints, evidence, progress
 from durable_dataflow.dataflow.definitions import Definition
 from durable_dataflow.dataflow.execution import ExecutionContext, ExecutionLimits, execute
 from durable_dataflow.dataflow.interruption import Interruption
+from durable_dataflow.platform import Platform
+from support import flows
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -111,3 +113,25 @@ def test_spark_cancels_a_running_job_within_a_second_when_interrupted(tmp_path: 
         crashpoints.set_hook(None)
     assert stopped_after_s <= SPARK_STOPPED_AFTER_S_MAX, stopped_after_s
     assert execute(count, {}, ExecutionContext(tmp_path, (tmp_path,), ExecutionLimits())).row_count == 1
+
+
+@pytest.mark.parametrize("with_target", [False, True], ids=["atomic", "forward"])
+def test_an_interruption_after_the_engine_ended_still_cancels_before_the_commit(
+    platform: Platform, tmp_path: Path, with_target: bool
+) -> None:
+    """Proves the run service looks for an interruption right before its terminal (atomic) or pre-dispatch
+    (forward) commit, after the engine ended and the result was checked: a signal that comes once the result is
+    computed (requested here when the run reports it is committing) ends the run ``cancelled`` with no external
+    output, nothing authorized and nothing in the sink."""
+    service = platform.runs
+
+    def sink(report: progress.Progress) -> None:
+        if report.phase == progress.Phase.COMMITTING:
+            service.interruption.request("SIGTERM", "cli")
+
+    defn = flows.definition(flows.parquet_target() if with_target else None)
+    run = service.run_inline(flows.request(defn, tmp_path, "late-signal"), sink).run
+    assert (run.status, run.recovery_status) == ("cancelled", "no_external_output"), run
+    assert evidence.DISPATCH_AUTHORIZED not in flows.kinds(platform, run.run_id)
+    assert evidence.RUN_SUCCEEDED not in flows.kinds(platform, run.run_id)
+    assert not (tmp_path / "sink" / "_manifests").exists() or flows.manifests(tmp_path / "sink") == []

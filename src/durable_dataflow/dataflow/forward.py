@@ -32,6 +32,7 @@ from durable_dataflow.dataflow import (
     workspace,
 )
 from durable_dataflow.dataflow.execution import ExecutionResult
+from durable_dataflow.dataflow.interruption import Interruption
 from durable_dataflow.dataflow.parameters import resolve_partition
 from durable_dataflow.dataflow.runs import MODULE, Run
 from durable_dataflow.dataflow.transitions import Outcome
@@ -61,6 +62,8 @@ class Attempts(Protocol):
     """What a forward attempt needs of the run service (dataflow.service.RunService), without importing it."""
 
     db: Database
+
+    interruption: Interruption
 
     @property
     def evidence_key(self) -> Secret | None: ...
@@ -313,6 +316,7 @@ def execute_forward(
         partition = run_partition(run)
         if partition is not None:
             check_partition_rows(results.decode_ipc(result.ipc_bytes), partition)
+        service.interruption.check()  # the last look: a signal from here on finds the dispatch authorized
     except DataflowError as error:
         service.fail(run, attempt, error)
         return

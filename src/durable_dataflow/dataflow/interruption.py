@@ -5,7 +5,9 @@ which writes two attributes (no lock, no logging, no I/O, so it cannot deadlock 
 code held). Everything else polls: each execution's watch thread (DuckDB, Spark), which treats a
 requested interruption as a deadline reached now and stops the engine the way a time limit does
 (``con.interrupt()``, the job tag cancelled, PostgreSQL source queries cancelled); and the run service,
-which looks before its terminal or pre-dispatch commit and cancels the run instead (dataflow.cancel).
+which looks (:meth:`Interruption.check`) right before its terminal or pre-dispatch commit, after
+everything else the attempt does first (the partition row check included), and cancels the run instead
+(dataflow.cancel).
 Once the dispatch is authorized, nothing looks any more: a publication is never cut short.
 """
 
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from durable_dataflow.core.errors import Interrupted
 
 if TYPE_CHECKING:
     from durable_dataflow.dataflow.requests import Trigger
@@ -49,6 +53,11 @@ class Interruption:
     @property
     def cause(self) -> Cause | None:
         return self._cause
+
+    def check(self) -> None:
+        """Interrupted when the process was told to stop: the run service's last look before a commit."""
+        if self._cause is not None:
+            raise Interrupted(f"the execution was interrupted ({self._cause.signal})")
 
     @property
     def count(self) -> int:

@@ -342,11 +342,9 @@ class RunService:
             ctx = dataclasses.replace(ctx, interruption=self.interruption)
             execution.check_interrupted(ctx)
             resolved = sources.resolve_sources(defn, ctx)
-            result = execution.execute(defn, run.parameters, ctx, resolved, progress_sink)
-            # The last look before the terminal (atomic) or pre-dispatch (forward) commit: an interruption
-            # that arrives later finds the run committed, or authorized to publish, and stops nothing.
-            execution.check_interrupted(ctx)
-            return result
+            # The engine watches for an interruption while it runs; the caller looks last, right before
+            # its terminal (atomic) or pre-dispatch (forward) commit.
+            return execution.execute(defn, run.parameters, ctx, resolved, progress_sink)
         except DataflowError:
             raise
         except Exception as error:  # no in-process error may leave a run running
@@ -363,12 +361,13 @@ class RunService:
         """The attempt's end; returns the committed run when this attempt's terminal commit succeeded."""
         try:
             result = self.compute(run, progress_sink)
+            progress.report(progress_sink, progress.Progress(
+                progress.Phase.COMMITTING, None, result.row_count, len(result.ipc_bytes)
+            ))  # fmt: skip
+            self.interruption.check()  # the last look: a signal from here on finds the run committed
         except DataflowError as error:
             self.fail(run, attempt, error)
             return None
-        progress.report(progress_sink, progress.Progress(
-            progress.Phase.COMMITTING, None, result.row_count, len(result.ipc_bytes)
-        ))  # fmt: skip
         crashpoints.reach(crashpoints.BEFORE_TERMINAL_COMMIT)
         final: Run | None = None
         try:
