@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -49,3 +51,46 @@ def test_the_head_revision_constant_is_alembics_head() -> None:
     """Proves HEAD_REVISION (the fast up-to-date check that avoids importing Alembic) names the newest
     migration; it fails when a migration is added without moving the constant."""
     assert migrations.head_revision() == migrations.HEAD_REVISION
+
+
+def _old_run(run_id: str, target: dict[str, object] | None, parameters: dict[str, object]) -> dict[str, object]:
+    """A dataflow_runs row as revision 0010 stored it."""
+    return {
+        "run_id": run_id, "tenant": "acme", "idempotency_key": run_id, "definition_hash": "sha256:d",
+        "definition_name": "daily", "request_hash": "sha256:r", "mode": "forward_recovery", "status": "succeeded",
+        "recovery_status": "verified", "attempt": 1, "max_attempts": 3,
+        "parameters_json": json.dumps(parameters), "provenance_json": "{}", "principal": "p",
+        "access_context_digest": "sha256:a", "target_json": json.dumps(target) if target is not None else None,
+        "base_dir": "/tmp", "created_at_us": 1, "updated_at_us": 1,
+    }  # fmt: skip
+
+
+def test_0011_fills_the_partition_of_runs_recorded_before_it(db_url: str) -> None:
+    """Runs recorded at revision 0010 (a partitioned one, one with a literal partition value, an
+    unpartitioned one, one whose parameters are damaged) get their datasource and canonical partition
+    from the upgrade to 0011; the others stay NULL."""
+    db = Database(db_url)
+    try:
+        migrations.upgrade(db, "0010_unrecorded_locations")
+        target = {"datasource": "analytics.daily", "mode": "replace_partition", "partition": {"day": "$day", "n": 3}}
+        rows = [
+            _old_run("r-partitioned", target, {"day": "2024-03-01", "x": 1}),
+            _old_run("r-plain", {"datasource": "analytics.daily", "mode": "append"}, {"day": "2024-03-01"}),
+            _old_run("r-atomic", None, {}),
+            _old_run("r-damaged", target, {}),
+        ]
+        with db.begin() as conn:
+            conn.execute(sa.table("dataflow_runs", *(sa.column(name) for name in rows[0])).insert(), rows)
+        migrations.upgrade(db)
+        with db.read() as conn:
+            found = conn.execute(
+                sa.text("SELECT run_id, partition_datasource, partition_json FROM dataflow_runs ORDER BY run_id")
+            ).all()
+        assert [tuple(row) for row in found] == [
+            ("r-atomic", None, None),
+            ("r-damaged", None, None),
+            ("r-partitioned", "analytics.daily", '{"day":"2024-03-01","n":3}'),
+            ("r-plain", None, None),
+        ]
+    finally:
+        db.dispose()

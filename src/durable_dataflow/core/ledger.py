@@ -511,6 +511,34 @@ def has_kind(module: str, subject_id: sa.ColumnElement[str], kind: str) -> sa.Co
     return first.is_not(None)
 
 
+# The most subjects :func:`first_payloads_of_kind` asks about in one statement.
+KIND_SUBJECTS_PER_QUERY_MAX = 500
+
+
+def first_payloads_of_kind(
+    conn: Connection, module: str, subject_ids: Sequence[str], kind: str
+) -> dict[str, Mapping[str, Any]]:
+    """The payload of the first entry of ``kind`` in each subject's chain that has one (a read view's
+    facts about a page of subjects, such as the partition token each run's dispatch authorization took).
+    Read in statements of at most ``KIND_SUBJECTS_PER_QUERY_MAX`` subjects; the primary key serves each."""
+    found: dict[str, Mapping[str, Any]] = {}
+    wanted = sorted(set(subject_ids))
+    for start in range(0, len(wanted), KIND_SUBJECTS_PER_QUERY_MAX):
+        chunk = wanted[start : start + KIND_SUBJECTS_PER_QUERY_MAX]
+        rows = conn.execute(
+            sa.select(ledger_entries.c.subject_id, ledger_entries.c.payload_json)
+            .where(
+                ledger_entries.c.module == module,
+                ledger_entries.c.subject_id.in_(chunk),
+                ledger_entries.c.kind == kind,
+            )
+            .order_by(ledger_entries.c.subject_id, ledger_entries.c.seq)
+        ).all()
+        for row in rows:
+            found.setdefault(row.subject_id, _payload_of(row.payload_json))
+    return found
+
+
 def kind_counts(conn: Connection, module: str) -> dict[str, int]:
     """The number of a module's entries per kind."""
     query = (

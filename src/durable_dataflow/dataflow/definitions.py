@@ -344,6 +344,13 @@ def _partition_kind(dtype: pa.DataType) -> str | None:
     return None
 
 
+def partition_column_kind(d: Definition, column: str) -> str | None:
+    """The parameter type (``date``, ``int``, ``string``, …) whose canonical values a partition column of
+    ``d``'s output holds, or None when the output has no such column or its type has no exact equality."""
+    declared = d.output.columns.get(column)
+    return _partition_kind(parse_arrow_type(declared)) if declared is not None else None
+
+
 def _canonical_literal(kind: str, value: Any) -> bool:
     """Whether a partition literal is a value of `kind` in the canonical form its parameter would have."""
     if isinstance(value, bool) != (kind == "bool"):

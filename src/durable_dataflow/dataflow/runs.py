@@ -307,6 +307,38 @@ def list_page(
     return [from_row(row) for row in rows]
 
 
+# The most runs one partition status reads (newest first): a tenant's runs of one partitioned datasource.
+PARTITION_RUNS_MAX = 50_000
+
+
+def partitioned_runs(conn: Connection, tenant: str, datasource: str) -> list[tuple[Run, dict[str, Any] | None]]:
+    """The tenant's runs whose target partitions ``datasource``, newest first, each with its partition
+    values (``partition_json``; None when the stored text cannot be read). More than
+    ``PARTITION_RUNS_MAX`` is an InputError: a status read from part of the runs would be wrong."""
+    if any("\x00" in value for value in (tenant, datasource)):
+        raise InputError("a datasource name must not contain a NUL character")
+    rows = conn.execute(
+        sa.select(dataflow_runs)
+        .where(dataflow_runs.c.tenant == tenant, dataflow_runs.c.partition_datasource == datasource)
+        .order_by(dataflow_runs.c.created_at_us.desc(), dataflow_runs.c.run_id.desc())
+        .limit(PARTITION_RUNS_MAX + 1)
+    ).all()
+    if len(rows) > PARTITION_RUNS_MAX:
+        raise InputError(
+            f"the datasource has more than {PARTITION_RUNS_MAX} partitioned runs: "
+            "partition status reads at most that many"
+        )
+    return [(from_row(row), _partition_values(row.partition_json)) for row in rows]
+
+
+def _partition_values(text: str | None) -> dict[str, Any] | None:
+    try:
+        values = json.loads(text) if text else None
+    except (TypeError, ValueError):
+        return None
+    return values if isinstance(values, dict) and values else None
+
+
 def parameters_text(parameters: Mapping[str, Any], chars_max: int | None = None) -> str:
     """A run's parameters as ``name=value`` pairs by name, a string as it is and a number or boolean as
     its JSON: the form ``--param`` and ``?param=`` filter by. Longer than ``chars_max``, it is cut and

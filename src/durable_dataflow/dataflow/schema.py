@@ -62,6 +62,12 @@ dataflow_runs = sa.Table(
     sa.Column("error_message", sa.Text, nullable=True),
     sa.Column("created_at_us", sa.BigInteger, nullable=False),
     sa.Column("updated_at_us", sa.BigInteger, nullable=False),
+    # A run whose target has a partition (mode replace_partition): the target's datasource and the
+    # partition's values, {column: canonical value} as RFC 8785 JSON; NULL for every other run. They are
+    # the run's target and parameters, resolved once at submit, so partition status reads a datasource's
+    # partitioned runs by the index below instead of parsing every run's target (dataflow.partitions).
+    sa.Column("partition_datasource", sa.String(200), nullable=True),
+    sa.Column("partition_json", sa.Text, nullable=True),
     sa.UniqueConstraint("tenant", "idempotency_key", name="uq_dataflow_runs_tenant_key"),
     sa.Index("ix_dataflow_runs_tenant_created", "tenant", "created_at_us", "run_id"),
     sa.Index("ix_dataflow_runs_status", "status", "created_at_us"),
@@ -72,6 +78,8 @@ dataflow_runs = sa.Table(
     # Ops counts runs by status and recovery status, platform-wide and per tenant, from these alone.
     sa.Index("ix_dataflow_runs_status_pair", "status", "recovery_status"),
     sa.Index("ix_dataflow_runs_tenant_status_pair", "tenant", "status", "recovery_status"),
+    # Partition status: one tenant's runs of one partitioned datasource.
+    sa.Index("ix_dataflow_runs_partition", "tenant", "partition_datasource", "created_at_us"),
 )
 
 run_results = sa.Table(

@@ -467,6 +467,20 @@ def _run_values(
         "access_context_digest": request.access.digest(),
         "target_json": hashing.canonical_json(dict(target)).decode("utf-8") if target is not None else None,
         "base_dir": str(request.base_dir),
+        **_partition_values(target, params),
+    }
+
+
+def _partition_values(target: Mapping[str, Any] | None, params: Mapping[str, Any]) -> dict[str, Any]:
+    """A partitioned run's datasource and partition (``forward.run_partition``'s values, resolved once
+    here), stored on its row for partition status; nothing for any other run."""
+    partition = (target or {}).get("partition")
+    if target is None or not partition:
+        return {}
+    resolved = parameters.resolve_partition(partition, params)
+    return {
+        "partition_datasource": str(target["datasource"]),
+        "partition_json": hashing.canonical_json(resolved).decode("utf-8"),
     }
 
 
