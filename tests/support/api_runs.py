@@ -140,6 +140,7 @@ API_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "/v1/runs/{run}/cancel", None),
     ("GET", "/v1/definitions", None),
     ("GET", "/v1/datasources", None),
+    ("GET", "/v1/datasources/{name}/partitions", None),
     ("GET", "/v1/schedules", None),
     ("POST", "/v1/schedules", {"definition": {"name": "nightly"}}),
     ("GET", "/v1/schedules/{name}", None),

@@ -16,7 +16,7 @@ from durable_dataflow.api.auth import api_caller, platform_of
 from durable_dataflow.api.bodies import body_openapi, json_body
 from durable_dataflow.api.operations import Caller
 from durable_dataflow.api.tokens import Role
-from durable_dataflow.dataflow import runs
+from durable_dataflow.dataflow import partitions, runs
 from durable_dataflow.dataflow.requests import IDEMPOTENCY_KEY_CHARS_MAX, MAX_ATTEMPTS_DEFAULT, MAX_ATTEMPTS_LIMIT
 from durable_dataflow.dataflow.runs import RecoveryStatus, RunStatus
 from durable_dataflow.datasources import registry
@@ -193,6 +193,26 @@ def list_datasources(request: Request, caller: Viewer) -> dict[str, Any]:
         ],
         "providers": registry.available_providers(),
     }
+
+
+# The longest --from/--to value a partition status accepts (a partition value is a parameter's value).
+PARTITION_BOUND_CHARS_MAX = 200
+
+
+@router.get("/datasources/{name}/partitions", responses=ERROR_RESPONSES)
+def datasource_partitions(
+    request: Request,
+    name: str,
+    caller: Viewer,
+    first: str | None = Query(default=None, alias="from", max_length=PARTITION_BOUND_CHARS_MAX),
+    last: str | None = Query(default=None, alias="to", max_length=PARTITION_BOUND_CHARS_MAX),
+) -> dict[str, Any]:
+    """The partitions of the caller's tenant's datasource (``dataflow partitions``): per partition value its
+    current publication and the runs after it; the missing days of a date range. 404 when the tenant
+    has no partitioned run of it (another tenant's datasource is unknown here)."""
+    platform = platform_of(request)
+    with platform.db.read() as conn:
+        return partitions.status(conn, platform.db, caller.tenant, name, first, last).as_json()
 
 
 @router.get("/ops/ledger", responses=ERROR_RESPONSES)

@@ -49,6 +49,7 @@ PLUGIN_MODULES = (
     "durable_dataflow.cli.server_cmd",
     "durable_dataflow.cli.schedules_cmd",
     "durable_dataflow.cli.datasources_cmd",
+    "durable_dataflow.cli.partitions_cmd",
 )
 
 

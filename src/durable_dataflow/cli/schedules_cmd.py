@@ -21,6 +21,7 @@ from typer.core import TyperGroup
 from durable_dataflow.cli import common
 from durable_dataflow.cli import runs as cli_runs
 from durable_dataflow.core import ledger
+from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow import backfill as backfill_mod
 from durable_dataflow.dataflow import schedules, workspace
@@ -222,20 +223,36 @@ def backfill_command(
     end: LastDay,
     param: Params = None,
     tenant: Tenant = "default",
+    only_missing: Annotated[
+        bool, typer.Option("--only-missing", help="Submit only days whose partition has no current publication.")
+    ] = False,
+    stale: Annotated[
+        bool,
+        typer.Option("--stale", help="With --only-missing: also days published by another definition hash."),
+    ] = False,
     as_json: AsJson = False,
 ) -> None:
     """Queue one run per day (or per tick of the definition's schedule) with the key
     backfill:<tenant>:<name>:<tick>. Running it again submits nothing that exists and reports every
-    day's run; exit 3 when one of them is unresolved. `submit` may be left out."""
+    day's run; exit 3 when one of them is unresolved. `submit` may be left out. With --only-missing
+    (a partitioned target), a day whose partition has a current publication is skipped (reported with
+    that run); --stale also submits the days published by another definition hash."""
+    if stale and not only_missing:
+        raise InputError("--stale is a refinement of --only-missing: give both")
     loaded, items = _plan(file, start, end, param, tenant)
     access = AccessContext.local(tenant)
     with common.open_platform(ctx) as platform, _progress(loaded.definition.name, len(items), as_json) as advance:
         _require_key_setting(platform)
+        chosen = backfill_mod.Selection(items, [])
+        if only_missing:
+            chosen = backfill_mod.select_missing(platform.db, loaded.definition, tenant, items, stale=stale)
         results = backfill_mod.run(
-            platform.runs, loaded.definition, items, access=access,
+            platform.runs, loaded.definition, chosen.submit, access=access,
             provenance=Provenance(actor=access.principal, trigger="cli"),
             workspace=workspace.local(loaded.base_dir), on_item=advance,
         )  # fmt: skip
+        skipped = [backfill_mod.BackfillResult(item, run, False, skipped=True) for item, run in chosen.published]
+        results = backfill_mod.in_plan_order(items, results + skipped)
         loaded_views = backfill_mod.load_views(platform.db, results)
     unresolved = [v for v in loaded_views if v.unresolved]
     if as_json:
@@ -244,12 +261,14 @@ def backfill_command(
         console = common.stdout_console()
         table = Table("TICK", "RUN", "SUBMITTED", "STATUS", "RECOVERY")
         for result, view in zip(results, loaded_views, strict=True):
-            table.add_row(result.item.tick, common.short_id(result.run.run_id),
-                          "now" if result.created else "existed", common.status_text(view),
-                          str(view.run.recovery_status))  # fmt: skip
+            submitted = "now" if result.created else "published" if result.skipped else "existed"
+            table.add_row(result.item.tick, common.short_id(result.run.run_id), submitted,
+                          common.status_text(view), str(view.run.recovery_status))  # fmt: skip
         console.print(table)
         created = sum(1 for r in results if r.created)
-        console.print(f"{created} run(s) submitted, {len(results) - created} existed already")
+        published = sum(1 for r in results if r.skipped)
+        note = f", {published} skipped (a current publication)" if only_missing else ""
+        console.print(f"{created} run(s) submitted, {len(results) - created - published} existed already{note}")
         for view in unresolved:
             common.print_warning_block(console, view, ctx)
     if unresolved:

@@ -23,9 +23,9 @@ from croniter import CroniterError
 
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import Conflict, EvidenceError, InputError
-from durable_dataflow.dataflow import cancel, runs, schedules, views
+from durable_dataflow.dataflow import cancel, partition_tokens, partitions, runs, schedules, views
 from durable_dataflow.dataflow import parameters as parameters_mod
-from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.definitions import Definition, definition_hash
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.runs import Run, RunStatus
 from durable_dataflow.dataflow.schedule_spec import Tick, parse_template, render
@@ -65,8 +65,9 @@ class BackfillItem:
 @dataclass(frozen=True)
 class BackfillResult:
     item: BackfillItem
-    run: Run
-    created: bool  # False: the key had a run already; nothing was submitted
+    run: Run  # the day's run; for a day skipped by --only-missing, its partition's current publication
+    created: bool  # False: the key had a run already (or the day was skipped); nothing was submitted
+    skipped: bool = False  # --only-missing: the partition has a current publication; nothing was submitted
 
     def as_json(self, view: views.RunView | None = None) -> dict[str, Any]:
         """The day's report; with the run's ``view`` (``load_views``), unresolved and warning as readers
@@ -76,7 +77,7 @@ class BackfillResult:
             "tick": self.item.tick, "idempotency_key": self.item.key, "run_id": self.run.run_id,
             "created": self.created, "status": str(self.run.status),
             "recovery_status": str(self.run.recovery_status), "unresolved": shown.unresolved,
-            "warning": shown.warning,
+            "warning": shown.warning, "skipped": self.skipped,
         }  # fmt: skip
 
 
@@ -156,6 +157,53 @@ def plan(
 
 def _days(first: dt.date, count: int) -> list[dt.date]:
     return [first + dt.timedelta(days=offset) for offset in range(count)]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What ``--only-missing`` keeps of a backfill: the days to submit, and the days whose partition has a
+    current publication to keep (each with that publication's run), both in the backfill's order."""
+
+    submit: list[BackfillItem]
+    published: list[tuple[BackfillItem, Run]]
+
+
+# With --stale, a submitted day's key ends with this many hex digits of the definition hash: the day's
+# plain key may name the earlier definition's run, and a key names one request only.
+STALE_KEY_HASH_CHARS = 12
+
+
+def select_missing(
+    db: Database, definition: Definition, tenant: str, items: list[BackfillItem], *, stale: bool = False
+) -> Selection:
+    """The days whose partition has no current publication (``dataflow.partitions``); with ``stale``, also
+    those whose current publication came from another definition hash, each under the key
+    ``<key>:<definition hash, 12 hex digits>``. A definition whose target has no partition is refused."""
+    target = definition.target
+    if target is None or target.partition is None:
+        raise InputError("--only-missing needs a definition whose target has mode replace_partition and a partition")
+    d_hash = definition_hash(definition)
+    with db.read() as conn:
+        current = partitions.current_publications(conn, db, tenant, target.datasource)
+    selection = Selection([], [])
+    for item in items:
+        canonical = parameters_mod.check_parameters(definition, item.parameters)
+        digest = partition_tokens.partition_digest(parameters_mod.resolve_partition(target.partition, canonical))
+        found = current.get(digest)
+        if found is not None and (not stale or found.run.definition_hash == d_hash):
+            selection.published.append((item, found.run))
+        elif stale:
+            suffix = d_hash.removeprefix("sha256:")[:STALE_KEY_HASH_CHARS]
+            selection.submit.append(BackfillItem(item.tick, f"{item.key}:{suffix}", item.parameters))
+        else:
+            selection.submit.append(item)
+    return selection
+
+
+def in_plan_order(items: list[BackfillItem], results: list[BackfillResult]) -> list[BackfillResult]:
+    """``results`` in the order of the planned ``items`` (by tick)."""
+    order = {item.tick: number for number, item in enumerate(items)}
+    return sorted(results, key=lambda r: order.get(r.item.tick, len(order)))
 
 
 def run(
