@@ -18,10 +18,11 @@ CI_PROFILE = "ci"
 LONG_PROFILE = "long"
 PROFILE_ENV = "DATAFLOW_HYPOTHESIS_PROFILE"
 
-# ci: each engine gets about two minutes on the 2-core machine (every terminal step now verifies a
-# checkpoint, so a step costs more than it did); enough steps per example to reach "authorize, lose
-# the response, expire, sweep, reconcile, stale publish" (7 steps) many times. `make soak` runs long.
-CI_EXAMPLES = 75
+# ci: each engine gets about a minute on the 2-core machine (every terminal step verifies a checkpoint,
+# so a step costs more than it once did); enough steps per example to reach "authorize, lose the
+# response, expire, sweep, reconcile, stale publish" (7 steps) many times, and hypothesis' database
+# replays every failing example first. `make soak` runs the long profile (200 x 50) on both engines.
+CI_EXAMPLES = 40
 CI_STEPS = 40
 # long: the soak budget — more and longer interleavings, sized so `make soak` with its defaults stays
 # under 15 minutes: it runs both engines side by side (`-n 2`), and PostgreSQL, the slower, spends about

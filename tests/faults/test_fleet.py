@@ -1,4 +1,4 @@
-"""Fleets of real worker processes on PostgreSQL: a database restart under load, and 1,000 runs of
+"""Fleets of real worker processes on PostgreSQL: a database restart under load, and 400 runs of
 both modes under 4 workers while parallel clients replay the same idempotency keys."""
 
 from __future__ import annotations
@@ -77,14 +77,14 @@ def _clients(url: str, atomic: Path, forward: Path, count: int, clients: int, tm
     return procs
 
 
-RUNS_MANY = 1000
+RUNS_MANY = 400  # `make soak` runs 500 (and 10,000 at scale) with faults; this is the duplicate-key race
 WORKERS_MANY = 4
 CLIENTS_MANY = 3
 
 
 @pytest.mark.timeout(480)
-def test_thousand_runs_four_workers_duplicate_keys(postgres_server: PostgresServer, tmp_path: Path) -> None:
-    """1,000 runs of both modes, 4 workers, 3 clients replaying every key at once: exactly one run per
+def test_many_runs_four_workers_duplicate_keys(postgres_server: PostgresServer, tmp_path: Path) -> None:
+    """400 runs of both modes, 4 workers, 3 clients replaying every key at once: exactly one run per
     key (every client got the same run), every run terminal, at most one publication each."""
     url = harness.fresh_database(postgres_server, "fleet")
     atomic, forward = _definitions(tmp_path)
@@ -95,7 +95,7 @@ def test_thousand_runs_four_workers_duplicate_keys(postgres_server: PostgresServ
         clients = _clients(url, atomic, forward, RUNS_MANY, CLIENTS_MANY, tmp_path)
         try:
             client_codes = [harness.wait_exit(c, tmp_path / "client-0.log", 400) for c in clients]
-            harness.wait_all_terminal(platform.db, RUNS_MANY, 400, "1,000 runs")
+            harness.wait_all_terminal(platform.db, RUNS_MANY, 400, f"{RUNS_MANY} runs")
         finally:
             codes = harness.stop_fleet(workers, log)
         elapsed_s = time.monotonic() - started

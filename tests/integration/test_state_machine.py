@@ -99,7 +99,7 @@ def event(name: str) -> None:
     hypothesis_event(name)
 
 
-# The ci run takes 1-2 minutes; a failure adds up to 5 minutes of shrinking (hypothesis' own cap).
+# The ci run takes about a minute; a failure adds up to 5 minutes of shrinking (hypothesis' own cap).
 # The long profile has no time limit.
 TIMEOUT_S = 0 if machine_settings().max_examples > CI_EXAMPLES else 900
 
