@@ -274,6 +274,24 @@ def test_the_parquet_folder_refuses_replace_partition_before_anything_is_recorde
     assert not (tmp_path / "daily").exists()
 
 
+@pytest.mark.parametrize("submit", ["run_inline", "submit"])
+def test_delta_refuses_a_decimal_partition_column_before_anything_is_recorded(
+    platform: Platform, tmp_path: Path, submit: str
+) -> None:
+    """Proves a partition column kind the Delta predicate cannot compare exactly (a decimal here; a timestamp
+    too) is refused at submission, naming the column and the kinds Delta takes, never the value; nothing is
+    recorded and the sink is not created (it used to be refused only at publish, after authorization)."""
+    target = _target("delta")
+    target["partition"] = {"total": "11.5"}
+    before = flows.row_counts(platform)
+    call: Callable[..., Any] = getattr(platform.runs, submit)
+    with pytest.raises(InputError, match=r"cannot replace a partition by a decimal column \('total'\)") as refused:
+        call(flows.request(_definition(target), tmp_path, "k", params={"day": "2024-03-01"}))
+    assert "11.5" not in str(refused.value) and "bool, date, int, string" in str(refused.value)
+    assert flows.row_counts(platform) == before
+    assert not (tmp_path / "daily").exists()
+
+
 def test_a_definition_without_a_partition_keeps_its_hash() -> None:
     assert definition_hash(flows.definition(flows.parquet_target("delta"))) == UNPARTITIONED_DELTA_HASH
 

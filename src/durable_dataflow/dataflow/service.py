@@ -53,7 +53,7 @@ from durable_dataflow.dataflow import (
     transitions,
     workspace,
 )
-from durable_dataflow.dataflow.definitions import Definition, definition_hash
+from durable_dataflow.dataflow.definitions import Definition, definition_hash, partition_column_kind
 from durable_dataflow.dataflow.requests import AccessContext, RunRequest, check_request, request_hash
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.service_config import LEASE_TTL_ENV as LEASE_TTL_ENV
@@ -61,7 +61,7 @@ from durable_dataflow.dataflow.service_config import ServiceConfig as ServiceCon
 from durable_dataflow.dataflow.service_config import lease_ttl_from_env as lease_ttl_from_env
 from durable_dataflow.dataflow.transitions import Outcome
 from durable_dataflow.dataflow.workspace import Workspace
-from durable_dataflow.datasources import registry
+from durable_dataflow.datasources import contract, registry
 from durable_dataflow.datasources.contract import MissingCapability
 
 DEFINITIONS_CACHED_MAX = 256
@@ -209,15 +209,16 @@ class RunService:
             return
         workspace.check_location(space, str(target["location"]))
         if target.get("mode") == "replace_partition":
-            self._check_partition_provider(str(target["provider"]))
+            self._check_partition_provider(defn, str(target["provider"]), target.get("partition") or {})
         if target.get("mode") == "overwrite":
             with self.db.read() as conn:
                 registered = registry.get_datasource_or_none(conn, str(target["datasource"]))
             workspace.check_overwrite(roles, target, registered)
 
-    def _check_partition_provider(self, name: str) -> None:
+    def _check_partition_provider(self, defn: Definition, name: str, partition: Mapping[str, Any]) -> None:
         """A replace_partition target needs a provider that replaces a partition atomically (Delta,
-        PostgreSQL; not the Parquet folder): refused before anything is recorded."""
+        PostgreSQL; not the Parquet folder), and one that selects each partition column's kind exactly
+        (Delta: not a timestamp or decimal column): refused before anything is recorded."""
         try:
             provider = registry.load_provider(name)
         except MissingCapability:
@@ -227,6 +228,14 @@ class RunService:
                 f"provider {provider.name!r} cannot replace a partition atomically: "
                 "target mode replace_partition needs the delta or postgres provider"
             )
+        kinds = contract.partition_kinds(provider)
+        for column in partition:
+            kind = partition_column_kind(defn, str(column))
+            if kind is not None and kind not in kinds:
+                raise InputError(
+                    f"provider {provider.name!r} cannot replace a partition by a {kind} column ({str(column)!r}): "
+                    f"its partition columns are {', '.join(sorted(kinds))}"
+                )
 
     def run_workspace(self, run: Run) -> tuple[Workspace, SecretScope]:
         """The workspace a run was recorded with, and the secrets it may name."""

@@ -298,6 +298,18 @@ def prepare(provider: Provider, target: PublishTarget) -> None:
         create(target)
 
 
+# The kinds of partition column (as definitions.partition_column_kind names them) a provider with the
+# replace_partition capability can select exactly, unless it declares fewer in `partition_kinds`.
+PARTITION_KINDS = frozenset({"string", "int", "bool", "date", "timestamp", "decimal"})
+
+
+def partition_kinds(provider: Provider) -> frozenset[str]:
+    """The provider's optional `partition_kinds` attribute: the partition column kinds it replaces
+    exactly (all of PARTITION_KINDS when it declares none)."""
+    declared = getattr(provider, "partition_kinds", None)
+    return PARTITION_KINDS if declared is None else frozenset(declared)
+
+
 def locate(provider: Provider, target: PublishTarget) -> Location | None:
     """Run the provider's optional `locate(target)`: where the target resolves and the identity of
     what the provider prepared there (None: nothing is there). It creates nothing; it raises

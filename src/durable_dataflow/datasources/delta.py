@@ -226,6 +226,8 @@ class DeltaProvider:
 
     name = "delta"
     capabilities: frozenset[Capability] = frozenset({"publish", "inspect", "replace_partition"})
+    # The predicate compares these exactly (`_literal`); a timestamp's or decimal's literal is not.
+    partition_kinds = frozenset({"string", "int", "bool", "date"})
 
     def __init__(self) -> None:
         # Fail at construction, so the registry reports the missing extra as a capability.
