@@ -212,7 +212,7 @@ def datasource_partitions(
     has no partitioned run of it (another tenant's datasource is unknown here)."""
     platform = platform_of(request)
     with platform.db.read() as conn:
-        return partitions.status(conn, platform.db, caller.tenant, name, first, last).as_json()
+        return partitions.status(conn, platform.db, caller.tenant, name, first, last, partitions.API_BOUNDS).as_json()
 
 
 @router.get("/ops/ledger", responses=ERROR_RESPONSES)

@@ -2,7 +2,9 @@
 
 Pages: /ui/login, /ui/runs (history, with a warning block on every unresolved run), /ui/runs/{id}
 (ledger timeline, verification, publication references, the Reconcile form for operators),
-/ui/schedules (the tenant's schedules, with a warning block on every unresolved last run) and
+/ui/schedules (the tenant's schedules, with a warning block on every unresolved last run),
+/ui/datasources/{name}/partitions (a partitioned datasource's partitions as a grid of partition ×
+state, each cell linking to its runs) and
 /ui/ops (the Ops ledger projection of the operator's tenant, or of every tenant for a platform
 operator, whose token opens no other page). POST forms carry a CSRF token.
 """
@@ -23,7 +25,7 @@ from durable_dataflow.api.errors import HTTP_STATUS_BY_CODE
 from durable_dataflow.api.tokens import Role
 from durable_dataflow.core.errors import DataflowError, Unauthenticated
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import runs, schedules, views
+from durable_dataflow.dataflow import partitions, runs, schedules, views
 from durable_dataflow.dataflow.runs import RecoveryStatus, RunStatus
 from durable_dataflow.ops import ledger as ops_ledger
 
@@ -206,6 +208,31 @@ def schedules_page(request: Request) -> HTMLResponse:
     caller = web_caller(request)
     found = schedules.shown(platform_of(request).db, caller.tenant)
     return render(request, "schedules.html", {"caller": caller, "items": found})
+
+
+# The grid's columns: a partition's current publication, the states of the runs after it, and missing.
+PARTITION_GRID_STATES = ("published", *(s.value for s in partitions.PendingState), "missing")
+# The longest from/to value the partition page accepts (as GET /v1/datasources/{name}/partitions).
+PARTITION_BOUND_CHARS_MAX = 200
+
+
+@router.get("/datasources/{name}/partitions", response_class=HTMLResponse)
+def partitions_page(
+    request: Request,
+    name: str,
+    first: str = Query(default="", alias="from", max_length=PARTITION_BOUND_CHARS_MAX),
+    last: str = Query(default="", alias="to", max_length=PARTITION_BOUND_CHARS_MAX),
+) -> HTMLResponse:
+    """The tenant's partitions of ``name`` (``dataflow partitions``) as a grid: one row per partition, one
+    column per state, each cell coloured and linking to its runs; 404 for another tenant's datasource."""
+    caller = web_caller(request)
+    platform = platform_of(request)
+    with platform.db.read() as conn:
+        found = partitions.status(
+            conn, platform.db, caller.tenant, name, first or None, last or None, partitions.API_BOUNDS
+        )
+    context = {"caller": caller, "found": found, "states": PARTITION_GRID_STATES, "first": first, "last": last}
+    return render(request, "partitions.html", context)
 
 
 @router.post("/runs/{run_id}/cancel")

@@ -36,6 +36,9 @@ from durable_dataflow.datasources import registry
 
 # The widest range of days whose missing ones a status lists.
 PARTITION_DAYS_MAX = 3660
+# How refusals name the bounds: the CLI's options, or the API's and the page's query fields.
+CLI_BOUNDS = ("--from", "--to")
+API_BOUNDS = ("from", "to")
 
 
 class PartitionState(enum.StrEnum):
@@ -137,18 +140,24 @@ def _value_text(value: Any) -> str:
 
 
 def status(
-    conn: Connection, db: Database, tenant: str, datasource: str, first: str | None = None, last: str | None = None
+    conn: Connection,
+    db: Database,
+    tenant: str,
+    datasource: str,
+    first: str | None = None,
+    last: str | None = None,
+    names: tuple[str, str] = CLI_BOUNDS,
 ) -> DatasourceStatus:
     """The partitions of the tenant's ``datasource`` (every one, or those from ``first`` to ``last``,
-    given as text in the partition column's type). NotFound when the tenant has no partitioned run of
-    it: another tenant's datasource is unknown to this one."""
+    given as text in the partition column's type; refusals call them ``names``). NotFound when the
+    tenant has no partitioned run of it: another tenant's datasource is unknown to this one."""
     registry.check_name_text(datasource)
     found = runs.partitioned_runs(conn, tenant, datasource)
     if not found:
         named = repr(datasource) if registry.NAME_PATTERN.match(datasource) else "(the name given)"
         raise NotFound(f"tenant {tenant} has no partitioned runs of datasource {named}")
     columns = tuple(sorted({column for _, values in found if values for column in values}))
-    bounds = _range(conn, found[0][0], columns, first, last)
+    bounds = _range(conn, found[0][0], columns, (first, last), names)
     by_partition: dict[str, tuple[dict[str, Any], list[Run]]] = {}
     for run, values in found:
         if values is None or (bounds is not None and not _inside(bounds, values)):
@@ -209,14 +218,19 @@ def _pending_state(view: views.RunView) -> PendingState | None:
 
 
 def _range(
-    conn: Connection, newest: Run, columns: tuple[str, ...], first: str | None, last: str | None
+    conn: Connection,
+    newest: Run,
+    columns: tuple[str, ...],
+    given: tuple[str | None, str | None],
+    names: tuple[str, str],
 ) -> Range | None:
     """The bounds (either may be None), typed by the partition column's type in the newest run's
     definition; None for a datasource partitioned by several columns (refused with bounds given)."""
+    first, last = given
     if len(columns) != 1:
         if first is None and last is None:
             return None
-        raise InputError("--from and --to apply to a datasource partitioned by one column; this one has "
+        raise InputError(f"{names[0]} and {names[1]} apply to a datasource partitioned by one column; this one has "
                          f"{len(columns)} ({', '.join(columns)})")  # fmt: skip
     column = columns[0]
     body = catalog.definition_body(conn, newest.definition_hash)
@@ -224,8 +238,9 @@ def _range(
     if kind is None:
         if first is None and last is None:
             return None
-        raise InputError(f"the type of partition column {column!r} is not known: --from and --to cannot be compared")
-    return Range(column, kind, _bound(kind, column, first, "--from"), _bound(kind, column, last, "--to"))
+        raise InputError(f"the type of partition column {column!r} is not known: {names[0]} and {names[1]} "
+                         "cannot be compared")  # fmt: skip
+    return Range(column, kind, _bound(kind, column, first, names[0]), _bound(kind, column, last, names[1]))
 
 
 def _bound(kind: str, column: str, text: str | None, option: str) -> Any | None:
@@ -272,7 +287,7 @@ def _missing_days(partitions: list[PartitionStatus], bounds: Range) -> list[Part
     count = (last - first).days + 1
     if count > PARTITION_DAYS_MAX:
         raise InputError(f"a partition status lists the missing days of at most {PARTITION_DAYS_MAX} days; "
-                         f"this range has {count}: narrow it with --from and --to")  # fmt: skip
+                         f"this range has {count}: narrow it")  # fmt: skip
     every = (first + dt.timedelta(days=offset) for offset in range(count))
     return [PartitionStatus({bounds.column: day.isoformat()}, None, ()) for day in every if day not in seen]
 
