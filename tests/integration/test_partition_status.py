@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from durable_dataflow.core import leases
 from durable_dataflow.core.errors import InputError, NotFound
 from durable_dataflow.dataflow import crashpoints, partitions
 from durable_dataflow.dataflow.definitions import Definition, parse_definition
@@ -208,3 +209,19 @@ def test_the_partition_columns_hold_the_resolved_partition(platform: Platform, t
     rows = {row.run_id: (row.partition_datasource, row.partition_json) for row in found}
     assert rows[run.run_id] == (DATASOURCE, '{"day":"2024-03-01"}')
     assert rows[plain.run_id] == (None, None)
+
+
+def test_more_runs_than_one_lease_query_names_are_read_in_pages(
+    platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one lease query naming at most 2 runs, five queued runs of a day are still all listed after
+    its publication (the views are read in pages, never one statement over the limit)."""
+    defn = _definition()
+    published = _run(platform, tmp_path, defn, "d1", day="2024-03-01")
+    queued = {platform.runs.submit(flows.request(defn, tmp_path, f"q{n}", params={"day": "2024-03-01"})).run.run_id
+              for n in range(5)}  # fmt: skip
+    monkeypatch.setattr(leases, "EXPIRY_SUBJECTS_MAX", 2)
+    day = _by_label(_status(platform))["2024-03-01"]
+    assert day.current is not None and day.current.run.run_id == published.run_id
+    assert {p.view.run.run_id for p in day.pending} == queued
+    assert {p.state for p in day.pending} == {PendingState.QUEUED}

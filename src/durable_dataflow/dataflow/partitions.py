@@ -25,7 +25,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import ledger
+from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, NotFound
 from durable_dataflow.dataflow import catalog, evidence, partition_tokens, runs, views
@@ -165,12 +165,25 @@ def status(
         by_partition.setdefault(_identity(values), (values, []))[1].append(run)
     every = [run for _, group in by_partition.values() for run in group]
     tokens = _tokens(conn, every)
-    shown = {view.run.run_id: view for view in views.load(conn, db, every)} if every else {}
+    shown = _views(conn, db, [run for run in every if run.status not in _NEVER_PENDING])
     partitions = [_one(values, group, tokens, shown) for values, group in by_partition.values()]
     if bounds is not None and bounds.kind == "date":
         partitions += _missing_days(partitions, bounds)
     partitions.sort(key=lambda p: _sort_key(p.partition))
     return DatasourceStatus(tenant, datasource, columns, tuple(partitions))
+
+
+# A succeeded run is current or replaced, a cancelled one published nothing: neither is ever pending.
+_NEVER_PENDING = frozenset({RunStatus.SUCCEEDED, RunStatus.CANCELLED})
+
+
+def _views(conn: Connection, db: Database, items: Sequence[Run]) -> dict[str, views.RunView]:
+    """The runs as shown (``views.load``), read in pages of at most the runs one lease query may name."""
+    page = leases.EXPIRY_SUBJECTS_MAX
+    shown: dict[str, views.RunView] = {}
+    for start in range(0, len(items), page):
+        shown.update((view.run.run_id, view) for view in views.load(conn, db, items[start : start + page]))
+    return shown
 
 
 def _identity(values: Mapping[str, Any]) -> str:
@@ -193,9 +206,10 @@ def _one(
     current = Publication(current_run, tokens.get(current_run.run_id)) if current_run is not None else None
     pending = []
     for run in group:
-        state = _pending_state(shown[run.run_id])
-        if state is not None and (current is None or _after(run, current, tokens)):
-            pending.append(Pending(shown[run.run_id], state))
+        view = shown.get(run.run_id)
+        state = _pending_state(view) if view is not None else None
+        if view is not None and state is not None and (current is None or _after(run, current, tokens)):
+            pending.append(Pending(view, state))
     return PartitionStatus(values, current, tuple(pending))
 
 
