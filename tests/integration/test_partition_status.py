@@ -120,11 +120,15 @@ def test_a_superseded_run_is_never_current_nor_shown_after(platform: Platform, t
 
 
 def test_the_current_publication_is_chosen_by_token_not_by_creation(platform: Platform, tmp_path: Path) -> None:
-    """Run A of a day is queued first, run B of it is created later and publishes first (token 1), then a
-    worker runs A (token 2): the sink holds A's rows, so A is current although B is newer."""
+    """Run A of a day is queued first, run B of it is created later and publishes first (token 1): A is
+    listed queued after B's publication (it will take a higher token). Then a worker runs A (token 2): the
+    sink holds A's rows, so A is current although B is newer."""
     defn = _definition()
     queued = platform.runs.submit(flows.request(defn, tmp_path, "a", params={"day": "2024-03-01"})).run
     newer = _run(platform, tmp_path, defn, "b", day="2024-03-01", factor=2)
+    before = _by_label(_status(platform))["2024-03-01"]  # A, created earlier, will publish after B: listed
+    assert before.current is not None and before.current.run.run_id == newer.run_id
+    assert [(p.view.run.run_id, p.state) for p in before.pending] == [(queued.run_id, PendingState.QUEUED)]
     claim = platform.runs.claim_next()
     assert claim is not None and claim.run.run_id == queued.run_id
     assert platform.runs.execute(claim).status == "succeeded" and newer.status == "succeeded"

@@ -214,10 +214,13 @@ def _one(
 
 
 def _after(run: Run, current: Publication, tokens: Mapping[str, int]) -> bool:
-    """Created after the current publication's run, or authorized with a higher token than it took."""
+    """Created after the current publication's run, authorized with a higher token than it took, or not
+    authorized yet while it may still be (queued or running: its token, when taken, will be higher)."""
     later = (run.created_at_us, run.run_id) > (current.run.created_at_us, current.run.run_id)
     token = tokens.get(run.run_id)
-    return later or (token is not None and current.partition_token is not None and token > current.partition_token)
+    if token is None:
+        return later or run.status in (RunStatus.QUEUED, RunStatus.RUNNING)
+    return later or (current.partition_token is not None and token > current.partition_token)
 
 
 def _pending_state(view: views.RunView) -> PendingState | None:
