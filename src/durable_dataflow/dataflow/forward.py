@@ -107,12 +107,14 @@ def check_partition_rows(table: Any, partition: Mapping[str, Any]) -> None:
             raise PartitionViolation(f"the result has no partition column {column!r}")
         values = table.column(column)
         try:
-            wanted = pa.scalar(value).cast(values.type)
+            wanted = contract.typed_scalar(value, values.type)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             raise PartitionViolation(
                 f"the partition value of column {column!r} does not fit the column's type"
             ) from None
-        matching = pc.sum(pc.fill_null(pc.equal(values, wanted), False).cast(pa.int64())).as_py() or 0
+        # Arrow scalars only: a Python value here (False) would make pyarrow import pandas (typed_scalar).
+        unequal = contract.typed_scalar(False, pa.bool_())
+        matching = pc.sum(pc.fill_null(pc.equal(values, wanted), unequal).cast(pa.int64())).as_py() or 0
         outside = table.num_rows - int(matching)
         if outside:
             raise PartitionViolation(
