@@ -54,3 +54,32 @@ def test_a_re_run_of_a_day_replaces_it_and_leaves_the_other_days(tmp_path: Path,
     replay = cli("run", definition, "-p", "day=2026-11-02", "-k", "nov-02", "--json")
     assert replay.code == 0 and replay.json()["replayed"] is True, replay.output
     assert _rows_by_day(table) == after, "a replay of the first key changed the table"
+
+
+def test_partitions_shows_the_gap_and_backfill_only_missing_fills_it(tmp_path: Path, sqlite_url: str) -> None:
+    """The guide's operator part: `dataflow partitions` lists a missing day and each day's current run;
+    `backfill --only-missing` submits only the missing day; once a worker ran it, every day is published
+    and the table holds each day once."""
+    example = tmp_path / "example"
+    shutil.copytree(PUBLISH_EXAMPLE, example, ignore=shutil.ignore_patterns("warehouse"))
+    cli = make_cli(sqlite_url, tmp_path)
+    definition, table = str(example / "daily_table.yaml"), example / "warehouse" / "daily_revenue_by_day"
+    for key in ("first", "again"):
+        assert cli("run", definition, "-p", "day=2026-11-02", "-k", key).code == 0
+    span = ("--from", "2026-11-01", "--to", "2026-11-03")
+
+    listed = cli("partitions", "analytics.daily_revenue_by_day", *span, "--json")
+    assert listed.code == 0, listed.output
+    states = {p["partition"]["day"]: (p["state"], (p["current"] or {}).get("idempotency_key"))
+              for p in listed.json()["partitions"]}  # fmt: skip
+    assert states == {"2026-11-01": ("missing", None), "2026-11-02": ("published", "again"),
+                      "2026-11-03": ("missing", None)}  # fmt: skip
+
+    filled = cli("backfill", definition, *span, "--only-missing")
+    assert filled.code == 0 and "2 run(s) submitted" in filled.stdout, filled.output
+    assert cli("worker", "--until-idle").code == 0
+    after = cli("partitions", "analytics.daily_revenue_by_day", *span, "--json").json()["partitions"]
+    assert [p["state"] for p in after] == ["published"] * 3
+    assert {day: len(rows) for day, rows in _rows_by_day(table).items()} == {
+        "2026-11-01": 4, "2026-11-02": 4, "2026-11-03": 4
+    }  # fmt: skip
