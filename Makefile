@@ -42,7 +42,7 @@ help:
 	@echo "make lint       ruff check src tests"
 	@echo "make typecheck  mypy (strict, src)"
 	@echo "make bench      benchmarks vs DBOS (BENCH_ARGS=--quick for a smoke run); see docs/performance.md"
-	@echo "make soak       500 runs with random crash/pause points (scripts/soak.py), then the state machine's long profile"
+	@echo "make soak       200 runs, faults in >= 1 run in 10, reconciles, replays, partition re-runs (scripts/soak.py), then the state machine's long profile"
 	@echo "make model      model-check the recovery protocol (model/check, needs spin)"
 	@echo "make screenshots refresh docs/img from the browser test"
 	@echo "make clean      remove caches and test artefacts (distclean also removes .venv)"

@@ -1,24 +1,48 @@
-"""Soak test (`make soak`): many runs, several workers, random crash and pause points, then a checker.
+"""Soak test (`make soak`): many runs, several workers, crashes and pauses in at least one run in ten,
+reconciles killed mid-way, replays of the same keys, re-runs of the same partitions, then a checker.
 
-    .venv/bin/python scripts/soak.py [--runs 500] [--workers 4] [--seed S] [--lease-ttl 2] [--db URL]
+    .venv/bin/python scripts/soak.py [--runs 200] [--workers 4] [--seed S] [--lease-ttl 2] [--db URL]
 
 It starts a throwaway PostgreSQL cluster (tests/support/pg.py) unless --db names a PostgreSQL
-database, submits --runs runs (half atomic; the other half forward-recovery, in turn to each of the
-three sinks: a Parquet folder, a Delta table and a PostgreSQL table in a second database of the same
-server, or --sink-db; a few through `dataflow submit` killed at `after_record`), and keeps --workers
-worker processes alive.
-Each new worker draws (from the seeded generator) one of: no fault (it is sent SIGTERM after a
-random lifetime), a crash point (DATAFLOW_CRASH_AT: SIGKILL there), or a pause point
-(DATAFLOW_PAUSE_AT: SIGSTOP there; the soak sends SIGCONT once the lease has expired). When every
-run is terminal, the checker reads the ledger, the run projection, the stored results and the
-sink and counts violations of DESIGN §7 invariants 3, 6, 7, 8 and 9 (tests/faults/harness.py).
-It prints the seed, the runs per second, the runs per final state (per kind of run) and the
-violations, and exits 1 on any violation.
+database and plans --runs runs from the seed, in a cycle of ten: three atomic, one forward append
+to each of three sinks (a Parquet folder, a Delta table, a PostgreSQL table in a second database
+of the same server, or --sink-db) and two forward `mode: replace_partition` runs to each of two
+partitioned targets (a Delta table and a PostgreSQL table, `partition: {day: $day}`), each for one
+of DAYS days drawn from the seed, so every day of each is re-run many times under new keys, and
+runs of one day overlap. The first few are submitted through `dataflow submit` killed at
+`after_record`; the rest are submitted while the fleet works (the queue topped up as it drains),
+each top-up also replaying earlier keys, which must return the run first recorded for the key.
+
+It keeps --workers worker processes alive. Each new worker is clean or armed with a crash point
+(DATAFLOW_CRASH_AT: SIGKILL there) or a pause point (DATAFLOW_PAUSE_AT: SIGSTOP there; SIGCONT once
+the lease has expired), drawn from the seeded generator, and armed for certain while the armed
+workers that reached their point (plus those that have not yet) are fewer than WORKER_FAULT_AIM of
+the runs started, a clean worker then retiring early to make room: the fault rate holds however
+fast the machine is. A worker is sent SIGTERM (it drains, cancelling a run it has not authorized)
+after RUNS_PER_WORKER finished runs, counted in its own log, not after a time. Meanwhile one
+`dataflow reconcile RUN [--resume]` process at a time settles a random `outcome_unknown` (or resumes
+a `reconciled_absent`) run, half of them killed mid-way (at `after_inspect`, or for a resume after
+its dispatch authorization or its provider call). When every run is terminal the fleet stops and
+every run still unresolved (or `reconciled_absent`) is reconciled with `--resume`, without faults,
+until none is left; every key is replayed once more (a few through `dataflow submit`).
+
+Then the checker reads the ledger, the run projection, the stored results and the sinks and counts
+violations of DESIGN §7 invariants 3, 6, 7, 8 and 9 (tests/faults/harness.py), of "each partition
+holds exactly the rows of exactly one run, the one recorded as its current publication" (the
+partitioned sinks read by delta-rs and by SQL; the current publication is the partition's
+succeeded run with the highest partition token), and of the replays (another run, or a new one, for
+a key). It prints the seed, the runs per second, the faults that hit a run (crashes and pauses of
+workers, killed submits and reconciles) and their rate, the reconciles, the runs per final state
+(per kind of run) and the violations. It exits 1 on any violation, and when fewer than one run in
+ten was hit by a fault (FAULT_RATE_REQUIRED): a soak that stopped hurting fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import functools
+import json
 import os
 import random
 import signal
@@ -33,24 +57,87 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+from durable_dataflow.core import leases  # noqa: E402
+from durable_dataflow.core.db import Database  # noqa: E402
 from durable_dataflow.dataflow import crashpoints as cp  # noqa: E402
+from durable_dataflow.dataflow import runs as runs_module  # noqa: E402
+from durable_dataflow.dataflow.requests import RunRequest  # noqa: E402
+from durable_dataflow.platform import Platform  # noqa: E402
 from faults import harness  # noqa: E402
 from support.pg import PostgresServer  # noqa: E402
 
-RUNS_DEFAULT = 500
+RUNS_DEFAULT = 200  # with a fault in one run in ten or more, reconciles and replays: minutes on 2 cores
 WORKERS_DEFAULT = 4
 LEASE_TTL_S_DEFAULT = 2.0
 DEADLINE_S_BASE = 600.0  # the default deadline: this, plus DEADLINE_S_PER_RUN for each run
-DEADLINE_S_PER_RUN = 0.5  # ten times the pace seen here (≈ 20 runs/s with 4 workers)
-PROVIDERS = ("parquet", "delta", "postgres")  # the forward runs publish to each in turn
-SINK_SECRET = "SOAK_SINK_DSN"  # the secret the PostgreSQL-table target's DSN is read from
+DEADLINE_S_PER_RUN = 1.0  # several times the pace seen on a shared 2-core machine with the faults below
+SINK_SECRET = "SOAK_SINK_DSN"  # the secret the PostgreSQL-table targets' DSN is read from
+# The kinds of run, in a cycle of ten by run number: 3 atomic, 3 appends (one per sink), 4 partitioned.
+KIND_CYCLE = (
+    "atomic", "parquet", "delta_daily", "atomic", "delta", "postgres_daily", "atomic", "postgres",
+    "delta_daily", "postgres_daily",
+)  # fmt: skip
+APPEND_KINDS = ("parquet", "delta", "postgres")
+PARTITIONED_KINDS = ("delta_daily", "postgres_daily")
+PG_APPEND_TABLE = "soak_published"
+PG_DAILY_TABLE = "soak_daily"
+DAYS = 6  # the partitioned runs' days: 500 runs re-run each day of each partitioned sink ≈ 17 times
+FIRST_DAY = dt.date(2026, 11, 1)
 SUBMIT_CRASHES = 5  # runs submitted through `dataflow submit` killed after the record commit
-FAULT_SHARE = 0.5  # of new workers: half run clean, a quarter crash, a quarter pause
-LIFETIME_S = (3.0, 8.0)  # a clean worker is sent SIGTERM after this long (drains, then exits)
+QUEUE_LOW = 16  # the supervisor tops the queue up when fewer runs than this are queued
+TOPUP = 12  # runs submitted per top-up
+REPLAYS_PER_TOPUP = 3  # earlier keys re-submitted with each top-up
+CLI_REPLAYS = 4  # keys re-submitted through `dataflow submit --json` at the end
+FAULT_RATE_REQUIRED = 0.10  # faults that hit a run, per run: below this the soak fails
+WORKER_FAULT_AIM = 0.12  # the supervisor arms workers so that this share of started runs sees a worker hit
+FAULT_SHARE = 0.25  # otherwise, the share of new workers armed (half crash, half pause)
+# A worker is sent SIGTERM (it drains, then exits) once it has finished this many runs: counted in runs,
+# not seconds, so a slow (shared) machine does not cancel more runs, nor a fast one fewer.
+RUNS_PER_WORKER = (6, 30)
+RUNS_AFTER_PAUSE = 3  # a paused worker, resumed, retires after this many more runs (or its budget, if less)
+PAUSES_PER_WORKER = 2  # ... or as it is resumed from this many pauses
 RESUME_AFTER_EXPIRY_S = (0.2, 2.0)  # a paused worker is resumed this long after its lease expired
+RECONCILE_KILL_SHARE = 0.5  # of the reconciles during the soak: killed at a crash point mid-way
+RECONCILE_RESUME_SHARE = 0.5  # of the reconciles of outcome_unknown runs during the soak: with --resume
+RECONCILE_WAIT_S = 120.0  # a reconcile process that has not exited by then is a violation
+RESUME_POINTS = (cp.AFTER_PREDISPATCH_COMMIT, cp.AFTER_PROVIDER_CALL)  # a resume's points after its authorization
+SETTLE_AT_ONCE = 2  # reconcile processes side by side when settling at the end
+SETTLE_ROUNDS_MAX = 6
+SETTLE_WAIT_S = 60.0  # bound on waiting for a killed reconcile's lease to expire
 SUPERVISOR_POLL_S = 0.1
 VIOLATIONS_SHOWN_MAX = 30
-WORKER_POINTS = tuple(p for p in cp.POINTS if p != cp.AFTER_RECORD)  # after_record is a submit's point
+# Points a worker reaches (after_record is a submit's, after_inspect a reconcile's).
+WORKER_POINTS = tuple(p for p in cp.POINTS if p not in (cp.AFTER_RECORD, cp.AFTER_INSPECT))
+
+
+# Every process the soak started: killed if the soak itself is stopped or fails (see main).
+LIVE: list[subprocess.Popen[bytes]] = []
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One run of the plan: its key, kind and parameters."""
+
+    number: int
+    kind: str
+    parameters: dict[str, str]
+
+    @property
+    def key(self) -> str:
+        return f"k-{self.number}"
+
+
+def plan(runs: int, seed: int) -> list[Planned]:
+    """The runs, from the seed alone: the kind by number, a partitioned run's day drawn."""
+    rng = random.Random(f"{seed}:plan")
+    planned = []
+    for number in range(runs):
+        kind = KIND_CYCLE[number % len(KIND_CYCLE)]
+        parameters = {"n": str(number)}
+        if kind in PARTITIONED_KINDS:
+            parameters[harness.PARTITION_COLUMN] = (FIRST_DAY + dt.timedelta(days=rng.randrange(DAYS))).isoformat()
+        planned.append(Planned(number, kind, parameters))
+    return planned
 
 
 @dataclass
@@ -59,19 +146,55 @@ class Slot:
 
     proc: subprocess.Popen[bytes]
     fault: str  # "clean" | "crash:<point>" | "pause:<point>"
-    started_s: float
-    stop_at_s: float | None = None  # clean workers: when to send SIGTERM
+    log: Path  # its own log: its `run.finished` lines say how many runs it has finished
+    budget: int  # it is sent SIGTERM once it has finished this many runs
+    finished: int = 0
+    read_to: int = 0  # how far its log has been read
+    retiring: bool = False  # sent SIGTERM
     stopped_since_s: float | None = None  # paused workers: when the pause was first seen
     resume_after_s: float = 0.0
+    hit: bool = False  # an armed worker reached its point (at least once)
+    pauses: int = 0
+
+
+@dataclass
+class Reconciling:
+    """One `dataflow reconcile` process of the soak."""
+
+    proc: subprocess.Popen[bytes]
+    run_id: str
+    point: str | None
+    started_s: float
 
 
 @dataclass
 class Stats:
     spawned: int = 0
+    armed_by_deficit: int = 0
+    workers_hit: int = 0  # armed workers that reached their point (a worker paused twice counts once)
+    armed: dict[str, int] = field(default_factory=dict)  # "crash" | "pause" -> workers spawned armed so
     crashes: dict[str, int] = field(default_factory=dict)
     pauses: dict[str, int] = field(default_factory=dict)
+    submit_kills: int = 0
     terminated: int = 0
     exit_codes: dict[int, int] = field(default_factory=dict)
+    reconciles: int = 0
+    reconcile_kills: dict[str, int] = field(default_factory=dict)
+    reconcile_exit_codes: dict[int, int] = field(default_factory=dict)
+    settled: dict[int, int] = field(default_factory=dict)  # the end's reconciles: exit code -> count
+    replays: int = 0
+    cli_replays: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def worker_faults(self) -> int:
+        return sum(self.crashes.values()) + sum(self.pauses.values())
+
+    @property
+    def faults(self) -> int:
+        """Faults that hit a run: a worker killed or stopped at its point (in a run), a submit killed
+        after recording its run, a reconcile killed mid-way."""
+        return self.worker_faults + self.submit_kills + sum(self.reconcile_kills.values())
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -90,11 +213,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--sink-db",
         default=None,
-        help="an empty PostgreSQL database for the PostgreSQL-table sink (required with --db)",
+        help="an empty PostgreSQL database for the PostgreSQL-table sinks (required with --db)",
     )
     args = parser.parse_args(argv)
     if args.db and not args.sink_db:
         parser.error("--db needs --sink-db: the PostgreSQL-table sink needs a database of its own")
+    if args.runs < SUBMIT_CRASHES:
+        parser.error(f"--runs must be at least {SUBMIT_CRASHES}")
     if args.deadline is None:
         args.deadline = DEADLINE_S_BASE + DEADLINE_S_PER_RUN * args.runs
     return args
@@ -102,75 +227,140 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 @dataclass(frozen=True)
 class Flows:
-    """The soak's definitions: one atomic, one forward per sink, and where each sink is read."""
+    """The soak's definitions (one per kind of run) and where each sink is read."""
 
-    atomic: Path
-    forward: dict[str, Path]  # provider -> definition
+    definitions: dict[str, Path]  # kind -> definition
     work: Path
     sink_dsn: str
 
     @classmethod
     def write(cls, work: Path, sink_dsn: str) -> Flows:
         defs = work / "defs"
-        forward = {
+        pg = {"dsn": {"secret": SINK_SECRET}}
+        definitions = {
+            "atomic": harness.inline_definition(defs, "soak_atomic"),
             "parquet": harness.inline_definition(defs, "soak_parquet", publish_to="sink_parquet"),
             "delta": harness.inline_definition(defs, "soak_delta", publish_to="sink_delta", provider="delta"),
             "postgres": harness.inline_definition(
-                defs, "soak_postgres", publish_to="soak_published", provider="postgres",
-                options={"dsn": {"secret": SINK_SECRET}},
+                defs, "soak_postgres", publish_to=PG_APPEND_TABLE, provider="postgres", options=pg
             ),
-        }  # fmt: skip
-        return cls(harness.inline_definition(defs, "soak_atomic"), forward, work, sink_dsn)
+            "delta_daily": harness.partitioned_definition(
+                defs, "soak_delta_daily", provider="delta", location="sink_delta_daily"
+            ),
+            "postgres_daily": harness.partitioned_definition(
+                defs, "soak_postgres_daily", provider="postgres", location=PG_DAILY_TABLE, options=pg
+            ),
+        }
+        return cls(definitions, work, sink_dsn)
 
-    def for_run(self, number: int) -> Path:
-        """Even runs are atomic; odd runs publish, to each sink in turn."""
-        if number % 2 == 0:
-            return self.atomic
-        return self.forward[PROVIDERS[(number // 2) % len(PROVIDERS)]]
+    def kind_of(self, definition_name: str) -> str:
+        return {path.stem: kind for kind, path in self.definitions.items()}.get(definition_name, definition_name)
+
+    def request(self, planned: Planned) -> RunRequest:
+        return harness.request_for(self.definitions[planned.kind], planned.parameters, planned.key)
 
     def publications(self) -> dict[str, list[harness.Publication]]:
-        """Every publication each sink holds, read from the sink itself (provider -> publications)."""
+        """Every publication each sink holds, read from the sink itself (kind -> publications)."""
         defs = self.work / "defs"
+        in_pg = harness.postgres_publications(self.sink_dsn)
         return {
             "parquet": harness.parquet_publications(defs / "sink_parquet"),
             "delta": harness.delta_publications(defs / "sink_delta"),
-            "postgres": harness.postgres_publications(self.sink_dsn),
+            "delta_daily": harness.delta_publications(defs / "sink_delta_daily"),
+            "postgres": [p for p in in_pg if PG_DAILY_TABLE not in p.where],
+            "postgres_daily": [p for p in in_pg if PG_DAILY_TABLE in p.where],
+        }
+
+    def partition_rows(self) -> dict[str, dict[str, list[harness.Row]]]:
+        """Each partitioned sink's rows per day, read by independent readers (kind -> day -> rows)."""
+        return {
+            "delta_daily": harness.delta_partition_rows(self.work / "defs" / "sink_delta_daily"),
+            "postgres_daily": harness.postgres_partition_rows(self.sink_dsn, PG_DAILY_TABLE),
         }
 
 
-def submit_all(url: str, runs: int, flows: Flows, ttl_s: float) -> None:
-    """Record the runs: most in-process, SUBMIT_CRASHES through a CLI submit killed after its commit."""
-    with harness.open_platform(url) as platform:
-        for number in range(SUBMIT_CRASHES, runs):
-            platform.runs.submit(harness.request_for(flows.for_run(number), {"n": str(number)}, f"k-{number}"))
-    env = harness.worker_env(url, lease_ttl_s=ttl_s, crash_at=cp.AFTER_RECORD)
-    log = flows.work / "submit.log"
-    for number in range(min(SUBMIT_CRASHES, runs)):
-        args = ["submit", str(flows.for_run(number)), "--param", f"n={number}", "--idempotency-key", f"k-{number}"]
-        code = harness.wait_exit(harness.start(args, env, log), log)
-        if code != -signal.SIGKILL:
-            raise SystemExit(f"the submit was not killed at after_record (exit {code})")
+class Keys:
+    """The keys submitted so far and the run each was first recorded as: a replay must return that run."""
+
+    def __init__(self, flows: Flows, planned: list[Planned], stats: Stats) -> None:
+        self.flows, self.planned, self.stats = flows, planned, stats
+        self.run_of: dict[str, str] = {}
+        self.next = 0  # the next planned number to submit
+
+    def submit_via_cli_killed(self, url: str, ttl_s: float) -> None:
+        """The first SUBMIT_CRASHES runs: `dataflow submit` killed right after its record commit."""
+        env = harness.worker_env(url, lease_ttl_s=ttl_s, crash_at=cp.AFTER_RECORD)
+        log = self.flows.work / "submit.log"
+        for planned in self.planned[:SUBMIT_CRASHES]:
+            code = harness.wait_exit(harness.start(self._submit_args(planned), env, log), log)
+            if code != -signal.SIGKILL:
+                raise SystemExit(f"the submit was not killed at after_record (exit {code})")
+            self.stats.submit_kills += 1
+        self.next = SUBMIT_CRASHES
+
+    def _submit_args(self, planned: Planned) -> list[str]:
+        params = [arg for name, value in planned.parameters.items() for arg in ("--param", f"{name}={value}")]
+        return ["submit", str(self.flows.definitions[planned.kind]), *params, "--idempotency-key", planned.key]
+
+    def submit(self, platform: Platform, count: int) -> None:
+        for planned in self.planned[self.next : self.next + count]:
+            submission = platform.runs.submit(self.flows.request(planned))
+            self.expect(planned.key, submission.run.run_id, replayed=not submission.created, how="submit")
+            self.next += 1
+
+    def replay(self, platform: Platform, planned: Planned) -> None:
+        submission = platform.runs.submit(self.flows.request(planned))
+        self.stats.replays += 1
+        self.expect(planned.key, submission.run.run_id, replayed=not submission.created, how="replay")
+
+    def expect(self, key: str, run_id: str, *, replayed: bool, how: str) -> None:
+        first = self.run_of.setdefault(key, run_id)
+        if first != run_id:
+            self.stats.violations.append(f"replay: {how} of key {key} returned run {run_id}, first {first}")
+        number = int(key.split("-")[1])
+        if how != "submit" and not replayed:
+            self.stats.violations.append(f"replay: {how} of key {key} recorded a new run {run_id}")
+        if how == "submit" and replayed and number >= SUBMIT_CRASHES:
+            self.stats.violations.append(f"replay: the first submit of key {key} found a run already ({run_id})")
+
+    def replay_cli(self, url: str, planned: Planned, ttl_s: float) -> None:
+        """A replay through `dataflow submit --json`: the same run, `replayed`, exit 0 (or 3 while unresolved)."""
+        env = harness.worker_env(url, lease_ttl_s=ttl_s)
+        done = subprocess.run(
+            [*harness.WORKER_CMD, *self._submit_args(planned), "--json"],
+            env=env, cwd=REPO, capture_output=True, timeout=harness.PROCESS_WAIT_S, check=False,
+        )  # fmt: skip
+        self.stats.cli_replays += 1
+        try:
+            shown = json.loads(done.stdout)
+        except json.JSONDecodeError:
+            shown = {}
+        if done.returncode not in (0, 3) or not shown.get("replayed"):
+            self.stats.violations.append(
+                f"replay: `dataflow submit` of key {planned.key} exited {done.returncode}, replayed "
+                f"{shown.get('replayed')}"
+            )
+        if "run_id" in shown:
+            self.expect(planned.key, str(shown["run_id"]), replayed=bool(shown.get("replayed")), how="cli replay")
 
 
-def spawn(url: str, rng: random.Random, ttl_s: float, log: Path, stats: Stats) -> Slot:
-    draw = rng.random()
-    crash_at = pause_at = None
-    if draw < FAULT_SHARE / 2:
-        crash_at = rng.choice(WORKER_POINTS)
-        fault = f"crash:{crash_at}"
-    elif draw < FAULT_SHARE:
-        pause_at = rng.choice(WORKER_POINTS)
-        fault = f"pause:{pause_at}"
-    else:
-        fault = "clean"
+def spawn(url: str, rng: random.Random, ttl_s: float, logs: Path, stats: Stats, deficit: bool) -> Slot:
+    """A new worker: armed for certain when worker faults lag the aim, else at random (FAULT_SHARE)."""
+    draw, point, crash = rng.random(), rng.choice(WORKER_POINTS), rng.random() < 0.5
+    armed = deficit or draw < FAULT_SHARE
+    stats.armed_by_deficit += deficit and draw >= FAULT_SHARE
+    crash_at = point if armed and crash else None
+    pause_at = point if armed and not crash else None
+    fault = f"crash:{point}" if crash_at else f"pause:{point}" if pause_at else "clean"
     env = harness.worker_env(url, lease_ttl_s=ttl_s, crash_at=crash_at, pause_at=pause_at)
     args = harness.worker_args(concurrency=2, sweep_interval_s=0.5, poll_interval_s=0.1)
-    now = time.monotonic()
     stats.spawned += 1
-    slot = Slot(harness.start(args, env, log), fault, now)
-    if fault == "clean":
-        slot.stop_at_s = now + rng.uniform(*LIFETIME_S)
-    return slot
+    if fault != "clean":
+        stats.armed[fault.split(":")[0]] = stats.armed.get(fault.split(":")[0], 0) + 1
+    log = logs / f"worker-{stats.spawned}-{fault.replace(':', '-')}.log"
+    proc = harness.start(args, env, log)
+    LIVE.append(proc)
+    return Slot(proc, fault, log, rng.randint(*RUNS_PER_WORKER))
 
 
 def tend(slot: Slot, rng: random.Random, ttl_s: float, stats: Stats) -> bool:
@@ -179,40 +369,154 @@ def tend(slot: Slot, rng: random.Random, ttl_s: float, stats: Stats) -> bool:
     code = slot.proc.poll()
     if code is not None:
         stats.exit_codes[code] = stats.exit_codes.get(code, 0) + 1
-        if code == -signal.SIGKILL:
+        if code == -signal.SIGKILL and slot.fault.startswith("crash:"):  # the soak never SIGKILLs a worker
             stats.crashes[slot.fault] = stats.crashes.get(slot.fault, 0) + 1
+            stats.workers_hit += 1
         return True
-    if slot.stop_at_s is not None and now >= slot.stop_at_s:
-        slot.proc.send_signal(signal.SIGTERM)
-        stats.terminated += 1
-        slot.stop_at_s = None
+    slot.finished += _finished_since(slot)
+    if not slot.retiring and slot.finished >= slot.budget and slot.stopped_since_s is None:
+        retire(slot, stats)
     if harness.is_stopped(slot.proc.pid):
         if slot.stopped_since_s is None:
             slot.stopped_since_s = now
+            stats.workers_hit += not slot.hit
+            slot.hit = True
             slot.resume_after_s = ttl_s + rng.uniform(*RESUME_AFTER_EXPIRY_S)
             stats.pauses[slot.fault] = stats.pauses.get(slot.fault, 0) + 1
+            slot.pauses += 1
+            slot.budget = min(slot.budget, slot.finished + RUNS_AFTER_PAUSE)  # one pause point may be in every run
         elif now - slot.stopped_since_s >= slot.resume_after_s:
-            harness.resume(slot.proc)
+            harness.resume(slot.proc)  # it goes on (and pauses again at its point) until its budget is spent
             slot.stopped_since_s = None
-            slot.stop_at_s = now + rng.uniform(*LIFETIME_S)  # resumed workers retire after a while too
+            if slot.pauses >= PAUSES_PER_WORKER and not slot.retiring:
+                retire(slot, stats)  # a point every run reaches (after_claim) would pause it on every claim
     return False
 
 
-def supervise(url: str, args: argparse.Namespace, rng: random.Random, work: Path, stats: Stats) -> bool:
-    """Keep the fleet alive with random faults until every run is terminal; False at the deadline."""
-    log = work / "workers.log"
+def retire(slot: Slot, stats: Stats) -> None:
+    """SIGTERM: the worker stops claiming, a run it has not authorized yet is cancelled, then it exits."""
+    slot.proc.send_signal(signal.SIGTERM)
+    stats.terminated += 1
+    slot.retiring = True
+
+
+def lagging(slots: list[Slot], stats: Stats, started: int) -> bool:
+    """Whether the armed workers that reached their point, with those still to reach it, are fewer
+    than WORKER_FAULT_AIM of the runs started: then the next worker is armed, and a clean one retires.
+    (A paused worker may pause again after SIGCONT: each pause is a fault, but paces as one worker.)"""
+    return stats.workers_hit + pending_armed(slots) < WORKER_FAULT_AIM * started
+
+
+def _finished_since(slot: Slot) -> int:
+    """The `run.finished` lines its log gained since the last look (a worker's pace, whatever the machine's)."""
+    try:
+        with slot.log.open("rb") as log:
+            log.seek(slot.read_to)
+            gained = log.read()
+    except FileNotFoundError:
+        return 0
+    complete = gained.rfind(b"\n") + 1  # a line still being written is read next time
+    slot.read_to += complete
+    return gained[:complete].count(b'"event": "run.finished"')
+
+
+def pending_armed(slots: list[Slot]) -> int:
+    """Armed workers that have not reached their point yet and are not retiring."""
+    return sum(1 for s in slots if s.fault != "clean" and not s.hit and not s.retiring)
+
+
+def unsettled(db: Database) -> list[str]:
+    """The runs a reconcile applies to now: outcome_unknown, evidence_failed or reconciled_absent (sorted ids)."""
+    found: set[str] = set()
+    with db.read() as conn:
+        for status in ("outcome_unknown", "evidence_failed"):
+            found.update(r.run_id for r in runs_module.list_page(conn, status=status, limit=runs_module.PAGE_SIZE_MAX))
+        absent = runs_module.list_page(conn, recovery_status="reconciled_absent", limit=runs_module.PAGE_SIZE_MAX)
+        found.update(r.run_id for r in absent)
+    return sorted(found)
+
+
+def start_reconcile(url: str, run_id: str, ttl_s: float, *, resume: bool, point: str | None, log: Path) -> Reconciling:
+    env = harness.worker_env(url, lease_ttl_s=ttl_s, crash_at=point)
+    args = ["reconcile", run_id, *(["--resume"] if resume else [])]
+    proc = harness.start(args, env, log)
+    LIVE.append(proc)
+    return Reconciling(proc, run_id, point, time.monotonic())
+
+
+def reconcile_one(
+    url: str, db: Database, rng: random.Random, ttl_s: float, log: Path, stats: Stats
+) -> Reconciling | None:
+    """Start a reconcile of a random unsettled run, killed mid-way at RECONCILE_KILL_SHARE."""
+    candidates = unsettled(db)
+    if not candidates:
+        return None
+    run_id = rng.choice(candidates)
+    with db.read() as conn:
+        run = runs_module.get(conn, run_id)
+    absent = run.recovery_status == "reconciled_absent"
+    resume = absent or rng.random() < RECONCILE_RESUME_SHARE
+    killed = rng.random() < RECONCILE_KILL_SHARE
+    if absent:
+        point = rng.choice(RESUME_POINTS)
+    else:
+        point = rng.choice((cp.AFTER_INSPECT, *RESUME_POINTS)) if resume else cp.AFTER_INSPECT
+    stats.reconciles += 1
+    return start_reconcile(url, run_id, ttl_s, resume=resume, point=point if killed else None, log=log)
+
+
+def reconcile_done(job: Reconciling, stats: Stats) -> bool:
+    """True when the reconcile process has exited (counted); a hung one is killed and a violation."""
+    code = job.proc.poll()
+    if code is None and time.monotonic() - job.started_s > RECONCILE_WAIT_S:
+        job.proc.kill()
+        code = job.proc.wait()
+        stats.violations.append(f"reconcile of run {job.run_id} did not exit in {RECONCILE_WAIT_S}s")
+    if code is None:
+        return False
+    stats.reconcile_exit_codes[code] = stats.reconcile_exit_codes.get(code, 0) + 1
+    if code == -signal.SIGKILL and job.point is not None:
+        stats.reconcile_kills[job.point] = stats.reconcile_kills.get(job.point, 0) + 1
+    return True
+
+
+def supervise(url: str, args: argparse.Namespace, rng: random.Random, keys: Keys, stats: Stats) -> bool:
+    """Submit, replay, keep the fleet alive with faults and reconcile until every run is terminal;
+    False at the deadline."""
+    logs = keys.flows.work / "workers"
+    logs.mkdir()
+    log = logs / "stopping.log"
+    reconcile_log = keys.flows.work / "reconcile.log"
     slots: list[Slot] = []
+    reconciling: Reconciling | None = None
     deadline = time.monotonic() + args.deadline
     with harness.open_platform(url) as platform:
+        keys.submit(platform, QUEUE_LOW * 2)
         while time.monotonic() < deadline:
             slots = [s for s in slots if not tend(s, rng, args.lease_ttl, stats)]
+            if reconciling is not None and reconcile_done(reconciling, stats):
+                reconciling = None
             counts = harness.status_counts(platform.db)
-            if not (counts["queued"] or counts["running"]):
+            if keys.next < len(keys.planned) and counts["queued"] < QUEUE_LOW:
+                keys.submit(platform, TOPUP)
+                for _ in range(REPLAYS_PER_TOPUP):
+                    keys.replay(platform, keys.planned[rng.randrange(keys.next)])
+                continue
+            if keys.next >= len(keys.planned) and not (counts["queued"] or counts["running"] or reconciling):
                 break
+            started = sum(counts.values()) - counts["queued"]
             while len(slots) < args.workers:
-                slots.append(spawn(url, rng, args.lease_ttl, log, stats))
+                slots.append(spawn(url, rng, args.lease_ttl, logs, stats, lagging(slots, stats, started)))
+            clean = [s for s in slots if s.fault == "clean" and not s.retiring]
+            if lagging(slots, stats, started) and clean and not any(s.retiring for s in slots):
+                retire(max(clean, key=lambda s: s.finished), stats)  # its slot goes to an armed worker
+            if reconciling is None:
+                reconciling = reconcile_one(url, platform.db, rng, args.lease_ttl, reconcile_log, stats)
             time.sleep(SUPERVISOR_POLL_S)  # the supervisor's own pace, not a wait for an order
         else:
+            if reconciling is not None:
+                reconciling.proc.kill()
+                reconciling.proc.wait()
             return False
         for slot in slots:  # resume the paused ones so they can try (and fail) their stale writes
             if harness.is_stopped(slot.proc.pid):
@@ -221,14 +525,71 @@ def supervise(url: str, args: argparse.Namespace, rng: random.Random, work: Path
     return True
 
 
+def settle(url: str, ttl_s: float, work: Path, stats: Stats) -> list[str]:
+    """Reconcile (with --resume, no faults) every unsettled run until none is left; the runs left."""
+    log = work / "settle.log"
+    left: list[str] = []
+    with harness.open_platform(url) as platform:
+        for _ in range(SETTLE_ROUNDS_MAX):
+            left = unsettled(platform.db)
+            if not left:
+                return []
+            # A reconcile killed mid-way holds its lease until it expires: wait for that, bounded.
+            queue = list(left)
+            free = functools.partial(_leases_free, platform.db, tuple(left))
+            harness.wait_until(free, SETTLE_WAIT_S, "the unsettled runs' leases")
+            jobs: list[Reconciling] = []
+            while queue or jobs:
+                while queue and len(jobs) < SETTLE_AT_ONCE:
+                    jobs.append(start_reconcile(url, queue.pop(0), ttl_s, resume=True, point=None, log=log))
+                job = jobs.pop(0)
+                code = harness.wait_exit(job.proc, log)
+                stats.settled[code] = stats.settled.get(code, 0) + 1
+        return unsettled(platform.db)
+
+
+def _leases_free(db: Database, run_ids: tuple[str, ...]) -> bool:
+    with db.read() as conn:
+        held = leases.expiry_of(conn, db, runs_module.MODULE, run_ids[: leases.EXPIRY_SUBJECTS_MAX])
+    return all(lease.released or lease.expired for lease in held.values())
+
+
+def replay_all(url: str, ttl_s: float, keys: Keys, rng: random.Random) -> None:
+    """Every key once more in-process (the run must be the same, its state unchanged), a few through the CLI."""
+    with harness.open_platform(url) as platform:
+        before = {run.run_id: (run.status, run.attempt) for run in harness.all_runs(platform.db)}
+        for planned in keys.planned:
+            keys.replay(platform, planned)
+        after = {run.run_id: (run.status, run.attempt) for run in harness.all_runs(platform.db)}
+    if after != before:
+        changed = sorted(r for r in set(before) | set(after) if before.get(r) != after.get(r))
+        keys.stats.violations.append(f"replay: replays changed runs {changed[:10]}")
+    for planned in rng.sample(keys.planned, min(CLI_REPLAYS, len(keys.planned))):
+        keys.replay_cli(url, planned, ttl_s)
+
+
 def final_states(url: str, flows: Flows) -> dict[str, Counter[str]]:
-    """The runs per final state, per kind of run (atomic or the sink it publishes to)."""
-    kinds = {flows.atomic.stem: "atomic", **{path.stem: provider for provider, path in flows.forward.items()}}
+    """The runs per final state, per kind of run."""
     found: dict[str, Counter[str]] = {}
     with harness.open_platform(url) as platform:
         for run in harness.all_runs(platform.db):
-            found.setdefault(kinds.get(run.definition_name, run.definition_name), Counter())[str(run.status)] += 1
+            found.setdefault(flows.kind_of(run.definition_name), Counter())[str(run.status)] += 1
     return found
+
+
+def check_partitions(db: Database, flows: Flows) -> tuple[list[str], dict[str, int]]:
+    """The partition invariant over both partitioned sinks; also the partitions each holds."""
+    problems: list[str] = []
+    held_count = {}
+    for kind, held in flows.partition_rows().items():
+        runs_of = harness.partition_runs(db, [flows.definitions[kind].stem])
+        problems += harness.partition_problems(kind, held, runs_of)
+        held_count[kind] = len(held)
+    return problems, held_count
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise SystemExit(f"soak: stopped by signal {signum}")
 
 
 def main(argv: list[str]) -> int:
@@ -236,44 +597,82 @@ def main(argv: list[str]) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     print(f"soak: seed {seed}, {args.runs} runs, {args.workers} workers, lease TTL {args.lease_ttl}s", flush=True)
     rng = random.Random(seed)
-    server = None if args.db else PostgresServer.launch()
+    signal.signal(signal.SIGTERM, _stop)  # so the finally below still stops the fleet and the cluster
     started = time.monotonic()
+    phases: dict[str, float] = {}  # phase -> seconds it took
+    server = None if args.db else PostgresServer.launch()
+    stats = Stats()
     try:
         url = args.db or harness.fresh_database(server, "soak")
         sink_dsn = str(args.sink_db or harness.fresh_database(server, "soak_sink"))
         sink_dsn = sink_dsn.replace("postgresql+psycopg://", "postgresql://")
         os.environ[SINK_SECRET] = sink_dsn  # submits check the target's secret; workers inherit it
         flows = Flows.write(Path(tempfile.mkdtemp(prefix="dataflow-soak-")), sink_dsn)
-        submit_all(url, args.runs, flows, args.lease_ttl)
+        keys = Keys(flows, plan(args.runs, seed), stats)
+        keys.submit_via_cli_killed(url, args.lease_ttl)
         submitted_s = time.monotonic()
-        stats = Stats()
-        finished = supervise(url, args, rng, flows.work, stats)
-        worked_s = time.monotonic() - submitted_s
+        phases["setup"] = submitted_s - started
+        finished = supervise(url, args, rng, keys, stats)
+        worked_s = phases["fleet"] = time.monotonic() - submitted_s
+        mark = time.monotonic()
+        left = settle(url, args.lease_ttl, flows.work, stats) if finished else []
+        phases["settle"], mark = time.monotonic() - mark, time.monotonic()
+        replay_all(url, args.lease_ttl, keys, rng)
+        phases["replays"], mark = time.monotonic() - mark, time.monotonic()
         with harness.open_platform(url) as platform:
             published = flows.publications()
             report = harness.check(platform.db, [p for found in published.values() for p in found])
+            partition_violations, partitions_held = check_partitions(platform.db, flows)
         per_kind = final_states(url, flows)
+        phases["check"] = time.monotonic() - mark
     finally:
+        for proc in LIVE:  # nothing is left running (a normal end has stopped them all already)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         if server is not None:
             server.destroy()
+    report.violations += stats.violations + partition_violations
     total = sum(report.states.values())
     if total != args.runs:
         report.violations.append(f"lost or doubled runs: {total} recorded, {args.runs} submitted")
     if not finished:
         report.violations.append(f"not every run was terminal after {args.deadline}s")
-    print(f"soak: {time.monotonic() - started:.1f}s; workers spawned {stats.spawned}, SIGTERMed {stats.terminated}")
-    print(f"soak: {total / worked_s:.1f} runs/s ({total} runs in {worked_s:.1f}s from the last submit to the last "
-          f"terminal state, faults included)")  # fmt: skip
-    print(f"soak: crashes {sum(stats.crashes.values())} {dict(sorted(stats.crashes.items()))}")
-    print(f"soak: pauses {sum(stats.pauses.values())} {dict(sorted(stats.pauses.items()))}")
+    if left:
+        report.violations.append(
+            f"{len(left)} runs still unsettled after {SETTLE_ROUNDS_MAX} reconcile rounds: {left[:10]}"
+        )
+    rate = stats.faults / max(total, 1)
+    shown = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in phases.items())
+    print(f"soak: {time.monotonic() - started:.1f}s ({shown})")
+    print(f"soak: workers spawned {stats.spawned}, armed {dict(sorted(stats.armed.items()))} ({stats.armed_by_deficit} "
+          f"of them to keep the fault rate up), SIGTERMed {stats.terminated}")  # fmt: skip
+    print(f"soak: {total / worked_s:.1f} runs/s ({total} runs in {worked_s:.1f}s from the first submit to the last "
+          f"terminal state, faults and reconciles included)")  # fmt: skip
+    print(f"soak: faults that hit a run: {stats.faults} in {total} runs, 1 in {total / max(stats.faults, 1):.1f} "
+          f"(required: at least 1 in {1 / FAULT_RATE_REQUIRED:.0f})")  # fmt: skip
+    print(f"soak:   worker crashes {sum(stats.crashes.values())} {dict(sorted(stats.crashes.items()))}")
+    print(f"soak:   worker pauses {sum(stats.pauses.values())} {dict(sorted(stats.pauses.items()))}")
+    print(f"soak:   submits killed at after_record {stats.submit_kills}")
+    print(f"soak:   reconciles killed mid-way {sum(stats.reconcile_kills.values())} "
+          f"{dict(sorted(stats.reconcile_kills.items()))}")  # fmt: skip
+    print(
+        f"soak: reconciles during the soak {stats.reconciles}, exit codes "
+        f"{dict(sorted(stats.reconcile_exit_codes.items()))}; at the end {dict(sorted(stats.settled.items()))}"
+    )
+    print(f"soak: replays {stats.replays} in-process, {stats.cli_replays} through `dataflow submit`")
     print(f"soak: worker exit codes {dict(sorted(stats.exit_codes.items()))}; logs in {flows.work}")
     for kind, states in sorted(per_kind.items()):
         sink = f"; {len(published[kind])} publications in the sink" if kind in published else ""
-        print(f"soak: {kind}: {dict(sorted(states.items()))}{sink}")
+        held = f"; {partitions_held[kind]} partitions held" if kind in partitions_held else ""
+        print(f"soak: {kind}: {dict(sorted(states.items()))}{sink}{held}")
     print(f"soak: {report.summary()}")
     for violation in report.violations[:VIOLATIONS_SHOWN_MAX]:
         print(f"  VIOLATION {violation}")
-    return 1 if report.violations else 0
+    soft = rate < FAULT_RATE_REQUIRED
+    if soft:
+        print(f"soak: FAILED: the soak went soft: faults hit {rate:.3f} of the runs, below {FAULT_RATE_REQUIRED}")
+    return 1 if report.violations or soft else 0
 
 
 if __name__ == "__main__":

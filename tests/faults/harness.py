@@ -180,6 +180,48 @@ def inline_definition(folder: Path, name: str, *, publish_to: str | None = None,
     return path
 
 
+PARTITION_COLUMN = "day"  # the partition column of partitioned_definition's target
+PARTITION_ROW_COLUMNS = ("day", "item", "qty", "run_n")  # its output columns, in order
+
+
+def partitioned_definition(folder: Path, name: str, *, provider: str, location: str,
+                           options: Mapping[str, Any] | None = None) -> Path:  # fmt: skip
+    """A cheap forward definition whose target replaces one day (`mode: replace_partition`,
+    `partition: {day: $day}`) of ``location`` on ``provider`` (``delta`` or ``postgres``). Its rows
+    (``day``, ``item``, ``qty``, ``run_n``) carry the parameter ``n`` as ``run_n``, so two runs with
+    different ``n`` never have equal rows and a partition's rows name the run they came from."""
+    folder.mkdir(parents=True, exist_ok=True)
+    body: dict[str, Any] = {
+        "name": name,
+        "version": 1,
+        "parameters": {"n": {"type": "int"}, PARTITION_COLUMN: {"type": "date"}},
+        "sources": {
+            "items": {
+                "kind": "inline",
+                "schema": {"item": "string", "qty": "int64"},
+                "rows": [{"item": "a", "qty": 1}, {"item": "b", "qty": 2}, {"item": "c", "qty": 3}],
+            }
+        },
+        "steps": [{
+            "name": "daily",
+            "sql": "select $day::DATE as day, item, qty * $n as qty, $n::BIGINT as run_n from items order by item",
+        }],
+        "output": {
+            "schema": {"day": "date", "item": "string", "qty": "int64", "run_n": "int64"},
+            "max_rows": 10,
+            "max_bytes": "64KiB",
+        },
+        "target": {
+            "type": "datasources.publication", "provider": provider, "datasource": f"soak.{name}",
+            "location": location, "mode": "replace_partition", "partition": {PARTITION_COLUMN: f"${PARTITION_COLUMN}"},
+            **({"options": dict(options)} if options else {}),
+        },
+    }  # fmt: skip
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
 # ---- sinks -----------------------------------------------------------------------------------
 
 
@@ -228,6 +270,50 @@ def postgres_rows_per_key(dsn: str, table: str) -> dict[str, int]:
     with psycopg.connect(dsn.replace("postgresql+psycopg://", "postgresql://")) as conn:
         rows = conn.execute(f'select _publication_key, count(*) from "{table}" group by 1').fetchall()
     return {str(k): int(c) for k, c in rows}
+
+
+# A row of a partitioned sink or of a stored result, each value as text (a date as YYYY-MM-DD), in
+# PARTITION_ROW_COLUMNS order: one form for every reader, so rows compare across them.
+Row = tuple[str, ...]
+
+
+def row_of(values: Mapping[str, Any], columns: Iterable[str] = PARTITION_ROW_COLUMNS) -> Row:
+    return tuple(str(values[column]) for column in columns)
+
+
+def rows_by_partition(rows: Iterable[Mapping[str, Any]], column: str = PARTITION_COLUMN) -> dict[str, list[Row]]:
+    """Rows grouped by their partition value (as text), each group sorted."""
+    found: dict[str, list[Row]] = {}
+    for values in rows:
+        found.setdefault(str(values[column]), []).append(row_of(values))
+    return {partition: sorted(group) for partition, group in found.items()}
+
+
+def delta_partition_rows(table: Path) -> dict[str, list[Row]]:
+    """The live rows of a Delta table per partition, read by delta-rs (`deltalake`), an independent
+    reader of the table the sink wrote (none when the table does not exist yet)."""
+    if not (table / "_delta_log").is_dir():
+        return {}
+    import deltalake
+
+    try:
+        read = deltalake.DeltaTable(str(table)).to_pyarrow_table()
+    except deltalake.exceptions.TableNotFoundError:
+        return {}
+    if PARTITION_COLUMN not in read.column_names:  # the placeholder of a table never published to
+        return {}
+    return rows_by_partition(read.to_pylist())
+
+
+def postgres_partition_rows(dsn: str, table: str) -> dict[str, list[Row]]:
+    """The rows of a PostgreSQL sink table per partition, read with plain SQL (none if it does not exist)."""
+    with psycopg.connect(dsn.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        exists = conn.execute("select to_regclass(%s) is not null", (table,)).fetchone()
+        if not exists or not exists[0]:
+            return {}
+        columns = ", ".join(f'"{c}"' for c in PARTITION_ROW_COLUMNS)
+        fetched = conn.execute(f'select {columns} from "{table}"').fetchall()
+    return rows_by_partition(dict(zip(PARTITION_ROW_COLUMNS, values, strict=True)) for values in fetched)
 
 
 # ---- the checker -----------------------------------------------------------------------------
@@ -378,6 +464,79 @@ def _inv9_expired_recovered(run: Run, entries: list[ledger.Entry]) -> list[str]:
             problems.append(f"inv9: attempt {attempt} ended unauthorized and was not recovered")
         elif attempt < run.max_attempts and attempt + 1 not in started:
             problems.append(f"inv9: attempt {attempt} was recovered but never retried")
+    return problems
+
+
+# ---- the partition invariant (issue 27) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartitionRun:
+    """What the platform recorded of one run of a partitioned target."""
+
+    run_id: str
+    partition: str
+    status: str
+    unresolved: bool
+    token: int | None  # the partition token its first dispatch.authorized took (None: never authorized)
+    rows: tuple[Row, ...] | None  # its stored result rows, sorted (None: no stored result)
+
+
+def partition_runs(db: Database, definition_names: Iterable[str]) -> list[PartitionRun]:
+    """Every run of the named partitioned definitions, with its partition token and stored rows."""
+    from durable_dataflow.dataflow import forward, results
+
+    wanted = set(definition_names)
+    found = []
+    for run in all_runs(db):
+        if run.definition_name not in wanted:
+            continue
+        with db.read() as conn:  # a short transaction per run
+            token = forward.authorized_partition_token(conn, run)
+            stored = results.stored(conn, run.run_id)
+        rows = None
+        if stored is not None:
+            rows = tuple(sorted(row_of(values) for values in results.decode_ipc(stored[1]).to_pylist()))
+        found.append(PartitionRun(
+            run.run_id, str(run.parameters[PARTITION_COLUMN]), str(run.status), run.unresolved, token, rows,
+        ))  # fmt: skip
+    return found
+
+
+def current_publication(runs_of_partition: Iterable[PartitionRun]) -> PartitionRun | None:
+    """The partition's current publication as recorded: its succeeded run with the highest partition token."""
+    succeeded = [r for r in runs_of_partition if r.status == "succeeded" and r.token is not None]
+    return max(succeeded, key=lambda r: r.token or 0, default=None)
+
+
+def partition_problems(where: str, held: Mapping[str, list[Row]], runs_of: Iterable[PartitionRun]) -> list[str]:
+    """Violations of "each partition holds exactly the rows of exactly one run, the one recorded as
+    its current publication" for one partitioned sink: ``held`` is what an independent reader found
+    there per partition, ``runs_of`` every run of the definitions publishing to it."""
+    by_partition: dict[str, list[PartitionRun]] = {}
+    for run in runs_of:
+        by_partition.setdefault(run.partition, []).append(run)
+    problems = []
+    for partition in sorted(set(held) | set(by_partition)):
+        rows = sorted(held.get(partition, []))
+        runs_here = by_partition.get(partition, [])
+        name = f"partition {where}[{partition}]"
+        tokens = Counter(r.token for r in runs_here if r.token is not None)
+        problems += [f"{name}: partition token {t} was taken by {n} runs" for t, n in sorted(tokens.items()) if n > 1]
+        problems += [f"{name}: run {r.run_id} succeeded without a partition token"
+                     for r in runs_here if r.status == "succeeded" and r.token is None]  # fmt: skip
+        owners = [r.run_id for r in runs_here if r.rows is not None and list(r.rows) == rows]
+        current = current_publication(runs_here)
+        if current is None:
+            if rows:
+                problems.append(f"{name}: holds {len(rows)} rows but no succeeded run is its current publication "
+                                f"(the rows of: {owners or 'no single run'})")  # fmt: skip
+            continue
+        if current.rows is None or rows != list(current.rows):
+            problems.append(
+                f"{name}: holds {len(rows)} rows that are not exactly those of its current publication, run "
+                f"{current.run_id} (partition token {current.token}); they are the rows of: {owners or 'no single run'}"
+            )
     return problems
 
 
