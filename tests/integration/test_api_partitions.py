@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from durable_dataflow.api import tokens
 from durable_dataflow.api.app import create_app
+from durable_dataflow.dataflow import partitions
 from durable_dataflow.dataflow.definitions import Definition, parse_definition
 from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.platform import Platform
@@ -101,3 +102,30 @@ def test_the_api_refuses_bad_input_clearly(
     assert _get(client, keys.viewer, "/v1/datasources/analytics.nothing/partitions").status_code == 404
     platform_token = tokens.create_platform_token(platform.db, "root")[0]
     assert _get(client, platform_token).status_code == 403
+
+
+def test_an_api_backfill_with_only_missing_skips_the_published_days(
+    platform: Platform, tmp_path: Path, world: tuple[TestClient, Tokens]
+) -> None:
+    """POST /v1/backfills with only_missing over days 1-3, day 2 published: days 1 and 3 submitted, day 2
+    reported skipped with its publication's run; stale without only_missing, or only_missing on a cancel,
+    is 422 and records nothing."""
+    client, keys = world
+    published = _run(platform, tmp_path, "acme", "d2", "2024-03-02")
+    headers = {"Authorization": f"Bearer {keys.operator}"}
+    body: dict[str, Any] = {"definition": json.loads(_definition().model_dump_json(by_alias=True)),
+                            "from": "2024-03-01", "to": "2024-03-03", "only_missing": True}  # fmt: skip
+    answer = client.post("/v1/backfills", json=body, headers=headers)
+    assert answer.status_code == 201, answer.text
+    report = answer.json()
+    assert (report["submitted_total"], report["existed_total"], report["skipped_total"]) == (2, 0, 1)
+    assert [(r["tick"], r["created"], r["skipped"]) for r in report["runs"]] == [
+        ("2024-03-01", True, False), ("2024-03-02", False, True), ("2024-03-03", True, False)
+    ]
+    assert report["runs"][1]["run_id"] == published.run_id
+    for path, extra in (("/v1/backfills", {"only_missing": False, "stale": True}),
+                        ("/v1/backfills/cancel", {"only_missing": True})):  # fmt: skip
+        refused = client.post(path, json={**body, **extra, "from": "2024-03-04", "to": "2024-03-04"}, headers=headers)
+        assert refused.status_code == 422 and "only_missing" in refused.json()["error"]["message"], refused.text
+    with platform.db.read() as conn:
+        assert partitions.status(conn, platform.db, "acme", DATASOURCE).partitions[-1].label == "2024-03-03"

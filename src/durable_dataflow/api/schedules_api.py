@@ -19,6 +19,7 @@ from durable_dataflow.api.auth import api_caller, platform_of
 from durable_dataflow.api.bodies import body_openapi, json_body
 from durable_dataflow.api.operations import Caller
 from durable_dataflow.api.tokens import Role
+from durable_dataflow.core.errors import InputError
 from durable_dataflow.dataflow import backfill, schedules
 from durable_dataflow.dataflow.definitions import Definition
 from durable_dataflow.dataflow.schedule_spec import SCHEDULE_PARAMETERS_MAX
@@ -55,6 +56,12 @@ class BackfillBody(BaseModel):
         default_factory=dict,
         max_length=SCHEDULE_PARAMETERS_MAX,
         description="Values or templates such as {{ tick.date }}; they override the schedule's",
+    )
+    only_missing: StrictBool = Field(
+        default=False, description="Submit only the days whose partition has no current publication (a submit only)"
+    )
+    stale: StrictBool = Field(
+        default=False, description="With only_missing: also the days another definition hash published (a submit only)"
     )
 
 
@@ -134,23 +141,27 @@ def submit_backfill(request: Request, response: Response, caller: Operator, body
     recorded; calling it again submits only the days without a run and reports every day."""
     platform = platform_of(request)
     definition, items = _planned(platform, caller, body)
-    results = backfill.run(
+    results = backfill.run_selected(
         platform.runs,
         definition,
         items,
+        only_missing=body.only_missing,
+        stale=body.stale,
         access=caller.access(),
         provenance=caller.provenance(),
         workspace=request.app.state.tenancy.workspace(caller.tenant),
     )
     shown = backfill.load_views(platform.db, results)
     created = sum(1 for r in results if r.created)
+    skipped = sum(1 for r in results if r.skipped)
     response.status_code = 201 if created else 200
     return {
         "definition": definition.name,
         "runs": [r.as_json(v) for r, v in zip(results, shown, strict=True)],
         "submitted_total": created,
-        "existed_total": len(results) - created,
+        "existed_total": len(results) - created - skipped,
         "unresolved_total": sum(1 for v in shown if v.unresolved),
+        "skipped_total": skipped,
     }
 
 
@@ -159,6 +170,8 @@ def cancel_backfill(request: Request, caller: Operator, body: BackfillJson) -> d
     """Cancel every day's run of the backfill (the same body) that cannot have published yet, and report
     every day: ``cancelled``, ``already_cancelled``, ``finished``, ``refused`` (its dispatch was
     authorized: reconcile it) or ``no_run`` (operator). 200 even when some day was refused."""
+    if body.only_missing or body.stale:
+        raise InputError("only_missing and stale apply to submitting a backfill, not to cancelling one")
     platform = platform_of(request)
     definition, items = _planned(platform, caller, body)
     results = backfill.cancel_runs(

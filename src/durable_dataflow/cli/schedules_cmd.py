@@ -243,16 +243,11 @@ def backfill_command(
     access = AccessContext.local(tenant)
     with common.open_platform(ctx) as platform, _progress(loaded.definition.name, len(items), as_json) as advance:
         _require_key_setting(platform)
-        chosen = backfill_mod.Selection(items, [])
-        if only_missing:
-            chosen = backfill_mod.select_missing(platform.db, loaded.definition, tenant, items, stale=stale)
-        results = backfill_mod.run(
-            platform.runs, loaded.definition, chosen.submit, access=access,
+        results = backfill_mod.run_selected(
+            platform.runs, loaded.definition, items, only_missing=only_missing, stale=stale, access=access,
             provenance=Provenance(actor=access.principal, trigger="cli"),
             workspace=workspace.local(loaded.base_dir), on_item=advance,
         )  # fmt: skip
-        skipped = [backfill_mod.BackfillResult(item, run, False, skipped=True) for item, run in chosen.published]
-        results = backfill_mod.in_plan_order(items, results + skipped)
         loaded_views = backfill_mod.load_views(platform.db, results)
     unresolved = [v for v in loaded_views if v.unresolved]
     if as_json:

@@ -200,10 +200,31 @@ def select_missing(
     return selection
 
 
-def in_plan_order(items: list[BackfillItem], results: list[BackfillResult]) -> list[BackfillResult]:
-    """``results`` in the order of the planned ``items`` (by tick)."""
+def run_selected(
+    service: RunService,
+    definition: Definition,
+    items: list[BackfillItem],
+    *,
+    only_missing: bool,
+    stale: bool,
+    access: AccessContext,
+    provenance: Provenance,
+    workspace: Workspace,
+    on_item: Callable[[BackfillResult], None] | None = None,
+) -> list[BackfillResult]:
+    """``run``, or with ``only_missing`` (``--only-missing``): submit the days ``select_missing`` keeps and
+    report the others skipped with their partition's current publication, every day in the backfill's
+    order. ``stale`` without ``only_missing`` is refused."""
+    if stale and not only_missing:
+        raise InputError("stale is a refinement of only_missing: give both")
+    chosen = Selection(items, [])
+    if only_missing:
+        chosen = select_missing(service.db, definition, access.tenant, items, stale=stale)
+    submitted = run(service, definition, chosen.submit, access=access, provenance=provenance,
+                    workspace=workspace, on_item=on_item)  # fmt: skip
+    skipped = [BackfillResult(item, found, False, skipped=True) for item, found in chosen.published]
     order = {item.tick: number for number, item in enumerate(items)}
-    return sorted(results, key=lambda r: order.get(r.item.tick, len(order)))
+    return sorted(submitted + skipped, key=lambda r: order[r.item.tick])
 
 
 def run(
