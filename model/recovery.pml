@@ -9,21 +9,35 @@
 
    Run slots: the correct protocol creates exactly one run for the idempotency key (slot 0). Slot 1
    exists only so that a model without the replay lookup can create the duplicate run it would
-   create in the code; its publication key differs (the key is derived from the run id).
+   create in the code; its publication key differs (the key is derived from the run id). In the
+   partition configuration (below) slot 1 is the run of another key of the same partition.
 
    The target (forward mode) is chosen nondeterministically at record time: valid, refused by the
    provider's preflight, or refused only by publish (before the sink is touched). The sink location
    may be moved away or unmounted at any moment after a publication, and come back (Mount).
 
-   Checked in every reachable state (Monitor): invariants 4, 6, 7, 8, 9, 11, 14 of DESIGN §7 and the
-   preflight and honest-absence rules (see docs/model.md for the list), plus the LTL property
-   no_retry_after_unknown (inv 8).
+   Partitions (issue 27): compiled with -DPARTITIONS (spin -DPARTITIONS -a), the same protocol runs in
+   a second configuration: both run slots are runs of ONE partition of a replace_partition target,
+   each under its own idempotency key, in forward mode with a valid target, with two workers, the
+   sweeper (which closes a running lease at any moment), the reconciler and one automatic attempt
+   per run (see init). The pre-dispatch commit takes the partition's next token; the sink keeps the
+   highest token applied and refuses a lower one (superseded: a conclusive Rejected); a resume
+   publishes with the token its run's authorization recorded. Without -DPARTITIONS none of this is
+   compiled (partitioned is false) and the searches are the ones they were before.
+
+   Checked in every reachable state (Monitor): invariants 4, 6, 7, 8, 9, 11, 14 of DESIGN §7, the
+   preflight and honest-absence rules and the partition rules (see docs/model.md for the list), plus
+   the LTL property no_retry_after_unknown (inv 8).
    model/check runs it and the mutants. Change the protocol and this model together. */
 
 #define NR 2              /* run slots (see above) */
-#define MAXA 6            /* bound on attempt numbers, to keep the state space finite */
-#define NA 7              /* MAXA + 1: attempts 0..MAXA per run slot */
+#ifdef PARTITIONS
+#define MAX_ATTEMPTS 1    /* the partition configuration: one automatic attempt per run (see init) */
+#else
 #define MAX_ATTEMPTS 3    /* dataflow_runs.max_attempts: automatic attempts of a run */
+#endif
+#define MAXA (MAX_ATTEMPTS + 3)   /* bound on attempt numbers: automatic ones, reconcile, resume, reconcile */
+#define NA (MAXA + 1)     /* attempts 0..MAXA per run slot */
 
 mtype = { NONE, QUEUED, RUNNING, SUCCEEDED, UNKNOWN, REC_ABSENT, FAILED, CANCELLED };  /* dataflow_runs.status */
 mtype = { ATOMIC, FORWARD };                                               /* dataflow_runs.mode */
@@ -69,6 +83,22 @@ byte sink_pubs[NR];            /* publications of the key */
 byte sink_pub_token[NR];       /* fencing token of the publication */
 byte sink_fence[NR];           /* fence recorded for the key by an inspection */
 
+/* The partition (issue 27): both run slots publish into one partition. PARTITIONS configuration
+   only: without it partitioned is false and the partition's variables, steps and checks are not
+   compiled at all, so the first configuration's search is exactly what it was before. */
+#ifdef PARTITIONS
+#define partitioned true
+byte part_counter = 0;         /* partition_tokens.token: the last token taken for the partition */
+byte part_token[NR];           /* the token the run's dispatch.authorized recorded; 0: none yet */
+byte sink_part_token = 0;      /* the highest partition token the sink applied */
+byte sink_part_rows = 0;       /* the runs whose rows the partition holds, one bit per run slot */
+byte auth_count = 0;           /* history: dispatch authorizations of the partition so far */
+byte auth_seq[NR];             /* history: the order of the run's (first) dispatch authorization; 0: none */
+byte applied_max = 0;          /* history: the highest auth_seq among the runs whose rows the sink applied */
+#else
+#define partitioned false
+#endif
+
 /* history variables, for the checks only */
 bool ever_succeeded[NR];
 bool ever_failed[NR];
@@ -99,6 +129,24 @@ byte absent_pubs[NR];          /* publications at the sink when it was declared 
 /* a write by attempt a after its attempt.recovered would contradict the ledger (inv 9) */
 #define closed_attempt_writes_nothing(r, tok)  assert(!recovered[AI(r, tok)])
 
+#ifdef PARTITIONS
+/* forward.authorize_dispatch: partition_tokens.take, in the pre-dispatch commit, recorded in
+   dispatch.authorized (auth_seq is the history of the same order, for the checks) */
+#define take_partition_token(r) \
+  part_counter++; part_token[r] = part_counter; auth_count++; auth_seq[r] = auth_count
+/* the sink refuses a partition token below the highest it applied (contract.SUPERSEDED) */
+#define superseded(r)       (sink_part_token > part_token[r])
+/* the partition's one transaction: its rows replaced by the run's, its token raised (with the key's record) */
+#define replace_partition(r) \
+  sink_part_token = part_token[r]; sink_part_rows = (1 << (r)); \
+  if :: applied_max < auth_seq[r] -> applied_max = auth_seq[r] :: else -> skip fi
+#else
+/* no partition: no steps at all (an inert step would still lengthen the breadth-first mutant searches) */
+#define take_partition_token(r)
+#define superseded(r)       false
+#define replace_partition(r)
+#endif
+
 #define record_succeeded(r) status[r] = SUCCEEDED; ever_succeeded[r] = true; checkpoint[r] = true
 #define record_failed(r)    status[r] = FAILED; ever_failed[r] = true
 #define record_cancelled(r) status[r] = CANCELLED; ever_cancelled[r] = true
@@ -115,7 +163,9 @@ inline publish(r, tok, res) {
          :: loc_missing -> res = INCONCLUSIVE  /* a missing location is not re-created: nothing written, nothing proven */
          :: !loc_missing && sink_pubs[r] > 0 -> res = ALREADY
          :: !loc_missing && sink_pubs[r] == 0 && below_fence(r, tok) -> res = FENCED
-         :: !loc_missing && sink_pubs[r] == 0 && !below_fence(r, tok) -> sink_pubs[r]++; sink_pub_token[r] = tok; res = PUBLISHED
+         :: !loc_missing && sink_pubs[r] == 0 && !below_fence(r, tok) && superseded(r) -> res = REJECTED   /* superseded: nothing written */
+         :: !loc_missing && sink_pubs[r] == 0 && !below_fence(r, tok) && !superseded(r) ->
+              sink_pubs[r]++; sink_pub_token[r] = tok; res = PUBLISHED; replace_partition(r)
          :: !loc_missing && sink_pubs[r] == 0 && !below_fence(r, tok) -> res = REJECTED   /* the sink proves nothing was created */
          fi
     fi
@@ -222,7 +272,8 @@ proctype Worker() {
             if
             :: fenced_ok(r, my) -> /* pre-dispatch */
                  closed_attempt_writes_nothing(r, my);   /* inv 9 */
-                 results[r]++; authorized[AI(r, my)] = true; ever_authorized[r] = true
+                 results[r]++; authorized[AI(r, my)] = true; ever_authorized[r] = true;
+                 take_partition_token(r)
             :: else -> goto stale
             fi
           }
@@ -324,6 +375,7 @@ proctype Reconciler() {
      }
   :: atomic {                                     /* resume: the stored bytes, the same key, a new attempt */
        pick_run(resumable); attempt[r]++; m = attempt[r]; lease_valid[r] = true; status[r] = RUNNING;
+       /* the original dispatch.authorized, copied: the same partition token (part_token[r] unchanged) */
        authorized[AI(r, m)] = true; ever_authorized[r] = true }
      publish(r, m, res);
      if :: received = true :: received = (res == REFUSED) :: goto next fi;
@@ -352,13 +404,25 @@ next:
 #define failed_nothing_published(r) ((status[r] != FAILED && status[r] != REC_ABSENT) || sink_pubs[r] == 0)
 #define preflight_refuses(r) (target != KNOWN_BAD || results[r] == 0)
 #define refused_publishes_nothing(r) (target == VALID || sink_pubs[r] == 0)
+/* the partition (issue 27): holds(r) — the partition holds run r's rows and no other run's */
+#define holds(r)            (sink_part_rows == (1 << (r)))
+/* once published, the partition holds exactly one run's rows (a replacement never appends) */
+#define part_one_run        (applied_max == 0 || holds(0) || holds(1))
+/* never backwards: it holds the rows of the run authorized last among those the sink applied */
+#define part_latest         (sink_part_rows == 0 || (holds(0) && auth_seq[0] == applied_max) \
+                             || (holds(1) && auth_seq[1] == applied_max))
+/* a run recorded succeeded is the one whose rows the partition holds, or one authorized later replaced them */
+#define part_success(r)     (status[r] != SUCCEEDED || holds(r) \
+                             || (holds(1 - (r)) && auth_seq[1 - (r)] > auth_seq[r]))
+/* the rows the partition holds are the publication of their run's key (one transaction) */
+#define part_recorded(r)    (!holds(r) || sink_pubs[r] == 1)
 
 active proctype Monitor() {
   do
   :: assert(inv14(0) && inv14(1))                       /* inv 14: a conclusive absence stays true */
   :: assert(absent_was_true(0) && absent_was_true(1))   /* absence is declared only when true */
   :: assert(inv6(0) && inv6(1))                         /* inv 6: at most one publication per run */
-  :: assert(sink_pubs[0] + sink_pubs[1] <= 1)           /* inv 6 + 11: one publication per idempotency key */
+  :: assert(partitioned || sink_pubs[0] + sink_pubs[1] <= 1)   /* inv 6 + 11: one publication per idempotency key */
   :: assert(req_mode != ATOMIC || results[0] + results[1] <= 1)   /* inv 11: one atomic result per key */
   :: assert(final(0) && final(1))                       /* succeeded and failed are final */
   :: assert(inv8(0) && inv8(1))                         /* inv 8: unknown until a conclusive inspection */
@@ -370,6 +434,12 @@ active proctype Monitor() {
   :: assert(preflight_refuses(0) && preflight_refuses(1))   /* a target preflight refuses is never authorized */
   :: assert(refused_publishes_nothing(0) && refused_publishes_nothing(1))   /* a refused target is never published */
   :: assert(cancelled_nothing(0) && cancelled_nothing(1))   /* a cancelled run stored and published nothing */
+#ifdef PARTITIONS
+  :: assert(part_one_run)                               /* partition: exactly one run's rows once published */
+  :: assert(part_latest)                                /* partition: never backwards (the later authorized run wins) */
+  :: assert(part_success(0) && part_success(1))         /* partition: a succeeded run's rows, or replaced by a later one */
+  :: assert(part_recorded(0) && part_recorded(1))       /* partition: its rows are its run's publication */
+#endif
   od
 }
 
@@ -377,6 +447,15 @@ active proctype Monitor() {
 ltl no_retry_after_unknown { [] (unknown_seen[0] -> [] (status[0] != QUEUED)) }
 
 init {
+#ifdef PARTITIONS
+  atomic {                          /* two runs of one partition, two keys: a schedule tick and a re-run */
+    req_mode = FORWARD; target = VALID;
+    submit();                       /* the first key: run slot 0 */
+    status[1] = QUEUED; mode[1] = FORWARD; nruns = 2;   /* another key of the same partition: run slot 1 */
+    run Worker(); run Worker();
+    run Sweeper(); run Reconciler()   /* no Expirer: the sweeper closes a running lease at any moment */
+  }
+#else
   atomic {
     if :: req_mode = ATOMIC :: req_mode = FORWARD fi;
     if                              /* the target, fixed at record time (an atomic run has none) */
@@ -390,4 +469,5 @@ init {
     run Worker(); run Worker(); run Worker();
     run Sweeper(); run Expirer(); run Mount(); run OtherRun(); run Reconciler(); run Canceller()
   }
+#endif
 }
