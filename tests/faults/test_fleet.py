@@ -77,7 +77,7 @@ def _clients(url: str, atomic: Path, forward: Path, count: int, clients: int, tm
     return procs
 
 
-RUNS_MANY = 400  # `make soak` runs 500 (and 10,000 at scale) with faults; this is the duplicate-key race
+RUNS_MANY = 400  # `make soak` runs 200 with faults (and 10,000 at scale); this is the duplicate-key race
 WORKERS_MANY = 4
 CLIENTS_MANY = 3
 
