@@ -23,7 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import BenchContext, bench_server, console
 
 # In the order they run; ledger_scale last, since it loads a million runs.
-BENCHMARKS = ("commits", "throughput", "replay", "recovery", "digest", "tpch", "cli_startup", "ledger_scale")
+BENCHMARKS = (
+    "commits", "throughput", "replay", "recovery", "digest", "tpch", "cli_startup", "partitions", "ledger_scale",
+)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
