@@ -13,11 +13,13 @@ reconcile must stay replaced by run 3's. Then a sweep (the test's view of the da
 leases), a drain of the recovered runs and a reconcile of every ``outcome_unknown`` run, in this process.
 
 One platform database and one sink per combination of platform database (SQLite, PostgreSQL) and sink
-(Delta, PostgreSQL table); the four combinations run side by side, each one's scenarios in turn (one
-process at a time writes to a sink). The sinks are read back without the platform: the Delta log replayed
-by hand and its live Parquet files read with pyarrow (cross-checked with delta-rs), psycopg for PostgreSQL.
-Control days published once by run 1 must keep their very rows (the same Delta files, the same PostgreSQL
-row versions).
+(Delta, PostgreSQL table): SQLite + Delta and PostgreSQL + PostgreSQL meet every crash point, the two
+other pairs the overtaken scenarios, so each database and each sink meets every scenario. The four run
+side by side, each one's scenarios in turn (one process at a time writes to a sink). With the sinks'
+partition-token check removed, the overtaken resumes replace the newer run's rows and these tests fail.
+The sinks are read back without the platform: the Delta log replayed by hand and its live Parquet files
+read with pyarrow (cross-checked with delta-rs), psycopg for PostgreSQL. Control days published once by
+run 1 must keep their very rows (the same Delta files, the same PostgreSQL row versions).
 """
 
 from __future__ import annotations
