@@ -23,7 +23,7 @@ from typing import Any, cast
 import pyarrow as pa
 
 from durable_dataflow.core import secrets
-from durable_dataflow.core.errors import InputError, Interrupted
+from durable_dataflow.core.errors import InputError
 from durable_dataflow.dataflow import interruption, parameters, progress, results
 from durable_dataflow.dataflow.definitions import Definition, LoadedDefinition
 from durable_dataflow.dataflow.execution.engine import Engine, EngineRun
@@ -135,9 +135,8 @@ def preflight(d: Definition, ctx: ExecutionContext) -> None:
 
 def check_interrupted(ctx: ExecutionContext) -> None:
     """Interrupted when the process was told to stop: before an engine starts, nothing is left to stop."""
-    cause = ctx.interruption.cause if ctx.interruption is not None else None
-    if cause is not None:
-        raise Interrupted(f"the execution was interrupted ({cause.signal})")
+    if ctx.interruption is not None:
+        ctx.interruption.check()
 
 
 def execute(
