@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from durable_dataflow.api import tokens
 from durable_dataflow.api.app import create_app
 from durable_dataflow.dataflow import partitions
-from durable_dataflow.dataflow.definitions import Definition, parse_definition
+from durable_dataflow.dataflow.definitions import Definition
 from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.platform import Platform
 from support import flows
@@ -30,15 +30,7 @@ PATH = f"/v1/datasources/{DATASOURCE}/partitions"
 
 
 def _definition() -> Definition:
-    document = {
-        "name": "daily_totals", "version": 1, "parameters": {"day": {"type": "date"}},
-        "sources": {"nums": {"kind": "inline", "rows": [{"n": 1}], "schema": {"n": "int64"}}},
-        "steps": [{"name": "result", "sql": "select $day::DATE as day, n from nums"}],
-        "output": {"schema": {"day": "date", "n": "int64"}, "max_rows": 10, "max_bytes": "64KiB"},
-        "target": {"type": "datasources.publication", "provider": "delta", "datasource": DATASOURCE,
-                   "location": "daily", "mode": "replace_partition", "partition": {"day": "$day"}},
-    }  # fmt: skip
-    return parse_definition(json.dumps(document), "<test>")
+    return flows.daily_partition_definition(DATASOURCE, "delta")
 
 
 def _run(platform: Platform, tmp_path: Path, tenant: str, key: str, day: str) -> Run:

@@ -6,14 +6,13 @@ PostgreSQL platform databases, a Delta sink.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from fastapi.testclient import TestClient
 
 from durable_dataflow.api.app import create_app
-from durable_dataflow.dataflow.definitions import Definition, parse_definition
+from durable_dataflow.dataflow.definitions import Definition
 from durable_dataflow.dataflow.runs import Run
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.delta import DeltaProvider
@@ -27,15 +26,7 @@ PAGE = f"/ui/datasources/{DATASOURCE}/partitions"
 
 
 def _definition() -> Definition:
-    document = {
-        "name": "daily_totals", "version": 1, "parameters": {"day": {"type": "date"}},
-        "sources": {"nums": {"kind": "inline", "rows": [{"n": 1}], "schema": {"n": "int64"}}},
-        "steps": [{"name": "result", "sql": "select $day::DATE as day, n from nums"}],
-        "output": {"schema": {"day": "date", "n": "int64"}, "max_rows": 10, "max_bytes": "64KiB"},
-        "target": {"type": "datasources.publication", "provider": "faulty", "datasource": DATASOURCE,
-                   "location": "daily", "mode": "replace_partition", "partition": {"day": "$day"}},
-    }  # fmt: skip
-    return parse_definition(json.dumps(document), "<test>")
+    return flows.daily_partition_definition(DATASOURCE, "faulty")
 
 
 def _run(platform: Platform, tmp_path: Path, key: str, day: str, *, queue: bool = False) -> Run:

@@ -122,6 +122,19 @@ def definition(
     return parse_definition(json.dumps(document), "<test>")
 
 
+def daily_partition_definition(datasource: str, provider: str) -> Definition:
+    """One row a day (``day`` = the parameter), replacing that day's partition of ``datasource`` at ``daily``."""
+    document = {
+        "name": "daily_totals", "version": 1, "parameters": {"day": {"type": "date"}},
+        "sources": {"nums": {"kind": "inline", "rows": [{"n": 1}], "schema": {"n": "int64"}}},
+        "steps": [{"name": "result", "sql": "select $day::DATE as day, n from nums"}],
+        "output": {"schema": {"day": "date", "n": "int64"}, "max_rows": 10, "max_bytes": "64KiB"},
+        "target": {"type": "datasources.publication", "provider": provider, "datasource": datasource,
+                   "location": "daily", "mode": "replace_partition", "partition": {"day": "$day"}},
+    }  # fmt: skip
+    return parse_definition(json.dumps(document), "<test>")
+
+
 def parquet_target(provider: str = "parquet", location: str = "sink") -> dict[str, Any]:
     return {
         "type": "datasources.publication",
