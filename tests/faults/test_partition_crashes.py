@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import json
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -49,6 +48,7 @@ from durable_dataflow.dataflow.runs import MODULE, Run
 from durable_dataflow.datasources.contract import SUPERSEDED
 from durable_dataflow.platform import Platform
 from faults import harness
+from support.flows import delta_live_files
 from support.pg import PostgresServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(600)]
@@ -189,19 +189,6 @@ def write_definition(folder: Path, sink: str, secret: str) -> Path:
 
 
 # ---- independent readers ------------------------------------------------------------------------
-
-
-def delta_live_files(table: Path) -> dict[str, dict[str, Any]]:
-    """The Delta log replayed by hand: each live file's path and its partition values."""
-    live: dict[str, dict[str, Any]] = {}
-    for commit in sorted((table / "_delta_log").glob("*.json")):
-        for line in commit.read_text("utf-8").splitlines():
-            action = json.loads(line) if line.strip() else {}
-            if "add" in action:
-                live[action["add"]["path"]] = action["add"].get("partitionValues") or {}
-            elif "remove" in action:
-                live.pop(action["remove"]["path"], None)
-    return live
 
 
 def _row(record: dict[str, Any]) -> Row:

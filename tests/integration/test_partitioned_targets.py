@@ -93,16 +93,8 @@ def _run(platform: Platform, tmp_path: Path, defn: Definition, key: str, **param
 def _delta_rows_independently(table_dir: Path) -> list[dict[str, Any]]:
     """The table's rows read without delta-rs: the log replayed by hand (adds minus removes), each live
     Parquet file read with pyarrow, its partition values taken from its add action."""
-    live: dict[str, dict[str, Any]] = {}
-    for commit in sorted((table_dir / "_delta_log").glob("*.json")):
-        for line in commit.read_text("utf-8").splitlines():
-            action = json.loads(line) if line.strip() else {}
-            if "add" in action:
-                live[action["add"]["path"]] = action["add"].get("partitionValues") or {}
-            elif "remove" in action:
-                live.pop(action["remove"]["path"], None)
     rows: list[dict[str, Any]] = []
-    for path, values in live.items():
+    for path, values in flows.delta_live_files(table_dir).items():
         for row in pq.read_table(table_dir / unquote(path)).to_pylist():
             rows.append({**row, **{k: v for k, v in values.items()}})
     return rows

@@ -186,6 +186,20 @@ def manifests(sink: Path) -> list[dict[str, Any]]:
     return [m for m in found if m.get("kind") == "publication"]
 
 
+def delta_live_files(table: Path) -> dict[str, dict[str, Any]]:
+    """The Delta log replayed by hand (adds minus removes), without delta-rs: each live file's path and
+    its partition values."""
+    live: dict[str, dict[str, Any]] = {}
+    for commit in sorted((table / "_delta_log").glob("*.json")):
+        for line in commit.read_text("utf-8").splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "add" in action:
+                live[action["add"]["path"]] = action["add"].get("partitionValues") or {}
+            elif "remove" in action:
+                live.pop(action["remove"]["path"], None)
+    return live
+
+
 def delta_publications(table_dir: Path, key: str | None = None) -> list[dict[str, Any]]:
     """Publication commits in a Delta table's log, read from the JSON commit files directly."""
     log = table_dir / "_delta_log"
