@@ -18,7 +18,6 @@ from sqlalchemy.engine import Connection
 from durable_dataflow.core import hashing
 from durable_dataflow.core.db import Database, insert_if_absent
 from durable_dataflow.core.errors import NotFound
-from durable_dataflow.dataflow import runs
 from durable_dataflow.dataflow.schema import definitions
 
 if TYPE_CHECKING:  # the CLI's listings read stored bodies only: they need not load the parser (pyarrow)
@@ -113,10 +112,11 @@ def definition_body(conn: Connection, d_hash: str) -> str | None:
 # ---- a tenant's pinned definitions (Ops: read-only, tenant-scoped) -----------------------------
 
 
-def _tenant_definitions(tenant: str) -> sa.Select[Any]:
+def _tenant_definitions(usage: sa.Subquery) -> sa.Select[Any]:
     """A tenant's definitions with its own first use as their registration time: the platform-wide
-    time would tell a tenant that (and when) another tenant ran the same definition first."""
-    usage = runs.usage_by_definition(tenant)
+    time would tell a tenant that (and when) another tenant ran the same definition first. ``usage``
+    is the tenant's runs per definition (``runs.usage_by_definition``, joined here by the read module
+    ``dataflow.views``: this module does not read runs)."""
     return sa.select(
         definitions.c.definition_hash,
         definitions.c.name,
@@ -126,19 +126,19 @@ def _tenant_definitions(tenant: str) -> sa.Select[Any]:
     ).join(usage, usage.c.definition_hash == definitions.c.definition_hash)
 
 
-def tenant_definitions(conn: Connection, tenant: str, *, limit: int) -> list[tuple[Any, ...]]:
+def tenant_definitions(conn: Connection, usage: sa.Subquery, *, limit: int) -> list[tuple[Any, ...]]:
     """Rows of ``(definition_hash, name, version, registered_at_us, runs)``: the definitions the
-    tenant's runs pinned, by name, newest version first."""
-    query = _tenant_definitions(tenant).order_by(definitions.c.name, definitions.c.version.desc())
+    tenant's runs (``usage``) pinned, by name, newest version first."""
+    query = _tenant_definitions(usage).order_by(definitions.c.name, definitions.c.version.desc())
     return [tuple(row) for row in conn.execute(query.limit(limit))]
 
 
-def tenant_definition_body(conn: Connection, tenant: str, d_hash: str) -> str | None:
+def tenant_definition_body(conn: Connection, usage: sa.Subquery, d_hash: str) -> str | None:
     """The canonical body of a pinned definition the tenant has used, else None: a tenant never
     sees another tenant's SQL. A hash holding a NUL names none (PostgreSQL cannot compare it)."""
     if "\x00" in d_hash:
         return None
-    visible = _tenant_definitions(tenant).where(definitions.c.definition_hash == d_hash)
+    visible = _tenant_definitions(usage).where(definitions.c.definition_hash == d_hash)
     if conn.execute(visible).first() is None:
         return None
     return definition_body(conn, d_hash)

@@ -14,12 +14,12 @@ Once the dispatch is authorized, nothing looks any more: a publication is never 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Literal
 
 from durable_dataflow.core.errors import Interrupted
 
-if TYPE_CHECKING:
-    from durable_dataflow.dataflow.requests import Trigger
+# How a run (and the process executing it) was started; requests.Provenance records it with each run.
+Trigger = Literal["cli", "api", "schedule", "worker"]
 
 # How often a watch thread looks for an interruption: the engine stops well within a second.
 POLL_S = 0.1

@@ -13,16 +13,33 @@ import decimal
 import math
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from durable_dataflow.core.errors import InputError
-
-if TYPE_CHECKING:
-    from durable_dataflow.dataflow.definitions import Definition
 
 JSON_INT_MAX = 2**53 - 1
 DECIMAL_DIGITS_MAX = 38
 STRING_PARAMETER_CHARS_MAX = 10_000
+
+
+
+class Declared(Protocol):
+    """One declared parameter, as the definition document holds it (definitions.ParameterSpec): this
+    module checks values against declarations without importing the document that declares them."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def default(self) -> str | int | float | bool | None: ...
+
+
+class Declaring(Protocol):
+    """What declares parameters (definitions.Definition)."""
+
+    @property
+    def parameters(self) -> Mapping[str, Declared]: ...
+
 
 _INT_TEXT = re.compile(r"^[+-]?\d{1,20}$")
 _TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
@@ -171,7 +188,7 @@ def to_python(type_name: str, canonical: Any) -> Any:
     return canonical
 
 
-def check_parameters(d: Definition, raw: Mapping[str, Any]) -> dict[str, Any]:
+def check_parameters(d: Declaring, raw: Mapping[str, Any]) -> dict[str, Any]:
     """Canonical values for every declared parameter: typed, defaults filled, unknown names refused.
 
     Messages name the parameter and the rule, never the value received: a value may be a secret
@@ -197,7 +214,7 @@ def check_parameters(d: Definition, raw: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def bind_values(d: Definition, params: Mapping[str, Any]) -> dict[str, Any]:
+def bind_values(d: Declaring, params: Mapping[str, Any]) -> dict[str, Any]:
     """Python values (date, datetime, Decimal, ...) for DuckDB named parameters ``$name``."""
     canonical = check_parameters(d, params)
     return {name: to_python(d.parameters[name].type, value) for name, value in canonical.items()}

@@ -13,18 +13,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from durable_dataflow import __version__
 from durable_dataflow.core import hashing
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.names import check_tenant
+from durable_dataflow.dataflow.interruption import Trigger
 
 if TYPE_CHECKING:  # types only: `MAX_ATTEMPTS_DEFAULT` is read by commands that load no definition
     from durable_dataflow.dataflow.definitions import Definition
     from durable_dataflow.dataflow.workspace import Workspace
 
-Trigger = Literal["cli", "api", "schedule", "worker"]
 IDEMPOTENCY_KEY_CHARS_MAX = 255
 MAX_ATTEMPTS_DEFAULT = 3
 MAX_ATTEMPTS_LIMIT = 20

@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.invariants import invariant
-from durable_dataflow.dataflow import runs
+from durable_dataflow.dataflow import catalog, runs
 from durable_dataflow.dataflow.runs import MODULE, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.units import US_PER_S
 
@@ -196,3 +196,18 @@ def unresolved_page(
     shown = derive(found, expiry, {run.run_id for run, after_authorization in page if after_authorization})
     invariant(all(view.unresolved for view in shown), "every run the unresolved query found is shown unresolved")
     return total, shown
+
+
+# ---- a tenant's pinned definitions (Ops: read-only, tenant-scoped) -----------------------------
+
+
+def tenant_definitions(conn: Connection, tenant: str, *, limit: int) -> list[tuple[Any, ...]]:
+    """Rows of ``(definition_hash, name, version, registered_at_us, runs)``: the definitions the
+    tenant's runs pinned, by name, newest version first, each first used at the tenant's own first run."""
+    return catalog.tenant_definitions(conn, runs.usage_by_definition(tenant), limit=limit)
+
+
+def tenant_definition_body(conn: Connection, tenant: str, d_hash: str) -> str | None:
+    """The canonical body of a pinned definition the tenant has used, else None: a tenant never
+    sees another tenant's SQL."""
+    return catalog.tenant_definition_body(conn, runs.usage_by_definition(tenant), d_hash)

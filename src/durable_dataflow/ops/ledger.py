@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import checkpoints, leases, ledger
 from durable_dataflow.core.db import Database
-from durable_dataflow.dataflow import catalog, runs, views
+from durable_dataflow.dataflow import runs, views
 from durable_dataflow.dataflow.runs import MODULE as DATAFLOW_MODULE
 from durable_dataflow.dataflow.runs import unresolved_warning
 from durable_dataflow.dataflow.units import US_PER_S
@@ -238,10 +238,10 @@ class DefinitionSummary:
 def list_definitions(conn: Connection, tenant: str) -> list[DefinitionSummary]:
     """The pinned definitions a tenant's runs used, with the tenant's own first use as their
     registration time: a tenant never sees another tenant's SQL, nor when another tenant ran it."""
-    rows = catalog.tenant_definitions(conn, tenant, limit=DEFINITIONS_LISTED_MAX)
+    rows = views.tenant_definitions(conn, tenant, limit=DEFINITIONS_LISTED_MAX)
     return [DefinitionSummary(str(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows]
 
 
 def definition_body(conn: Connection, tenant: str, definition_hash: str) -> str | None:
     """The canonical body of a pinned definition the tenant has used, else None."""
-    return catalog.tenant_definition_body(conn, tenant, definition_hash)
+    return views.tenant_definition_body(conn, tenant, definition_hash)
