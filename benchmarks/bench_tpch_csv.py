@@ -50,7 +50,9 @@ CHILD = """
 import json, resource, sys, time
 began = time.perf_counter()
 from durable_dataflow.dataflow.definitions import parse_definition
-from durable_dataflow.dataflow.execution import ExecutionContext, ExecutionLimits, execute
+from durable_dataflow.dataflow.execution.context import ExecutionContext
+from durable_dataflow.dataflow.limits import ExecutionLimits
+from durable_dataflow.dataflow.execution.compute import execute
 spec = json.loads(sys.argv[1])
 d = parse_definition(json.dumps(spec["definition"]), "<bench_tpch_csv>")
 limits = ExecutionLimits(time_limit_s=3600.0, memory_bytes_max=spec["memory"], source_bytes_max=1 << 40)

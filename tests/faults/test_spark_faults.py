@@ -32,8 +32,11 @@ from durable_dataflow.core.errors import ExecutionError
 from durable_dataflow.dataflow import crashpoints as cp
 from durable_dataflow.dataflow import evidence, results, runs, sweeper
 from durable_dataflow.dataflow.definitions import Definition, load_definition
-from durable_dataflow.dataflow.execution import ExecutionContext, ExecutionLimits, execute, spark_engine
+from durable_dataflow.dataflow.execution import spark_engine
+from durable_dataflow.dataflow.execution.compute import execute
+from durable_dataflow.dataflow.execution.context import ExecutionContext
 from durable_dataflow.dataflow.forward import publication_key
+from durable_dataflow.dataflow.limits import ExecutionLimits
 from durable_dataflow.dataflow.runs import MODULE, Run
 from durable_dataflow.datasources.parquet_folder import MARKER
 from durable_dataflow.platform import Platform

@@ -15,11 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
-from durable_dataflow.dataflow import execution
 from durable_dataflow.dataflow.definitions import Definition
-from durable_dataflow.dataflow.execution import ExecutionContext, execute, resolve_sources, sandbox
+from durable_dataflow.dataflow.execution import compute, sandbox
+from durable_dataflow.dataflow.execution.compute import execute
+from durable_dataflow.dataflow.execution.context import ExecutionContext
 from durable_dataflow.dataflow.limits import ExecutionLimits
 from durable_dataflow.dataflow.runs import RunStatus
+from durable_dataflow.dataflow.sources import resolve_sources
 from durable_dataflow.platform import Platform
 from support import flows
 
@@ -92,7 +94,7 @@ def test_source_paths_with_glob_characters_are_refused(folder: Path) -> None:
     for path in ("*.parquet", "a[1].parquet", "../data/*.parquet"):
         d = _definition({"facts": {"kind": "parquet", "path": path}}, "select 1 as n", {"n": "int32"})
         with pytest.raises(InputError, match=r"glob character|does not exist"):
-            execution.preflight(d, _ctx(folder))
+            compute.preflight(d, _ctx(folder))
 
 
 def test_a_parquet_folder_with_a_symlink_inside_its_root_reads_it_and_one_leading_out_is_refused(
@@ -194,7 +196,8 @@ import json, sys
 from pathlib import Path
 from durable_dataflow.core.errors import LimitExceeded
 from durable_dataflow.dataflow.definitions import Definition
-from durable_dataflow.dataflow.execution import ExecutionContext, execute
+from durable_dataflow.dataflow.execution.context import ExecutionContext
+from durable_dataflow.dataflow.execution.compute import execute
 from durable_dataflow.dataflow.limits import ExecutionLimits
 d = Definition.model_validate(json.loads(sys.argv[1]))
 base = Path(sys.argv[2])
@@ -232,7 +235,7 @@ def test_an_unexpected_error_during_execution_ends_the_run_failed(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise OSError(f"driver detail {SECRET_TEXT}")
 
-    monkeypatch.setattr(execution, "execute", broken)
+    monkeypatch.setattr(compute, "execute", broken)
     with Platform(db_url) as platform:
         run = platform.runs.run_inline(flows.request(flows.definition(), tmp_path)).run
         assert flows.kinds(platform, run.run_id)[-1] == "run.failed"

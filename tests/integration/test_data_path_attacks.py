@@ -29,10 +29,13 @@ from durable_dataflow.api import tokens
 from durable_dataflow.api.app import create_app
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
 from durable_dataflow.dataflow.definitions import Definition
-from durable_dataflow.dataflow.execution import ExecutionContext, execute, resolve_sources, sandbox
+from durable_dataflow.dataflow.execution import sandbox
+from durable_dataflow.dataflow.execution.compute import execute
+from durable_dataflow.dataflow.execution.context import ExecutionContext
 from durable_dataflow.dataflow.execution.resultstream import ResultCollector
 from durable_dataflow.dataflow.limits import ExecutionLimits
 from durable_dataflow.dataflow.runs import RunStatus
+from durable_dataflow.dataflow.sources import resolve_sources
 from durable_dataflow.platform import Platform
 from support import flows
 from support.cli import make_cli
@@ -441,7 +444,8 @@ MEMORY_PROBE = textwrap.dedent("""
     from pathlib import Path
     from durable_dataflow.core.errors import LimitExceeded
     from durable_dataflow.dataflow.definitions import Definition
-    from durable_dataflow.dataflow.execution import ExecutionContext, execute
+    from durable_dataflow.dataflow.execution.context import ExecutionContext
+    from durable_dataflow.dataflow.execution.compute import execute
     from durable_dataflow.dataflow.limits import ExecutionLimits
     d = Definition.model_validate(json.loads(sys.argv[1]))
     base = Path(sys.argv[2])
@@ -610,7 +614,8 @@ PG_MEMORY_PROBE = textwrap.dedent("""
     from pathlib import Path
     from durable_dataflow.core.errors import DataflowError
     from durable_dataflow.dataflow.definitions import Definition
-    from durable_dataflow.dataflow.execution import ExecutionContext, execute
+    from durable_dataflow.dataflow.execution.context import ExecutionContext
+    from durable_dataflow.dataflow.execution.compute import execute
     from durable_dataflow.dataflow.limits import ExecutionLimits
     d = Definition.model_validate(json.loads(sys.argv[1]))
     base = Path(sys.argv[2])

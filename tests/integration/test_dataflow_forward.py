@@ -184,9 +184,9 @@ def test_reconcile_mismatch_and_undecided_leave_the_run_unresolved(platform: Pla
     other = flows.definition(
         flows.parquet_target("delta"), sql="select 'x' as region, 1::DECIMAL(18,2) as total, 1::BIGINT as n"
     )
-    from durable_dataflow.dataflow import execution
+    from durable_dataflow.dataflow.execution import compute, context
 
-    foreign = execution.execute(other, {"factor": 1}, execution.ExecutionContext(tmp_path, (tmp_path,)))
+    foreign = compute.execute(other, {"factor": 1}, context.ExecutionContext(tmp_path, (tmp_path,)))
     DeltaProvider().publish(
         forward.publication_key(run), 9, foreign.table, foreign.output_digest, forward.publish_target(run)
     )

@@ -16,8 +16,10 @@ import pytest
 from durable_dataflow.core.errors import Interrupted, LimitExceeded
 from durable_dataflow.dataflow import crashpoints, evidence, progress
 from durable_dataflow.dataflow.definitions import Definition
-from durable_dataflow.dataflow.execution import ExecutionContext, ExecutionLimits, execute
+from durable_dataflow.dataflow.execution.compute import execute
+from durable_dataflow.dataflow.execution.context import ExecutionContext
 from durable_dataflow.dataflow.interruption import Interruption
+from durable_dataflow.dataflow.limits import ExecutionLimits
 from durable_dataflow.platform import Platform
 from support import flows
 

@@ -20,7 +20,8 @@ import yaml
 
 from durable_dataflow.dataflow import definitions
 from durable_dataflow.dataflow.definitions import Definition
-from durable_dataflow.dataflow.execution import ExecutionContext, ExecutionResult, execute
+from durable_dataflow.dataflow.execution.compute import ExecutionResult, execute
+from durable_dataflow.dataflow.execution.context import ExecutionContext
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))

@@ -19,16 +19,12 @@ import pytest
 
 from durable_dataflow.core.errors import ExecutionError, InputError, LimitExceeded
 from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.execution import spark_engine
+from durable_dataflow.dataflow.execution.compute import ExecutionResult, execute, preflight
 
 # No importorskip: without pyspark or Java the `spark` marker skips these locally and fails them in CI.
-from durable_dataflow.dataflow.execution import (
-    ExecutionContext,
-    ExecutionLimits,
-    ExecutionResult,
-    execute,
-    preflight,
-    spark_engine,
-)
+from durable_dataflow.dataflow.execution.context import ExecutionContext
+from durable_dataflow.dataflow.limits import ExecutionLimits
 
 pytestmark = pytest.mark.spark
 

@@ -1,6 +1,6 @@
 """A hostile tenant and a careless user against the Spark engine (issue 14, item 3; docs/security.md).
 
-Every attack goes through ``execution.preflight`` and ``execution.execute`` as a definition with
+Every attack goes through ``compute.preflight`` and ``compute.execute`` as a definition with
 ``engine: spark``; the gate's refusals must come before Spark is touched (the engine's session is
 replaced by one that fails the test). What the gate lets through is checked twice: Spark's own parser
 reads each rendering as nothing but declared relations and allow-listed functions, and the real engine
@@ -32,16 +32,12 @@ import yaml
 
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
 from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.execution import spark_engine, spark_gate
+from durable_dataflow.dataflow.execution.compute import execute, preflight
 
 # No importorskip: without pyspark or Java the `spark` marker skips these locally and fails them in CI.
-from durable_dataflow.dataflow.execution import (
-    ExecutionContext,
-    ExecutionLimits,
-    execute,
-    preflight,
-    spark_engine,
-    spark_gate,
-)
+from durable_dataflow.dataflow.execution.context import ExecutionContext
+from durable_dataflow.dataflow.limits import ExecutionLimits
 from support.cli import make_cli
 from support.hostile import canaries_in, start_server
 

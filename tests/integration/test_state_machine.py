@@ -40,7 +40,7 @@ from durable_dataflow.core import fencing, leases
 from durable_dataflow.core.errors import Conflict, LeaseUnavailable, StaleAttempt
 from durable_dataflow.dataflow import evidence, forward, results, sweeper, transitions
 from durable_dataflow.dataflow import reconcile as reconciliation
-from durable_dataflow.dataflow.execution import ExecutionResult
+from durable_dataflow.dataflow.execution.compute import ExecutionResult
 from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.service import Claim, RunService

@@ -15,7 +15,9 @@ import pytest
 from durable_dataflow.core.errors import ExecutionError, InputError
 from durable_dataflow.dataflow import definitions
 from durable_dataflow.dataflow.definitions import Definition
-from durable_dataflow.dataflow.execution import ExecutionContext, ExecutionLimits, execute
+from durable_dataflow.dataflow.execution.compute import execute
+from durable_dataflow.dataflow.execution.context import ExecutionContext
+from durable_dataflow.dataflow.limits import ExecutionLimits
 from support import flows
 
 BAD_VALUE = "abc-not-a-number"

@@ -21,15 +21,11 @@ from durable_dataflow.core.secrets import SecretScope
 from durable_dataflow.dataflow import definitions, results
 from durable_dataflow.dataflow.arrowdigest import output_digest
 from durable_dataflow.dataflow.definitions import Definition
-from durable_dataflow.dataflow.execution import (
-    DATA_ROOTS_ENV,
-    ExecutionContext,
-    ExecutionLimits,
-    execute,
-    resolve_sources,
-    source_fingerprint_digest,
-)
-from durable_dataflow.dataflow.sources import ArrowTable, ResolvedSource
+from durable_dataflow.dataflow.execution.compute import execute
+from durable_dataflow.dataflow.execution.context import ExecutionContext
+from durable_dataflow.dataflow.limits import ExecutionLimits
+from durable_dataflow.dataflow.sources import ArrowTable, ResolvedSource, resolve_sources, source_fingerprint_digest
+from durable_dataflow.dataflow.workspace import DATA_ROOTS_ENV
 from support import flows
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

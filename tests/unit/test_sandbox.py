@@ -11,15 +11,11 @@ import pytest
 
 from durable_dataflow.core.errors import ExecutionError, InputError, LimitExceeded
 from durable_dataflow.dataflow.definitions import Definition
-from durable_dataflow.dataflow.execution import (
-    ExecutionContext,
-    ExecutionLimits,
-    ResolvedSource,
-    execute,
-    preflight,
-    sandbox,
-)
-from durable_dataflow.dataflow.sources import ArrowTable
+from durable_dataflow.dataflow.execution import sandbox
+from durable_dataflow.dataflow.execution.compute import execute, preflight
+from durable_dataflow.dataflow.execution.context import ExecutionContext
+from durable_dataflow.dataflow.limits import ExecutionLimits
+from durable_dataflow.dataflow.sources import ArrowTable, ResolvedSource
 
 THREADS = 2
 RUNS_PER_THREAD = 15

@@ -31,7 +31,7 @@ from durable_dataflow.dataflow import (
     transitions,
     workspace,
 )
-from durable_dataflow.dataflow.execution import ExecutionResult
+from durable_dataflow.dataflow.execution.compute import ExecutionResult
 from durable_dataflow.dataflow.interruption import Interruption
 from durable_dataflow.dataflow.parameters import resolve_partition
 from durable_dataflow.dataflow.runs import MODULE, Run

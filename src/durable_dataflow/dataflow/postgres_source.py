@@ -1,7 +1,7 @@
 """A PostgreSQL source: one read-only query streamed through a server-side cursor into Arrow batches.
 
 Three lines of defence keep the query from writing or escaping:
-- ``check_query`` (called by ``execution.preflight``, before the run is recorded) parses the query with
+- ``check_query`` (called by ``execution.compute.preflight``, before the run is recorded) parses the query with
   sqlglot's PostgreSQL dialect and admits exactly one read statement: SELECT, WITH … SELECT, VALUES or
   TABLE, with no data-modifying CTE, no SELECT INTO and no FOR UPDATE/SHARE;
 - the session is read-only from its first statement: ``default_transaction_read_only``, the time limits

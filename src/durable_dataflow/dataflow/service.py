@@ -41,7 +41,6 @@ from durable_dataflow.dataflow import (
     cancel,
     catalog,
     crashpoints,
-    execution,
     forward,
     interruption,
     limits,
@@ -54,6 +53,8 @@ from durable_dataflow.dataflow import (
     workspace,
 )
 from durable_dataflow.dataflow.definitions import Definition, definition_hash, partition_column_kind
+from durable_dataflow.dataflow.execution import compute, context
+from durable_dataflow.dataflow.execution.compute import ExecutionResult
 from durable_dataflow.dataflow.requests import AccessContext, RunRequest, check_request, request_hash
 from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.service_config import LEASE_TTL_ENV as LEASE_TTL_ENV
@@ -188,7 +189,7 @@ class RunService:
         target = defn.target.recorded() if defn.target is not None else None
         scope = self.secret_scope(space, access.tenant)
         self._check_workspace(defn, target, space, scope, access.roles)
-        execution.preflight(defn, context_for(space, self.limits_for(defn), self._platform_files, scope))
+        compute.preflight(defn, context_for(space, self.limits_for(defn), self._platform_files, scope))
 
     def secret_scope(self, space: Workspace, tenant: str) -> SecretScope:
         """A tenant run names only its tenant's granted secrets; a local run uses the operator's scope."""
@@ -335,7 +336,7 @@ class RunService:
         cancelled = (cancel.interrupt(self, claim.run, claim.attempt, cause) for claim in claims)
         return [run for run in cancelled if run is not None]
 
-    def compute(self, run: Run, progress_sink: progress.ProgressSink | None = None) -> execution.ExecutionResult:
+    def compute(self, run: Run, progress_sink: progress.ProgressSink | None = None) -> ExecutionResult:
         """Resolve sources and run the steps: recomputable, nothing committed.
 
         Every in-process error becomes a ``DataflowError`` here, so the caller always records a
@@ -349,11 +350,11 @@ class RunService:
             space, scope = self.run_workspace(run)
             ctx = context_for(space, self.limits_for(defn), self._platform_files, scope).started()
             ctx = dataclasses.replace(ctx, interruption=self.interruption)
-            execution.check_interrupted(ctx)
+            compute.check_interrupted(ctx)
             resolved = sources.resolve_sources(defn, ctx)
             # The engine watches for an interruption while it runs; the caller looks last, right before
             # its terminal (atomic) or pre-dispatch (forward) commit.
-            return execution.execute(defn, run.parameters, ctx, resolved, progress_sink)
+            return compute.execute(defn, run.parameters, ctx, resolved, progress_sink)
         except DataflowError:
             raise
         except Exception as error:  # no in-process error may leave a run running
@@ -386,7 +387,7 @@ class RunService:
         crashpoints.reach(crashpoints.AFTER_TERMINAL_COMMIT)
         return final
 
-    def commit_atomic_success(self, run: Run, attempt: int, result: execution.ExecutionResult) -> Run:
+    def commit_atomic_success(self, run: Run, attempt: int, result: ExecutionResult) -> Run:
         """ONE fenced transaction: result, ledger, verification, checkpoint, projection, release."""
         with fencing.fenced_chain(self.db, MODULE, run.run_id, attempt) as (conn, held):
             results.store(conn, run.run_id, attempt, result)
@@ -440,10 +441,10 @@ class RunService:
 
 def context_for(
     space: Workspace, bounds: limits.ExecutionLimits, platform_files: tuple[Path, ...], scope: SecretScope
-) -> execution.ExecutionContext:
+) -> context.ExecutionContext:
     """The workspace's roots and secrets; never readable: the secrets folder and platform_files."""
-    forbidden = (*platform_files, *execution.secrets_folders())
-    return execution.ExecutionContext(
+    forbidden = (*platform_files, *context.secrets_folders())
+    return context.ExecutionContext(
         base_dir=space.base_dir, allowed_roots=space.data_roots, limits=bounds, forbidden=forbidden, secrets=scope
     )
 

@@ -50,7 +50,7 @@ from durable_dataflow.dataflow.postgres_source import PostgresStream
 
 if TYPE_CHECKING:
     from durable_dataflow.dataflow.definitions import Definition, SourceSpec
-    from durable_dataflow.dataflow.execution import ExecutionContext
+    from durable_dataflow.dataflow.execution.context import ExecutionContext
 
 PARQUET_FOLDER_FILES_MAX = 10_000
 DELTA_FILES_MAX = 100_000
