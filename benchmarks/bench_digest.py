@@ -52,7 +52,7 @@ def _stream(table: pa.Table) -> tuple[pa.Buffer, list[pa.RecordBatch]]:
 
 
 def _streaming_digest(schema: pa.Schema, batches: list[pa.RecordBatch], threads_max: int) -> str:
-    from durable_dataflow.dataflow.arrowdigest import OutputDigester
+    from durable_dataflow.dataflow.execution.arrowdigest import OutputDigester
 
     digester = OutputDigester(schema, threads_max=threads_max)
     for batch in batches:
@@ -61,7 +61,7 @@ def _streaming_digest(schema: pa.Schema, batches: list[pa.RecordBatch], threads_
 
 
 def run(ctx: BenchContext) -> dict[str, Any]:
-    from durable_dataflow.dataflow.arrowdigest import DIGEST_THREADS_MAX
+    from durable_dataflow.dataflow.execution.arrowdigest import DIGEST_THREADS_MAX
 
     threads = {"ours": DIGEST_THREADS_MAX, "ours_one_thread": 1}
     table = _table(TARGET_BYTES[ctx.quick])

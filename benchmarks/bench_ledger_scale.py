@@ -121,7 +121,7 @@ def _explain(db: Any, fn: Any) -> list[str]:
 
 
 def run(ctx: BenchContext) -> dict[str, Any]:
-    from durable_dataflow.dataflow import runs
+    from durable_dataflow.dataflow.protocol import runs
     from durable_dataflow.platform import Platform
 
     n = RUNS[ctx.quick]

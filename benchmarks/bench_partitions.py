@@ -132,8 +132,8 @@ def _cpu_s() -> float:
 
 
 def _request(spec: dict[str, Any], day: str, key: str) -> Any:
-    from durable_dataflow.dataflow.definitions import parse_definition
-    from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
+    from durable_dataflow.dataflow.definitions.definitions import parse_definition
+    from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
 
     return RunRequest(
         definition=parse_definition(json.dumps(spec["definition"]), "<bench_partitions>"),
@@ -166,7 +166,7 @@ def child_build(spec: dict[str, Any]) -> dict[str, Any]:
 
 def child_publish(spec: dict[str, Any]) -> dict[str, Any]:
     """One timed run_inline publishing one day (the parent then reads what the table holds)."""
-    from durable_dataflow.dataflow import crashpoints
+    from durable_dataflow.core import crashpoints
     from durable_dataflow.platform import Platform
 
     platform = Platform(spec["db_url"])

@@ -248,7 +248,7 @@ def check_bare(query: Query, data_dir: Path, ipc_path: Path) -> dict[str, Any]:
 
 
 def declared_schema(query: Query, data_dir: Path) -> Any:
-    from durable_dataflow.dataflow.definitions import parse_definition
+    from durable_dataflow.dataflow.definitions.definitions import parse_definition
 
     declared = parse_definition(json.dumps(tpch_queries.definition(query, data_dir)), "<bench_tpch>")
     return declared.output.arrow_schema()
@@ -258,7 +258,7 @@ def declared_digest(query: Query, data_dir: Path, table: Any) -> str:
     """The platform's output digest of ``table`` once cast, column by column, to the declared schema."""
     import pyarrow as pa
 
-    from durable_dataflow.dataflow import arrowdigest
+    from durable_dataflow.dataflow.execution import arrowdigest
 
     schema = declared_schema(query, data_dir)
     cast = pa.Table.from_arrays([table.column(f.name).cast(f.type) for f in schema], schema=schema)

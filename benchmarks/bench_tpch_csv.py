@@ -49,9 +49,9 @@ LINEITEM_SCHEMA = [
 CHILD = """
 import json, resource, sys, time
 began = time.perf_counter()
-from durable_dataflow.dataflow.definitions import parse_definition
+from durable_dataflow.dataflow.definitions.definitions import parse_definition
 from durable_dataflow.dataflow.execution.context import ExecutionContext
-from durable_dataflow.dataflow.limits import ExecutionLimits
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits
 from durable_dataflow.dataflow.execution.compute import execute
 spec = json.loads(sys.argv[1])
 d = parse_definition(json.dumps(spec["definition"]), "<bench_tpch_csv>")

@@ -168,7 +168,7 @@ def trivial_definition_text(*, forward: bool = False, name: str = "bench_trivial
 
 def make_request(base_dir: Path, *, forward: bool = False, key: str | None = None, tag: str = "x") -> Any:
     """A RunRequest for the trivial dataflow (``tag`` varies the request hash)."""
-    from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
+    from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
 
     return RunRequest(
         definition=_definition_cache(forward),
@@ -184,7 +184,7 @@ _DEFINITIONS: dict[bool, Any] = {}
 
 
 def _definition_cache(forward: bool) -> Any:
-    from durable_dataflow.dataflow.definitions import parse_definition
+    from durable_dataflow.dataflow.definitions.definitions import parse_definition
 
     if forward not in _DEFINITIONS:
         _DEFINITIONS[forward] = parse_definition(trivial_definition_text(forward=forward), "<bench>")

@@ -76,7 +76,7 @@ def _jvm_rss_peak_kib() -> int:
 
 def _limits(spec: dict[str, Any]) -> Any:
     """ExecutionLimits with the benchmark's memory, threads, time limit and spill folder."""
-    from durable_dataflow.dataflow.limits import ExecutionLimits
+    from durable_dataflow.dataflow.execution.limits import ExecutionLimits
 
     return ExecutionLimits(
         threads=spec["threads"], time_limit_s=spec["time_limit_s"],
@@ -95,8 +95,8 @@ def _ledger_timeline(platform: Any, run_id: str, started_us: int) -> list[list[A
 
 def measure_platform(spec: dict[str, Any]) -> dict[str, Any]:
     began = time.perf_counter()
-    from durable_dataflow.dataflow.definitions import parse_definition
-    from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
+    from durable_dataflow.dataflow.definitions.definitions import parse_definition
+    from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
     from durable_dataflow.platform import Platform
 
     platform = Platform(spec["db_url"], limits=_limits(spec))

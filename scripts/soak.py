@@ -59,9 +59,9 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from durable_dataflow.core import leases  # noqa: E402
 from durable_dataflow.core.db import Database  # noqa: E402
-from durable_dataflow.dataflow import crashpoints as cp  # noqa: E402
-from durable_dataflow.dataflow import runs as runs_module  # noqa: E402
-from durable_dataflow.dataflow.requests import RunRequest  # noqa: E402
+from durable_dataflow.core import crashpoints as cp  # noqa: E402
+from durable_dataflow.dataflow.protocol import runs as runs_module  # noqa: E402
+from durable_dataflow.dataflow.protocol.requests import RunRequest  # noqa: E402
 from durable_dataflow.platform import Platform  # noqa: E402
 from faults import harness  # noqa: E402
 from support.pg import PostgresServer  # noqa: E402

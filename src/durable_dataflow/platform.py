@@ -14,13 +14,13 @@ from durable_dataflow import migrations
 from durable_dataflow.core import secrets
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.secrets import Secret
-from durable_dataflow.dataflow import workspace
-from durable_dataflow.dataflow.limits import ExecutionLimits
-from durable_dataflow.dataflow.limits import from_env as limits_from_env
-from durable_dataflow.dataflow.service_config import ServiceConfig, lease_ttl_from_env
+from durable_dataflow.dataflow.execution import workspace
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits
+from durable_dataflow.dataflow.execution.limits import from_env as limits_from_env
+from durable_dataflow.dataflow.protocol.service_config import ServiceConfig, lease_ttl_from_env
 
 if TYPE_CHECKING:
-    from durable_dataflow.dataflow.service import RunService
+    from durable_dataflow.dataflow.protocol.service import RunService
 
 EVIDENCE_KEY_NAME = "DATAFLOW_EVIDENCE_KEY"
 
@@ -34,7 +34,7 @@ class Platform:
     """A platform database with its run service.
 
     Without an explicit ``limits`` the platform's execution limits come from the ``DATAFLOW_*``
-    variables (``dataflow.limits.from_env``), so every entry point (CLI, API server, Python) obeys them.
+    variables (``dataflow.execution.limits.from_env``), so every entry point (CLI, API server, Python) obeys them.
     Every setting is read (and refused when invalid) on opening; the run service itself is built on
     first use of ``runs``, because importing it loads the engine (DuckDB, pyarrow) and the providers,
     which a command that only reads runs (``dataflow runs``, ``show``, ``verify``) never needs.
@@ -71,7 +71,7 @@ class Platform:
         if service is None:
             with self._runs_lock:
                 if self._runs is None:
-                    from durable_dataflow.dataflow.service import RunService
+                    from durable_dataflow.dataflow.protocol.service import RunService
 
                     self._runs = RunService(self.db, self.config)
                 service = self._runs

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from durable_dataflow.api import tokens
-from durable_dataflow.dataflow import sweeper
+from durable_dataflow.dataflow.protocol import sweeper
 from durable_dataflow.platform import Platform
 from support.api_runs import copy_examples
 

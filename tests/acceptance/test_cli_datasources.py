@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from durable_dataflow.core.errors import PermissionDenied
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.platform import Platform
 from support import flows
 from support.cli import Cli, make_cli

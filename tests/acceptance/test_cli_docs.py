@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 from durable_dataflow.cli import app, common
-from durable_dataflow.dataflow import evidence, reconcile
-from durable_dataflow.dataflow.runs import LOCAL_FIELDS, RecoveryStatus, Run, RunStatus
+from durable_dataflow.dataflow.protocol import evidence, reconcile
+from durable_dataflow.dataflow.protocol.runs import LOCAL_FIELDS, RecoveryStatus, Run, RunStatus
 from support.cli import REPO_ROOT
 
 DOC = (REPO_ROOT / "docs" / "cli.md").read_text()
@@ -64,7 +64,7 @@ def test_status_lists_name_every_status_of_the_code() -> None:
 
 def test_reconcile_findings_and_entry_kinds_are_documented() -> None:
     """Every reconcile finding is named by `reconcile --json` (docs/cli.md) and by the API's reconcile
-    answer (docs/api.md); every ledger entry kind of dataflow/evidence.py by docs/architecture.md."""
+    answer (docs/api.md); every ledger entry kind of dataflow/protocol/evidence.py by docs/architecture.md."""
     findings = {f.value for f in reconcile.Finding}
     [cli_row] = re.findall(r"^\| `--json` \| the run \(below\) plus `finding`.*$", DOC, flags=re.MULTILINE)
     assert findings <= set(re.findall(r"`([a-z_]+)`", cli_row))

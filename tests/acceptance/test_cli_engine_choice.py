@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from durable_dataflow.dataflow import definitions
+from durable_dataflow.dataflow.definitions import definitions
 from support.cli import REVENUE_EXAMPLE, make_cli
 
 # A package named pyspark that cannot be imported: how a machine without the spark extra looks.

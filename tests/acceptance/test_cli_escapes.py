@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from durable_dataflow.core import ledger
-from durable_dataflow.dataflow.runs import MODULE
+from durable_dataflow.dataflow.protocol.runs import MODULE
 from durable_dataflow.dataflow.schema import dataflow_runs
 from durable_dataflow.platform import Platform
 from support.api_runs import copy_examples, make_outcome_unknown_run

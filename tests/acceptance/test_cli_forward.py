@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from durable_dataflow.core.db import Database
-from durable_dataflow.dataflow import sweeper
+from durable_dataflow.dataflow.protocol import sweeper
 from support.cli import PUBLISH_EXAMPLE, Cli, make_cli
 
 DAY = "2026-11-02"

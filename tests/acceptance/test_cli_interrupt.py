@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from durable_dataflow.dataflow import crashpoints, evidence
+from durable_dataflow.core import crashpoints
+from durable_dataflow.dataflow.protocol import evidence
 from durable_dataflow.platform import Platform
 from faults import harness
 from support import interrupts

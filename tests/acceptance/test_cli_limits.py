@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from durable_dataflow.dataflow import limits
+from durable_dataflow.dataflow.execution import limits
 from support.cli import REVENUE_EXAMPLE, Cli, CliResult, make_cli
 
 LIMIT_VARIABLES = frozenset(setting.variable for setting in limits.SETTINGS)

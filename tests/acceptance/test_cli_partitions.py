@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from durable_dataflow.dataflow.definitions import load_definition
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.definitions.definitions import load_definition
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.platform import Platform
 from support.cli import Cli, make_cli
 

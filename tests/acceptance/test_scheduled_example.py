@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from durable_dataflow.core import ledger
-from durable_dataflow.dataflow import evidence, units
-from durable_dataflow.dataflow.definitions import load_definition
-from durable_dataflow.dataflow.runs import MODULE
+from durable_dataflow.core import ledger, units
+from durable_dataflow.dataflow.definitions.definitions import load_definition
+from durable_dataflow.dataflow.protocol import evidence
+from durable_dataflow.dataflow.protocol.runs import MODULE
 from faults import harness
 
 pytestmark = [pytest.mark.timeout(300)]

@@ -26,10 +26,10 @@ import yaml
 
 from durable_dataflow.core import ledger
 from durable_dataflow.core.db import Database
-from durable_dataflow.dataflow import evidence, runs
-from durable_dataflow.dataflow.definitions import load_definition
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
-from durable_dataflow.dataflow.runs import MODULE, Run
+from durable_dataflow.dataflow.definitions.definitions import load_definition
+from durable_dataflow.dataflow.protocol import evidence, runs
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.protocol.runs import MODULE, Run
 from durable_dataflow.platform import Platform
 
 REPO = Path(__file__).resolve().parents[2]
@@ -347,7 +347,7 @@ def check(db: Database, publications: Iterable[Publication]) -> Report:
     by_key: dict[str, list[Publication]] = {}
     for pub in publications:
         by_key.setdefault(pub.key, []).append(pub)
-    from durable_dataflow.dataflow.forward import publication_key
+    from durable_dataflow.dataflow.protocol.forward import publication_key
 
     known_keys = set()
     for run in all_runs(db):
@@ -484,7 +484,8 @@ class PartitionRun:
 
 def partition_runs(db: Database, definition_names: Iterable[str]) -> list[PartitionRun]:
     """Every run of the named partitioned definitions, with its partition token and stored rows."""
-    from durable_dataflow.dataflow import forward, results
+    from durable_dataflow.dataflow.execution import results
+    from durable_dataflow.dataflow.protocol import forward
 
     wanted = set(definition_names)
     found = []

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from durable_dataflow.core.errors import StorageUnavailable
-from durable_dataflow.dataflow.definitions import load_definition
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.definitions.definitions import load_definition
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.platform import Platform
 
 SUBMIT_TRIES_MAX = 20  # a submit is safe to repeat: its key makes a repeat a replay

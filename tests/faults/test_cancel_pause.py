@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from durable_dataflow.core import crashpoints as cp
 from durable_dataflow.core.errors import Conflict
-from durable_dataflow.dataflow import cancel, evidence, runs
-from durable_dataflow.dataflow import crashpoints as cp
-from durable_dataflow.dataflow.requests import AccessContext, Provenance
+from durable_dataflow.dataflow.protocol import cancel, evidence, runs
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
 from faults import harness
 from faults.test_pause_points import Snapshot, snapshot
 from support.pg import PostgresServer

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from durable_dataflow.core import ledger
-from durable_dataflow.dataflow import evidence
-from durable_dataflow.dataflow.forward import publication_key
-from durable_dataflow.dataflow.runs import MODULE, Run
+from durable_dataflow.dataflow.protocol import evidence
+from durable_dataflow.dataflow.protocol.forward import publication_key
+from durable_dataflow.dataflow.protocol.runs import MODULE, Run
 from durable_dataflow.platform import Platform
 from faults import harness
 

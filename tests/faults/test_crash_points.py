@@ -15,11 +15,11 @@ from unittest import mock
 
 import pytest
 
+from durable_dataflow.core import crashpoints as cp
 from durable_dataflow.core import ledger
-from durable_dataflow.dataflow import crashpoints as cp
-from durable_dataflow.dataflow import evidence, runs
-from durable_dataflow.dataflow.forward import publication_key
-from durable_dataflow.dataflow.runs import MODULE, Run
+from durable_dataflow.dataflow.protocol import evidence, runs
+from durable_dataflow.dataflow.protocol.forward import publication_key
+from durable_dataflow.dataflow.protocol.runs import MODULE, Run
 from durable_dataflow.platform import Platform
 from faults import harness
 from support.pg import PostgresServer

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from durable_dataflow.core import crashpoints as cp
 from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.schema import leases as lease_rows
-from durable_dataflow.dataflow import crashpoints as cp
-from durable_dataflow.dataflow import evidence, runs, sweeper
-from durable_dataflow.dataflow.runs import MODULE
+from durable_dataflow.dataflow.protocol import evidence, runs, sweeper
+from durable_dataflow.dataflow.protocol.runs import MODULE
 from faults import harness
 from support.pg import PostgresServer
 

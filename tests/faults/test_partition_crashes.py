@@ -39,12 +39,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from durable_dataflow.core import crashpoints as cp
 from durable_dataflow.core import ledger
-from durable_dataflow.dataflow import crashpoints as cp
-from durable_dataflow.dataflow import evidence, forward, reconcile, runs, sweeper
-from durable_dataflow.dataflow.forward import publication_key
-from durable_dataflow.dataflow.requests import AccessContext, Provenance
-from durable_dataflow.dataflow.runs import MODULE, Run
+from durable_dataflow.dataflow.protocol import evidence, forward, reconcile, runs, sweeper
+from durable_dataflow.dataflow.protocol.forward import publication_key
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
+from durable_dataflow.dataflow.protocol.runs import MODULE, Run
 from durable_dataflow.datasources.contract import SUPERSEDED
 from durable_dataflow.platform import Platform
 from faults import harness

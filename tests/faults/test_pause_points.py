@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from durable_dataflow.core import crashpoints as cp
 from durable_dataflow.core import ledger
-from durable_dataflow.dataflow import crashpoints as cp
-from durable_dataflow.dataflow import evidence, runs
-from durable_dataflow.dataflow.runs import MODULE
+from durable_dataflow.dataflow.protocol import evidence, runs
+from durable_dataflow.dataflow.protocol.runs import MODULE
 from durable_dataflow.dataflow.schema import run_results
 from durable_dataflow.platform import Platform
 from faults import harness

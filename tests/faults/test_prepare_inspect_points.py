@@ -32,10 +32,10 @@ import pytest
 import sqlalchemy as sa
 
 from durable_dataflow.core import checkpoints, ledger
-from durable_dataflow.dataflow import crashpoints as cp
-from durable_dataflow.dataflow import evidence, runs, sweeper
-from durable_dataflow.dataflow.forward import publication_key
-from durable_dataflow.dataflow.runs import MODULE, Run
+from durable_dataflow.core import crashpoints as cp
+from durable_dataflow.dataflow.protocol import evidence, runs, sweeper
+from durable_dataflow.dataflow.protocol.forward import publication_key
+from durable_dataflow.dataflow.protocol.runs import MODULE, Run
 from durable_dataflow.dataflow.schema import run_results
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.contract import LOCATION_MISSING

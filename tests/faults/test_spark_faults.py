@@ -27,17 +27,17 @@ from typing import Any
 import pytest
 import yaml
 
+from durable_dataflow.core import crashpoints as cp
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import ExecutionError
-from durable_dataflow.dataflow import crashpoints as cp
-from durable_dataflow.dataflow import evidence, results, runs, sweeper
-from durable_dataflow.dataflow.definitions import Definition, load_definition
-from durable_dataflow.dataflow.execution import spark_engine
+from durable_dataflow.dataflow.definitions.definitions import Definition, load_definition
+from durable_dataflow.dataflow.execution import results, spark_engine
 from durable_dataflow.dataflow.execution.compute import execute
 from durable_dataflow.dataflow.execution.context import ExecutionContext
-from durable_dataflow.dataflow.forward import publication_key
-from durable_dataflow.dataflow.limits import ExecutionLimits
-from durable_dataflow.dataflow.runs import MODULE, Run
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits
+from durable_dataflow.dataflow.protocol import evidence, runs, sweeper
+from durable_dataflow.dataflow.protocol.forward import publication_key
+from durable_dataflow.dataflow.protocol.runs import MODULE, Run
 from durable_dataflow.datasources.parquet_folder import MARKER
 from durable_dataflow.platform import Platform
 from faults import harness

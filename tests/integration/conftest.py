@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 
 from durable_dataflow import migrations
+from durable_dataflow.core import crashpoints
 from durable_dataflow.core.db import Database
-from durable_dataflow.dataflow import crashpoints
 from durable_dataflow.datasources import registry
 from durable_dataflow.platform import Platform
 

@@ -15,8 +15,8 @@ from durable_dataflow.api import tokens
 from durable_dataflow.api.app import create_app
 from durable_dataflow.api.errors import HTTP_STATUS_BY_CODE
 from durable_dataflow.core import errors
-from durable_dataflow.dataflow.requests import AccessContext
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.protocol.requests import AccessContext
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.datasources import contract
 from durable_dataflow.platform import Platform
 from support.api_runs import (

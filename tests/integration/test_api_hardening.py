@@ -28,9 +28,9 @@ from durable_dataflow.api.app import HEALTH_UNREACHABLE, create_app
 from durable_dataflow.core import strictjson
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import runs
-from durable_dataflow.dataflow.definitions import load_definition
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.definitions.definitions import load_definition
+from durable_dataflow.dataflow.protocol import runs
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.platform import Platform
 from support.api_runs import Tokens, copy_examples, make_atomic_run, make_tokens, tenant_data_root, web_login
 

@@ -18,9 +18,9 @@ from fastapi.testclient import TestClient
 
 from durable_dataflow.api import tokens
 from durable_dataflow.api.app import create_app
-from durable_dataflow.dataflow import partitions
-from durable_dataflow.dataflow.definitions import Definition
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.definitions.definitions import Definition
+from durable_dataflow.dataflow.protocol import partitions
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.platform import Platform
 from support import flows
 from support.api_runs import Tokens, make_tokens

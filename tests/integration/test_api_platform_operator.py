@@ -16,8 +16,8 @@ from durable_dataflow.api import operations, tokens
 from durable_dataflow.api.app import create_app
 from durable_dataflow.api.auth import SESSION_COOKIE
 from durable_dataflow.core import errors
-from durable_dataflow.dataflow import runs
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.protocol import runs
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.platform import Platform
 from support.api_runs import API_ROUTES, Tokens, copy_examples, make_atomic_run, make_outcome_unknown_run, make_tokens
 from support.cli import make_cli

@@ -18,9 +18,9 @@ from fastapi.testclient import TestClient
 from durable_dataflow.api import tokens
 from durable_dataflow.api.app import create_app
 from durable_dataflow.api.auth import SESSION_COOKIE
-from durable_dataflow.dataflow import schedules
-from durable_dataflow.dataflow.schedule_schema import schedule_ticks
-from durable_dataflow.dataflow.schedule_schema import schedules as schedules_table
+from durable_dataflow.dataflow.schedules import schedules
+from durable_dataflow.dataflow.schedules.schedule_schema import schedule_ticks
+from durable_dataflow.dataflow.schedules.schedule_schema import schedules as schedules_table
 from durable_dataflow.platform import Platform
 from support import flows
 from support.api_runs import Tokens, make_tokens

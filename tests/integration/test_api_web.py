@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from durable_dataflow.api.app import create_app
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.platform import Platform
 from support.api_runs import (
     Tokens,

@@ -1,4 +1,4 @@
-"""Issue 16, item 4: cancellation (dataflow/cancel.py), on both engines.
+"""Issue 16, item 4: cancellation (dataflow/protocol/cancel.py), on both engines.
 
 A queued run becomes ``cancelled / no_external_output``; a running attempt before dispatch
 authorization is closed under the fence (its later writes are refused) and the run becomes the same;
@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from durable_dataflow.core import checkpoints, ledger
+from durable_dataflow.core import checkpoints, crashpoints, ledger
 from durable_dataflow.core.errors import Conflict, StaleAttempt
-from durable_dataflow.dataflow import cancel, crashpoints, evidence
-from durable_dataflow.dataflow.requests import AccessContext, Provenance
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.protocol import cancel, evidence
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.platform import Platform
 from support import flows
 

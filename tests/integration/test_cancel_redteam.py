@@ -32,10 +32,12 @@ from fastapi.testclient import TestClient
 
 from durable_dataflow.api.app import create_app
 from durable_dataflow.api.auth import SESSION_COOKIE
+from durable_dataflow.core import crashpoints
 from durable_dataflow.core.errors import Conflict
-from durable_dataflow.dataflow import cancel, crashpoints, evidence, schedules
-from durable_dataflow.dataflow.requests import AccessContext, Provenance
-from durable_dataflow.dataflow.schedule_schema import schedules as schedules_table
+from durable_dataflow.dataflow.protocol import cancel, evidence
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
+from durable_dataflow.dataflow.schedules import schedules
+from durable_dataflow.dataflow.schedules.schedule_schema import schedules as schedules_table
 from durable_dataflow.dataflow.worker import Worker, WorkerOptions
 from durable_dataflow.platform import Platform
 from support import flows

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from durable_dataflow.core import fencing, leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, StaleAttempt
-from durable_dataflow.dataflow import runs
+from durable_dataflow.dataflow.protocol import runs
 
 MODULE = "test"
 

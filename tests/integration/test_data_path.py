@@ -15,13 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
-from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.execution import compute, sandbox
 from durable_dataflow.dataflow.execution.compute import execute
 from durable_dataflow.dataflow.execution.context import ExecutionContext
-from durable_dataflow.dataflow.limits import ExecutionLimits
-from durable_dataflow.dataflow.runs import RunStatus
-from durable_dataflow.dataflow.sources import resolve_sources
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits
+from durable_dataflow.dataflow.execution.sources import resolve_sources
+from durable_dataflow.dataflow.protocol.runs import RunStatus
 from durable_dataflow.platform import Platform
 from support import flows
 
@@ -195,10 +195,10 @@ MEMORY_PROBE = """
 import json, sys
 from pathlib import Path
 from durable_dataflow.core.errors import LimitExceeded
-from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.execution.context import ExecutionContext
 from durable_dataflow.dataflow.execution.compute import execute
-from durable_dataflow.dataflow.limits import ExecutionLimits
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits
 d = Definition.model_validate(json.loads(sys.argv[1]))
 base = Path(sys.argv[2])
 try:

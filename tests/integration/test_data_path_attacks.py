@@ -28,14 +28,14 @@ from fastapi.testclient import TestClient
 from durable_dataflow.api import tokens
 from durable_dataflow.api.app import create_app
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
-from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.execution import sandbox
 from durable_dataflow.dataflow.execution.compute import execute
 from durable_dataflow.dataflow.execution.context import ExecutionContext
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits
 from durable_dataflow.dataflow.execution.resultstream import ResultCollector
-from durable_dataflow.dataflow.limits import ExecutionLimits
-from durable_dataflow.dataflow.runs import RunStatus
-from durable_dataflow.dataflow.sources import resolve_sources
+from durable_dataflow.dataflow.execution.sources import resolve_sources
+from durable_dataflow.dataflow.protocol.runs import RunStatus
 from durable_dataflow.platform import Platform
 from support import flows
 from support.cli import make_cli
@@ -443,10 +443,10 @@ MEMORY_PROBE = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     from durable_dataflow.core.errors import LimitExceeded
-    from durable_dataflow.dataflow.definitions import Definition
+    from durable_dataflow.dataflow.definitions.definitions import Definition
     from durable_dataflow.dataflow.execution.context import ExecutionContext
     from durable_dataflow.dataflow.execution.compute import execute
-    from durable_dataflow.dataflow.limits import ExecutionLimits
+    from durable_dataflow.dataflow.execution.limits import ExecutionLimits
     d = Definition.model_validate(json.loads(sys.argv[1]))
     base = Path(sys.argv[2])
     try:
@@ -613,10 +613,10 @@ PG_MEMORY_PROBE = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     from durable_dataflow.core.errors import DataflowError
-    from durable_dataflow.dataflow.definitions import Definition
+    from durable_dataflow.dataflow.definitions.definitions import Definition
     from durable_dataflow.dataflow.execution.context import ExecutionContext
     from durable_dataflow.dataflow.execution.compute import execute
-    from durable_dataflow.dataflow.limits import ExecutionLimits
+    from durable_dataflow.dataflow.execution.limits import ExecutionLimits
     d = Definition.model_validate(json.loads(sys.argv[1]))
     base = Path(sys.argv[2])
     limits = ExecutionLimits(memory_bytes_max=64 * 1024**2, source_bytes_max=1024**2)

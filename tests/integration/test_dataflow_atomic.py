@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from durable_dataflow.core import checkpoints, hashing, ledger
+from durable_dataflow.core import checkpoints, crashpoints, hashing, ledger
 from durable_dataflow.core.errors import Conflict, InputError
 from durable_dataflow.core.schema import ledger_entries
-from durable_dataflow.dataflow import crashpoints, service, sweeper
-from durable_dataflow.dataflow.definitions import canonical_body, definition_hash
-from durable_dataflow.dataflow.runs import RunStatus
+from durable_dataflow.dataflow.definitions.definitions import canonical_body, definition_hash
+from durable_dataflow.dataflow.protocol import service, sweeper
+from durable_dataflow.dataflow.protocol.runs import RunStatus
 from durable_dataflow.dataflow.schema import definitions, run_results
 from durable_dataflow.platform import Platform
 from support import flows

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from durable_dataflow.core import checkpoints, ledger
+from durable_dataflow.core import checkpoints, crashpoints, ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.schema import ledger_entries
-from durable_dataflow.dataflow import crashpoints, forward, reconcile, sweeper, transitions
-from durable_dataflow.dataflow.requests import AccessContext, Provenance
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.protocol import forward, reconcile, sweeper, transitions
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.datasources import contract, registry
 from durable_dataflow.datasources.contract import PublicationRefs, PublishTarget
 from durable_dataflow.datasources.delta import DeltaProvider
@@ -158,7 +158,7 @@ def test_reconcile_absent_fences_and_resume_publishes_once(platform: Platform, t
     assert result.finding == "absent"
     assert (result.run.status, result.run.recovery_status) == ("failed", "reconciled_absent")
     stored = platform.runs.result_bytes(run.run_id)
-    from durable_dataflow.dataflow import results
+    from durable_dataflow.dataflow.execution import results
 
     late = DeltaProvider().publish(
         forward.publication_key(run), 1, results.decode_ipc(stored), str(run.output_digest), forward.publish_target(run)

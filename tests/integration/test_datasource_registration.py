@@ -20,10 +20,12 @@ from fastapi.testclient import TestClient
 from durable_dataflow import migrations
 from durable_dataflow.api import tokens
 from durable_dataflow.api.app import create_app
+from durable_dataflow.core import crashpoints
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError
-from durable_dataflow.dataflow import crashpoints, definitions, forward
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.definitions import definitions
+from durable_dataflow.dataflow.protocol import forward
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.datasources import contract, registry
 from durable_dataflow.datasources.contract import LOCATION_MISSING, Absent, Undecided
 from durable_dataflow.datasources.parquet_folder import ParquetFolderProvider

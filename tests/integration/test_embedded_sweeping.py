@@ -29,10 +29,10 @@ from fastapi.testclient import TestClient
 
 from durable_dataflow.api import tokens
 from durable_dataflow.api.app import create_app
-from durable_dataflow.core import leases, ledger
+from durable_dataflow.core import crashpoints, leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.schema import leases as lease_rows
-from durable_dataflow.dataflow import crashpoints, evidence, runs
+from durable_dataflow.dataflow.protocol import evidence, runs
 from durable_dataflow.platform import Platform
 from faults import harness
 from support.api_runs import web_login
@@ -48,8 +48,8 @@ CRASHER = """
 import sys
 from pathlib import Path
 
-from durable_dataflow.dataflow.definitions import load_definition
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.definitions.definitions import load_definition
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.platform import Platform
 
 url, definition, behind_s, key = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3]), sys.argv[4]

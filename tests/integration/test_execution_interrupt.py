@@ -13,13 +13,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from durable_dataflow.core import crashpoints
 from durable_dataflow.core.errors import Interrupted, LimitExceeded
-from durable_dataflow.dataflow import crashpoints, evidence, progress
-from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.definitions.definitions import Definition
+from durable_dataflow.dataflow.execution import progress
 from durable_dataflow.dataflow.execution.compute import execute
 from durable_dataflow.dataflow.execution.context import ExecutionContext
-from durable_dataflow.dataflow.interruption import Interruption
-from durable_dataflow.dataflow.limits import ExecutionLimits
+from durable_dataflow.dataflow.execution.interruption import Interruption
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits
+from durable_dataflow.dataflow.protocol import evidence
 from durable_dataflow.platform import Platform
 from support import flows
 

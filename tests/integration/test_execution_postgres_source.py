@@ -21,14 +21,18 @@ from psycopg import sql
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
 from durable_dataflow.core.secrets import SecretGrant, SecretScope
-from durable_dataflow.dataflow import postgres_source
-from durable_dataflow.dataflow.arrowdigest import output_digest
-from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.definitions.definitions import Definition
+from durable_dataflow.dataflow.execution import postgres_source
+from durable_dataflow.dataflow.execution.arrowdigest import output_digest
 from durable_dataflow.dataflow.execution.compute import execute
 from durable_dataflow.dataflow.execution.context import ExecutionContext
-from durable_dataflow.dataflow.limits import ExecutionLimits
-from durable_dataflow.dataflow.postgres_source import POSTGRES_FETCH_BATCH_ROWS, PostgresStream, check_query
-from durable_dataflow.dataflow.sources import resolve_sources
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits
+from durable_dataflow.dataflow.execution.postgres_source import (
+    POSTGRES_FETCH_BATCH_ROWS,
+    PostgresStream,
+    check_query,
+)
+from durable_dataflow.dataflow.execution.sources import resolve_sources
 from durable_dataflow.platform import Platform
 from support import flows
 

@@ -11,9 +11,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from durable_dataflow.dataflow import crashpoints, reconcile, sweeper
-from durable_dataflow.dataflow.requests import AccessContext, Provenance
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.core import crashpoints
+from durable_dataflow.dataflow.protocol import reconcile, sweeper
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.contract import LOCATION_MISSING, PublishTarget, Undecided
 from durable_dataflow.datasources.delta import DeltaProvider

@@ -12,9 +12,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from durable_dataflow.dataflow import evidence, reconcile, runs, transitions
-from durable_dataflow.dataflow.requests import AccessContext, Provenance
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.protocol import evidence, reconcile, runs, transitions
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.contract import (
     Capability,

@@ -15,11 +15,12 @@ from typer.testing import CliRunner
 from durable_dataflow.api import tokens
 from durable_dataflow.api.app import create_app
 from durable_dataflow.cli import app as cli_app
+from durable_dataflow.core import crashpoints
 from durable_dataflow.core.schema import checkpoints, leases, ledger_entries
-from durable_dataflow.dataflow import crashpoints, runs, views
-from durable_dataflow.dataflow.definitions import load_definition
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.definitions.definitions import load_definition
+from durable_dataflow.dataflow.protocol import runs, views
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.dataflow.schema import dataflow_runs
 from durable_dataflow.ops import ledger
 from durable_dataflow.platform import Platform

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from durable_dataflow.core import leases
+from durable_dataflow.core import crashpoints, leases
 from durable_dataflow.core.errors import InputError, NotFound
-from durable_dataflow.dataflow import crashpoints, partitions
-from durable_dataflow.dataflow.definitions import Definition, parse_definition
-from durable_dataflow.dataflow.partitions import PartitionState, PendingState
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.definitions.definitions import Definition, parse_definition
+from durable_dataflow.dataflow.protocol import partitions
+from durable_dataflow.dataflow.protocol.partitions import PartitionState, PendingState
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.dataflow.schema import dataflow_runs
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.delta import DeltaProvider

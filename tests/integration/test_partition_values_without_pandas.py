@@ -53,8 +53,8 @@ def test_typed_scalar_is_pa_scalar_cast(arrow_type: pa.DataType) -> None:
 CHILD = """
 import json, sys
 from pathlib import Path
-from durable_dataflow.dataflow.definitions import parse_definition
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.definitions.definitions import parse_definition
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.platform import Platform
 
 spec = json.loads(sys.argv[1])

@@ -22,10 +22,11 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 
+from durable_dataflow.core import crashpoints
 from durable_dataflow.core.errors import InputError
-from durable_dataflow.dataflow import crashpoints, forward
-from durable_dataflow.dataflow.definitions import Definition, definition_hash, parse_definition
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.definitions.definitions import Definition, definition_hash, parse_definition
+from durable_dataflow.dataflow.protocol import forward
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.contract import SUPERSEDED
 from durable_dataflow.datasources.delta import DeltaProvider

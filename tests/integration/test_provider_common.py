@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from durable_dataflow.core import crashpoints
 from durable_dataflow.core.hashing import sha256_bytes
-from durable_dataflow.dataflow import crashpoints
 from durable_dataflow.datasources import contract
 from durable_dataflow.datasources.contract import (
     Absent,

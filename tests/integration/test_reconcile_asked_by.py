@@ -19,9 +19,9 @@ from durable_dataflow import __version__
 from durable_dataflow.api.app import create_app
 from durable_dataflow.cli import app as cli_app
 from durable_dataflow.core import ledger
-from durable_dataflow.dataflow import evidence
-from durable_dataflow.dataflow.requests import AccessContext
-from durable_dataflow.dataflow.runs import MODULE
+from durable_dataflow.dataflow.protocol import evidence
+from durable_dataflow.dataflow.protocol.requests import AccessContext
+from durable_dataflow.dataflow.protocol.runs import MODULE
 from durable_dataflow.platform import Platform
 from support.api_runs import (
     Tokens,

@@ -33,10 +33,15 @@ import pytest
 import rfc8785
 
 from durable_dataflow.core import hashing, ledger
-from durable_dataflow.dataflow import arrowdigest, results
-from durable_dataflow.dataflow.definitions import Definition, canonical_body, definition_hash, parse_definition
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest, request_hash
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.definitions.definitions import (
+    Definition,
+    canonical_body,
+    definition_hash,
+    parse_definition,
+)
+from durable_dataflow.dataflow.execution import arrowdigest, results
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest, request_hash
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.platform import Platform
 from support import flows
 

@@ -20,9 +20,9 @@ import pytest
 import sqlalchemy as sa
 
 from durable_dataflow.core import ledger
-from durable_dataflow.dataflow import reconcile
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, asked_by
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.protocol import reconcile
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, asked_by
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.contract import (
     LOCATION_MISSING,

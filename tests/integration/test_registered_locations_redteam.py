@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from durable_dataflow.dataflow import reconcile
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, asked_by
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.protocol import reconcile
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, asked_by
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.contract import PublishTarget
 from durable_dataflow.datasources.parquet_folder import MARKER, ParquetFolderProvider

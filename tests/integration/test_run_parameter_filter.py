@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from durable_dataflow.core.errors import InputError
-from durable_dataflow.dataflow import runs
-from durable_dataflow.dataflow.definitions import load_definition
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.definitions.definitions import load_definition
+from durable_dataflow.dataflow.protocol import runs
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.platform import Platform
 
 DEFINITION = """\

@@ -11,13 +11,15 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from durable_dataflow.core import units
 from durable_dataflow.core.errors import InputError, NotFound
-from durable_dataflow.dataflow import schedules, units, workspace
-from durable_dataflow.dataflow.definitions import Definition
-from durable_dataflow.dataflow.requests import AccessContext
-from durable_dataflow.dataflow.runs import RunStatus
-from durable_dataflow.dataflow.schedule_schema import schedule_ticks
-from durable_dataflow.dataflow.schedule_schema import schedules as schedules_table
+from durable_dataflow.dataflow.definitions.definitions import Definition
+from durable_dataflow.dataflow.execution import workspace
+from durable_dataflow.dataflow.protocol.requests import AccessContext
+from durable_dataflow.dataflow.protocol.runs import RunStatus
+from durable_dataflow.dataflow.schedules import schedules
+from durable_dataflow.dataflow.schedules.schedule_schema import schedule_ticks
+from durable_dataflow.dataflow.schedules.schedule_schema import schedules as schedules_table
 from durable_dataflow.platform import Platform
 
 UTC = dt.UTC

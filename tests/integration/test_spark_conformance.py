@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from durable_dataflow.dataflow import definitions
-from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.definitions import definitions
+from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.execution.compute import ExecutionResult, execute
 from durable_dataflow.dataflow.execution.context import ExecutionContext
 

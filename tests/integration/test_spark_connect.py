@@ -36,11 +36,11 @@ from test_spark_hostile import (
 )
 
 from durable_dataflow.core.errors import DataflowError, ExecutionError, LimitExceeded
-from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.execution import spark_engine
 from durable_dataflow.dataflow.execution.compute import execute
 from durable_dataflow.dataflow.execution.context import ExecutionContext
-from durable_dataflow.dataflow.limits import SPARK_REMOTE_ENV, ExecutionLimits
+from durable_dataflow.dataflow.execution.limits import SPARK_REMOTE_ENV, ExecutionLimits
 from support.cli import EXAMPLES, make_cli
 from support.flows import delta_publications
 from support.spark_connect import ConnectServer, connect_server

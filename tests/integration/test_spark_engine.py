@@ -18,13 +18,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from durable_dataflow.core.errors import ExecutionError, InputError, LimitExceeded
-from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.execution import spark_engine
 from durable_dataflow.dataflow.execution.compute import ExecutionResult, execute, preflight
 
 # No importorskip: without pyspark or Java the `spark` marker skips these locally and fails them in CI.
 from durable_dataflow.dataflow.execution.context import ExecutionContext
-from durable_dataflow.dataflow.limits import ExecutionLimits
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits
 
 pytestmark = pytest.mark.spark
 
@@ -267,7 +267,7 @@ def test_progress_is_reported_while_executing(tmp_path: Path) -> None:
     """Proves a watched execution reports the executing phase while Spark works. The query cannot end
     before its 2 s time limit, and the watch reports every 0.5 s before it fires that limit, so the
     reports do not depend on how fast this machine is."""
-    from durable_dataflow.dataflow import progress
+    from durable_dataflow.dataflow.execution import progress
 
     seen: list[progress.Progress] = []
     sql = "select count(*) as n from range(200000) a cross join range(200000) b where a.id + b.id < 0"

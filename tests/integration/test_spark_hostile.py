@@ -31,13 +31,13 @@ import sqlalchemy as sa
 import yaml
 
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
-from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.execution import spark_engine, spark_gate
 from durable_dataflow.dataflow.execution.compute import execute, preflight
 
 # No importorskip: without pyspark or Java the `spark` marker skips these locally and fails them in CI.
 from durable_dataflow.dataflow.execution.context import ExecutionContext
-from durable_dataflow.dataflow.limits import ExecutionLimits
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits
 from support.cli import make_cli
 from support.hostile import canaries_in, start_server
 
@@ -561,10 +561,10 @@ def test_values_inside_in_is_refused_since_spark_reads_it_as_a_function(spark: A
 
 
 def test_a_decimal_parameter_of_38_digits_keeps_its_value() -> None:
-    """Hole (dataflow/parameters.py): the canonical form of a decimal parameter with more than 28
+    """Hole (dataflow/definitions/parameters.py): the canonical form of a decimal parameter with more than 28
     significant digits was rounded by Decimal.normalize()'s default context, e.g. 38 nines became 1E+38,
     which the Spark engine then refused as 39 digits and DuckDB bound as another number."""
-    from durable_dataflow.dataflow import parameters
+    from durable_dataflow.dataflow.definitions import parameters
 
     for value in ("12345678901234567890123456789012345678", "9" * 38, "-0.1234567890123456789012345678901234567"):
         assert parameters.coerce("decimal", value) == value

@@ -38,12 +38,13 @@ from hypothesis.stateful import (
 
 from durable_dataflow.core import fencing, leases
 from durable_dataflow.core.errors import Conflict, LeaseUnavailable, StaleAttempt
-from durable_dataflow.dataflow import evidence, forward, results, sweeper, transitions
-from durable_dataflow.dataflow import reconcile as reconciliation
+from durable_dataflow.dataflow.execution import results
 from durable_dataflow.dataflow.execution.compute import ExecutionResult
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
-from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
-from durable_dataflow.dataflow.service import Claim, RunService
+from durable_dataflow.dataflow.protocol import evidence, forward, sweeper, transitions
+from durable_dataflow.dataflow.protocol import reconcile as reconciliation
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.protocol.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
+from durable_dataflow.dataflow.protocol.service import Claim, RunService
 from durable_dataflow.datasources.contract import (
     AlreadyPublished,
     Fenced,

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from durable_dataflow.core import ledger
-from durable_dataflow.dataflow import crashpoints, runs, sweeper, transitions
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.core import crashpoints, ledger
+from durable_dataflow.dataflow.protocol import runs, sweeper, transitions
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.dataflow.schema import dataflow_runs
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.parquet_folder import ParquetFolderProvider

@@ -1,4 +1,4 @@
-"""The one transition table (dataflow/transitions.py): every terminal state carries a verified
+"""The one transition table (dataflow/protocol/transitions.py): every terminal state carries a verified
 checkpoint, ``verify`` compares the run projection with what the ledger implies, and damaged rows,
 entries or payloads are reported as "not verified at seq N", never as an internal error."""
 
@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from durable_dataflow.core import checkpoints, ledger
+from durable_dataflow.core import checkpoints, crashpoints, ledger
 from durable_dataflow.core.errors import Conflict
 from durable_dataflow.core.schema import ledger_entries
-from durable_dataflow.dataflow import crashpoints, evidence, runs, sweeper, transitions
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.protocol import evidence, runs, sweeper, transitions
+from durable_dataflow.dataflow.protocol.runs import Run
+from durable_dataflow.dataflow.protocol.transitions import TABLE, Outcome
 from durable_dataflow.dataflow.schema import dataflow_runs
-from durable_dataflow.dataflow.transitions import TABLE, Outcome
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.delta import DeltaProvider
 from durable_dataflow.platform import Platform

@@ -12,8 +12,8 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from durable_dataflow.api.app import create_app
-from durable_dataflow.dataflow.definitions import Definition
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.definitions.definitions import Definition
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.delta import DeltaProvider
 from durable_dataflow.datasources.testing import FaultInjectingProvider

@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError, StorageUnavailable
-from durable_dataflow.dataflow import evidence, runs
+from durable_dataflow.dataflow.protocol import evidence, runs
 from durable_dataflow.dataflow.worker import BACKOFF_MAX_S, Backoff, Worker, WorkerOptions
 from durable_dataflow.platform import Platform
 from faults import harness

@@ -18,9 +18,9 @@ import yaml
 from fastapi.testclient import TestClient
 
 from durable_dataflow.api import tokens
-from durable_dataflow.dataflow.definitions import load_definition
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.definitions.definitions import load_definition
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.parquet_folder import ParquetFolderProvider
 from durable_dataflow.datasources.testing import FaultInjectingProvider, PublishFault

@@ -18,10 +18,10 @@ CLI_TIMEOUT_S = 120
 # Environment that would change what the CLI does; each test sets what it needs explicitly.
 SCRUBBED_ENV = (
     "DATAFLOW_DB", "DATAFLOW_LEASE_TTL", "DATAFLOW_CRASH_AT", "DATAFLOW_PAUSE_AT", "DATAFLOW_EVIDENCE_KEY",
-    # The platform limits (dataflow/limits.py SETTINGS): a developer's own settings must not leak in.
+    # The platform limits (dataflow/execution/limits.py SETTINGS): a developer's own settings must not leak in.
     "DATAFLOW_TIME_LIMIT", "DATAFLOW_MEMORY_LIMIT", "DATAFLOW_THREADS", "DATAFLOW_TEMP_DIR", "DATAFLOW_TEMP_MAX",
     "DATAFLOW_SOURCE_BYTES_MAX", "DATAFLOW_RESULT_BYTES_MAX",
-    # Confinement (dataflow/workspace.py) and secrets.
+    # Confinement (dataflow/execution/workspace.py) and secrets.
     "DATAFLOW_GRANTS", "DATAFLOW_DATA_ROOT", "DATAFLOW_SINK_ROOT", "DATAFLOW_DATA_ROOTS",
     "DATAFLOW_ALLOW_ABSOLUTE_LOCATIONS", "DATAFLOW_SECRETS_DIR",
     # Where the Spark engine runs (dataflow/execution/spark_engine.py).

@@ -10,10 +10,10 @@ import sqlalchemy as sa
 import yaml
 
 from durable_dataflow.core import ledger
-from durable_dataflow.dataflow import reconcile, runs, transitions
-from durable_dataflow.dataflow.definitions import Definition, parse_definition
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
-from durable_dataflow.dataflow.runs import Run
+from durable_dataflow.dataflow.definitions.definitions import Definition, parse_definition
+from durable_dataflow.dataflow.protocol import reconcile, runs, transitions
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.contract import Provider
 from durable_dataflow.datasources.delta import DeltaProvider

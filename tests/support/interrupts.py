@@ -21,8 +21,8 @@ import sqlalchemy as sa
 
 from durable_dataflow.core import ledger
 from durable_dataflow.core.schema import leases
-from durable_dataflow.dataflow import evidence, runs
-from durable_dataflow.dataflow.runs import MODULE, Run
+from durable_dataflow.dataflow.protocol import evidence, runs
+from durable_dataflow.dataflow.protocol.runs import MODULE, Run
 from durable_dataflow.platform import Platform
 
 POLL_S = 0.05

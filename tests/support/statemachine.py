@@ -22,9 +22,9 @@ import sqlalchemy as sa
 
 from durable_dataflow.core import ledger
 from durable_dataflow.core.schema import checkpoints, leases, ledger_entries
-from durable_dataflow.dataflow import evidence, runs
-from durable_dataflow.dataflow.definitions import Definition, load_definition
-from durable_dataflow.dataflow.runs import MODULE, Mode, Run, RunStatus
+from durable_dataflow.dataflow.definitions.definitions import Definition, load_definition
+from durable_dataflow.dataflow.protocol import evidence, runs
+from durable_dataflow.dataflow.protocol.runs import MODULE, Mode, Run, RunStatus
 from durable_dataflow.dataflow.schema import dataflow_runs, definitions, run_results
 from durable_dataflow.platform import Platform
 

@@ -28,14 +28,15 @@ from durable_dataflow.core import hashing
 from durable_dataflow.core.errors import EvidenceError, InputError
 from durable_dataflow.core.hashing import is_digest
 from durable_dataflow.core.invariants import InvariantViolation
-from durable_dataflow.dataflow import arrowdigest, evidence, results
-from durable_dataflow.dataflow.arrowdigest import (
+from durable_dataflow.dataflow.execution import arrowdigest, results
+from durable_dataflow.dataflow.execution.arrowdigest import (
     DIGEST_FORMAT_VERSION,
     DIGEST_THREADS_MAX,
     OutputDigester,
     output_digest,
     output_digest_v2,
 )
+from durable_dataflow.dataflow.protocol import evidence
 from durable_dataflow.dataflow.schema import run_results
 
 ROWS = 1_000
@@ -373,7 +374,7 @@ def test_digesting_stored_bytes_does_not_import_pandas(tmp_path: Path) -> None:
     probe = (
         "import json, sys\n"
         "from pathlib import Path\n"
-        "from durable_dataflow.dataflow import arrowdigest, results\n"
+        "from durable_dataflow.dataflow.execution import arrowdigest, results\n"
         f"table = results.decode_ipc(Path({str(stored)!r}).read_bytes())\n"
         "digests = [arrowdigest.output_digest(table), arrowdigest.output_digest_v2(table)]\n"
         "before = 'pandas' in sys.modules\n"

@@ -39,27 +39,27 @@ OWNERS: dict[tuple[str, str], tuple[frozenset[str], str]] = {
         "a checkpoint is written only after its chain and facts verify, in the caller's transaction",
     ),
     ("dataflow.schema", "definitions"): (
-        frozenset({"dataflow.catalog"}),
+        frozenset({"dataflow.definitions.catalog"}),
         "the content-addressed definitions catalogue: stored once per hash, read by the service, CLI, Ops",
     ),
     ("dataflow.schema", "dataflow_runs"): (
-        frozenset({"dataflow.runs"}),
+        frozenset({"dataflow.protocol.runs"}),
         "the DataflowRun projection: insert, update (attempt-guarded), claim, lookups, listings, counts",
     ),
     ("dataflow.schema", "run_results"): (
-        frozenset({"dataflow.results"}),
+        frozenset({"dataflow.execution.results"}),
         "stored result bytes: written in the atomic terminal commit, read for export",
     ),
     ("dataflow.schema", "partition_tokens"): (
-        frozenset({"dataflow.partition_tokens"}),
+        frozenset({"dataflow.protocol.partition_tokens"}),
         "the monotonic token per partition of a replace_partition target, taken in the pre-dispatch commit",
     ),
-    ("dataflow.schedule_schema", "schedules"): (
-        frozenset({"dataflow.schedules"}),
+    ("dataflow.schedules.schedule_schema", "schedules"): (
+        frozenset({"dataflow.schedules.schedules"}),
         "applied schedules per tenant and definition name: apply, pause, list",
     ),
-    ("dataflow.schedule_schema", "schedule_ticks"): (
-        frozenset({"dataflow.schedules"}),
+    ("dataflow.schedules.schedule_schema", "schedule_ticks"): (
+        frozenset({"dataflow.schedules.schedules"}),
         "one decision per tick, exactly once (insert-or-ignore on its primary key)",
     ),
     ("datasources.schema", "datasources"): (
@@ -89,7 +89,7 @@ class Import:
 
 @dataclass
 class Module:
-    name: str  # dotted, without the package prefix ("dataflow.service"; "" for the package itself)
+    name: str  # dotted, without the package prefix ("dataflow.protocol.service"; "" for the package itself)
     path: Path
     tree: ast.Module
     is_package: bool
@@ -271,7 +271,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_importing_a_submodule_runs_its_packages_first() -> None:
-    assert _packages_run_first("dataflow.sources", "datasources.contract") == ["datasources"]
+    assert _packages_run_first("dataflow.execution.sources", "datasources.contract") == ["datasources"]
     assert _packages_run_first("datasources.registry", "datasources.contract") == []
     assert _packages_run_first("cli", "cli.common") == []
 
@@ -373,7 +373,7 @@ def test_the_private_name_check_sees_both_forms(tmp_path: Path) -> None:
     source = (
         "from durable_dataflow.core.db import _sqlite_file\n"
         "from durable_dataflow.core import db\n"
-        "from durable_dataflow.dataflow.runs import Run\n"
+        "from durable_dataflow.dataflow.protocol.runs import Run\n"
         "def f(row):\n"
         "    return db._postgres_engine, Run._private, row._mapping, db.__name__\n"
     )

@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from durable_dataflow.core.errors import ExecutionError, InputError
-from durable_dataflow.dataflow import definitions
-from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.definitions import definitions
+from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.execution.compute import execute
 from durable_dataflow.dataflow.execution.context import ExecutionContext
-from durable_dataflow.dataflow.limits import ExecutionLimits
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits
 from support import flows
 
 BAD_VALUE = "abc-not-a-number"

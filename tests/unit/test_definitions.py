@@ -13,8 +13,8 @@ import yaml
 
 from durable_dataflow.core import hashing
 from durable_dataflow.core.errors import InputError
-from durable_dataflow.dataflow import definitions, parameters
-from durable_dataflow.dataflow.definitions import Definition, SecretRef
+from durable_dataflow.dataflow.definitions import definitions, parameters
+from durable_dataflow.dataflow.definitions.definitions import Definition, SecretRef
 from support import flows
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

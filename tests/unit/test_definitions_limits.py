@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from durable_dataflow.core.errors import InputError
-from durable_dataflow.dataflow import definitions
-from durable_dataflow.dataflow.definitions import Definition, DefinitionLimits
+from durable_dataflow.dataflow.definitions import definitions
+from durable_dataflow.dataflow.definitions.definitions import Definition, DefinitionLimits
 from support import flows
 
 MINIMAL = flows.MINIMAL_YAML

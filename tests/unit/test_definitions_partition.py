@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from durable_dataflow.core.errors import InputError
-from durable_dataflow.dataflow.definitions import parse_definition
-from durable_dataflow.dataflow.parameters import resolve_partition
+from durable_dataflow.dataflow.definitions.definitions import parse_definition
+from durable_dataflow.dataflow.definitions.parameters import resolve_partition
 from support import flows
 
 

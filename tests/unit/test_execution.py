@@ -18,14 +18,20 @@ import pytest
 from durable_dataflow.core import hashing
 from durable_dataflow.core.errors import ExecutionError, InputError, LimitExceeded
 from durable_dataflow.core.secrets import SecretScope
-from durable_dataflow.dataflow import definitions, results
-from durable_dataflow.dataflow.arrowdigest import output_digest
-from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.definitions import definitions
+from durable_dataflow.dataflow.definitions.definitions import Definition
+from durable_dataflow.dataflow.execution import results
+from durable_dataflow.dataflow.execution.arrowdigest import output_digest
 from durable_dataflow.dataflow.execution.compute import execute
 from durable_dataflow.dataflow.execution.context import ExecutionContext
-from durable_dataflow.dataflow.limits import ExecutionLimits
-from durable_dataflow.dataflow.sources import ArrowTable, ResolvedSource, resolve_sources, source_fingerprint_digest
-from durable_dataflow.dataflow.workspace import DATA_ROOTS_ENV
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits
+from durable_dataflow.dataflow.execution.sources import (
+    ArrowTable,
+    ResolvedSource,
+    resolve_sources,
+    source_fingerprint_digest,
+)
+from durable_dataflow.dataflow.execution.workspace import DATA_ROOTS_ENV
 from support import flows
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from durable_dataflow.core import units
 from durable_dataflow.core.errors import InputError
-from durable_dataflow.dataflow import definitions, limits, units
-from durable_dataflow.dataflow.definitions import DefinitionLimits
-from durable_dataflow.dataflow.limits import ExecutionLimits, GiB, MiB, TiB
+from durable_dataflow.dataflow.definitions import definitions
+from durable_dataflow.dataflow.definitions.definitions import DefinitionLimits
+from durable_dataflow.dataflow.execution import limits
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits, GiB, MiB, TiB
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PLATFORM = ExecutionLimits(

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from durable_dataflow.core.errors import InputError
-from durable_dataflow.dataflow import results
+from durable_dataflow.dataflow.execution import results
 
 
 def test_bytes_that_are_not_utf8_are_refused_by_csv_and_written_by_json_and_parquet() -> None:

@@ -10,12 +10,12 @@ import pyarrow as pa
 import pytest
 
 from durable_dataflow.core.errors import ExecutionError, InputError, LimitExceeded
-from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.execution import sandbox
 from durable_dataflow.dataflow.execution.compute import execute, preflight
 from durable_dataflow.dataflow.execution.context import ExecutionContext
-from durable_dataflow.dataflow.limits import ExecutionLimits
-from durable_dataflow.dataflow.sources import ArrowTable, ResolvedSource
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits
+from durable_dataflow.dataflow.execution.sources import ArrowTable, ResolvedSource
 
 THREADS = 2
 RUNS_PER_THREAD = 15

@@ -11,9 +11,10 @@ import pytest
 import yaml
 
 from durable_dataflow.core.errors import InputError
-from durable_dataflow.dataflow import definitions, schedules
-from durable_dataflow.dataflow.definitions import Definition, canonical_body, definition_hash
-from durable_dataflow.dataflow.schedule_spec import ScheduleSpec, Tick, instant_of, render
+from durable_dataflow.dataflow.definitions import definitions
+from durable_dataflow.dataflow.definitions.definitions import Definition, canonical_body, definition_hash
+from durable_dataflow.dataflow.definitions.schedule_spec import ScheduleSpec, Tick, instant_of, render
+from durable_dataflow.dataflow.schedules import schedules
 from support import flows
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

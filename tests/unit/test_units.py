@@ -7,7 +7,7 @@ import datetime as dt
 from hypothesis import given
 from hypothesis import strategies as st
 
-from durable_dataflow.dataflow import units
+from durable_dataflow.core import units
 
 AWARE = st.datetimes(
     min_value=dt.datetime(1, 1, 2), max_value=dt.datetime(9999, 12, 30), timezones=st.timezones(),

@@ -10,8 +10,8 @@ import pytest
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, PermissionDenied
 from durable_dataflow.core.secrets import SecretScope
-from durable_dataflow.dataflow import workspace
-from durable_dataflow.dataflow.workspace import Tenancy, Workspace
+from durable_dataflow.dataflow.execution import workspace
+from durable_dataflow.dataflow.execution.workspace import Tenancy, Workspace
 from durable_dataflow.datasources.registry import Datasource
 
 CANARY = "canary-7d1c0e"

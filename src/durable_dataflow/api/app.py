@@ -27,7 +27,7 @@ from durable_dataflow.api.metrics import Metrics
 from durable_dataflow.api.operations import Caller
 from durable_dataflow.api.tokens import Role
 from durable_dataflow.core.errors import DataflowError, InputError, Unauthenticated
-from durable_dataflow.dataflow import workspace
+from durable_dataflow.dataflow.execution import workspace
 from durable_dataflow.platform import Platform
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -44,7 +44,7 @@ def create_app(
     body_bytes_max: int | None = None,
 ) -> FastAPI:
     """The application over ``platform``. Each tenant's sources resolve under ``<data_root>/<tenant>``
-    and its file sinks under ``<sink_root>/<tenant>`` (``dataflow.workspace.server_tenancy``: an
+    and its file sinks under ``<sink_root>/<tenant>`` (``dataflow.execution.workspace.server_tenancy``: an
     implicit root that would expose the working directory, the database or the secrets refuses).
     Request bodies over ``body_bytes_max`` (else $DATAFLOW_API_BODY_BYTES_MAX, else 4 MiB) answer 413."""
     app = FastAPI(

@@ -13,7 +13,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from durable_dataflow.core.db import Database
-from durable_dataflow.dataflow import evidence
+from durable_dataflow.dataflow.protocol import evidence
 from durable_dataflow.ops import ledger as ops_ledger
 
 # Which ledger entry kinds count as which attempt outcome.

@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from durable_dataflow.api import errors
 from durable_dataflow.core.errors import InputError
-from durable_dataflow.dataflow.definitions import parse_size
+from durable_dataflow.dataflow.definitions.definitions import parse_size
 
 BODY_BYTES_MAX_VARIABLE = "DATAFLOW_API_BODY_BYTES_MAX"
 # Far above any real request (a definition is at most 1 MiB), far below what hurts a server.

@@ -16,16 +16,16 @@ from datetime import datetime
 from typing import Any
 
 from durable_dataflow.api.tokens import TokenInfo
-from durable_dataflow.core import checkpoints, ledger
+from durable_dataflow.core import checkpoints, ledger, units
 from durable_dataflow.core.errors import InputError, NotFound, PermissionDenied
-from durable_dataflow.dataflow import cancel, reconcile, runs, transitions, units, views
-from durable_dataflow.dataflow.definitions import parse_definition
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
-from durable_dataflow.dataflow.runs import MODULE, Run
-from durable_dataflow.dataflow.service import Submission
-from durable_dataflow.dataflow.units import US_PER_S
-from durable_dataflow.dataflow.views import RunView
-from durable_dataflow.dataflow.workspace import Tenancy
+from durable_dataflow.core.units import US_PER_S
+from durable_dataflow.dataflow.definitions.definitions import parse_definition
+from durable_dataflow.dataflow.execution.workspace import Tenancy
+from durable_dataflow.dataflow.protocol import cancel, reconcile, runs, transitions, views
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.protocol.runs import MODULE, Run
+from durable_dataflow.dataflow.protocol.service import Submission
+from durable_dataflow.dataflow.protocol.views import RunView
 from durable_dataflow.ops import ledger as ops_ledger
 from durable_dataflow.platform import Platform
 

@@ -1,6 +1,6 @@
 """Schedules and backfills in the JSON API under /v1 (docs/api.md, docs/schedules.md): the same facts
 and refusals as ``dataflow schedules …`` and ``dataflow backfill``, through the same functions
-(``dataflow.schedules``, ``dataflow.backfill``), for the caller's tenant only.
+(``dataflow.schedules.schedules``, ``dataflow.schedules.backfill``), for the caller's tenant only.
 
 A schedule of another tenant answers 404 exactly like one that does not exist; a platform operator
 token answers 403 on every route here (a schedule is a tenant's). The server's database clock is
@@ -20,9 +20,9 @@ from durable_dataflow.api.bodies import body_openapi, json_body
 from durable_dataflow.api.operations import Caller
 from durable_dataflow.api.tokens import Role
 from durable_dataflow.core.errors import InputError
-from durable_dataflow.dataflow import backfill, schedules
-from durable_dataflow.dataflow.definitions import Definition
-from durable_dataflow.dataflow.schedule_spec import SCHEDULE_PARAMETERS_MAX
+from durable_dataflow.dataflow.definitions.definitions import Definition
+from durable_dataflow.dataflow.definitions.schedule_spec import SCHEDULE_PARAMETERS_MAX
+from durable_dataflow.dataflow.schedules import backfill, schedules
 from durable_dataflow.platform import Platform
 
 router = APIRouter(prefix="/v1", tags=["schedules"])

@@ -16,9 +16,13 @@ from durable_dataflow.api.auth import api_caller, platform_of
 from durable_dataflow.api.bodies import body_openapi, json_body
 from durable_dataflow.api.operations import Caller
 from durable_dataflow.api.tokens import Role
-from durable_dataflow.dataflow import partitions, runs
-from durable_dataflow.dataflow.requests import IDEMPOTENCY_KEY_CHARS_MAX, MAX_ATTEMPTS_DEFAULT, MAX_ATTEMPTS_LIMIT
-from durable_dataflow.dataflow.runs import RecoveryStatus, RunStatus
+from durable_dataflow.dataflow.protocol import partitions, runs
+from durable_dataflow.dataflow.protocol.requests import (
+    IDEMPOTENCY_KEY_CHARS_MAX,
+    MAX_ATTEMPTS_DEFAULT,
+    MAX_ATTEMPTS_LIMIT,
+)
+from durable_dataflow.dataflow.protocol.runs import RecoveryStatus, RunStatus
 from durable_dataflow.datasources import registry
 from durable_dataflow.ops import ledger as ops_ledger
 

@@ -25,8 +25,9 @@ from durable_dataflow.api.errors import HTTP_STATUS_BY_CODE
 from durable_dataflow.api.tokens import Role
 from durable_dataflow.core.errors import DataflowError, Unauthenticated
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import partitions, runs, schedules, views
-from durable_dataflow.dataflow.runs import RecoveryStatus, RunStatus
+from durable_dataflow.dataflow.protocol import partitions, runs, views
+from durable_dataflow.dataflow.protocol.runs import RecoveryStatus, RunStatus
+from durable_dataflow.dataflow.schedules import schedules
 from durable_dataflow.ops import ledger as ops_ledger
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))

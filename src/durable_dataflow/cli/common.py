@@ -35,12 +35,12 @@ from rich.text import Text
 from durable_dataflow.core.errors import DataflowError, InputError
 from durable_dataflow.core.invariants import invariant
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import limits
-from durable_dataflow.dataflow.units import US_PER_S
+from durable_dataflow.core.units import US_PER_S
+from durable_dataflow.dataflow.execution import limits
 
 if TYPE_CHECKING:
-    from durable_dataflow.dataflow.runs import Run
-    from durable_dataflow.dataflow.views import RunView
+    from durable_dataflow.dataflow.protocol.runs import Run
+    from durable_dataflow.dataflow.protocol.views import RunView
     from durable_dataflow.platform import Platform
 
 # Exit statuses of a run's outcome (``run``, ``reconcile``).
@@ -260,7 +260,7 @@ def run_json(run: Run | RunView, **extra: Any) -> dict[str, Any]:
 
 def view_of(run: Run | RunView) -> RunView:
     """A run as shown: a read view as it is; a run a write returned, without its lease (``views.plain``)."""
-    from durable_dataflow.dataflow import views
+    from durable_dataflow.dataflow.protocol import views
 
     return run if isinstance(run, views.RunView) else views.plain(run)
 
@@ -269,7 +269,7 @@ def as_shown(platform: Platform, run: Run) -> RunView:
     """The run as every read view shows it now (``views.load_one``: its lease read on the database clock).
     `run` and `submit` print their run this way, so a replay of a run whose process died after its dispatch
     authorization says UNRESOLVED and exits 3, as `show`, Ops and the API say, not ``running``."""
-    from durable_dataflow.dataflow import views
+    from durable_dataflow.dataflow.protocol import views
 
     with platform.db.read() as conn:
         return views.load_one(conn, platform.db, run)
@@ -285,7 +285,7 @@ def status_text(run: Run | RunView) -> Text:
 
     The recovery status is shown beside it, in its own column or row.
     """
-    from durable_dataflow.dataflow.runs import RunStatus
+    from durable_dataflow.dataflow.protocol.runs import RunStatus
 
     view = view_of(run)
     if view.unresolved:
@@ -303,13 +303,13 @@ def short_id(run_id: str) -> str:
 
 def time_text(us: int | None) -> str:
     """ISO 8601 with milliseconds, UTC (``views.time_text``)."""
-    from durable_dataflow.dataflow import views
+    from durable_dataflow.dataflow.protocol import views
 
     return views.time_text(us)
 
 
 def age_text(us: int, now_s: float | None = None) -> str:
-    from durable_dataflow.dataflow import views
+    from durable_dataflow.dataflow.protocol import views
 
     return views.age_text((now_s if now_s is not None else time.time()) - us / US_PER_S)
 
@@ -323,7 +323,7 @@ def short_payload(payload: Mapping[str, Any]) -> str:
 
 def print_warning_block(console: Console, shown: Run | RunView, ctx: typer.Context) -> None:
     """The loud block an unresolved run gets wherever it is shown in detail."""
-    from durable_dataflow.dataflow.runs import RunStatus
+    from durable_dataflow.dataflow.protocol.runs import RunStatus
 
     view = view_of(shown)
     run = view.run
@@ -346,7 +346,7 @@ def print_warning_block(console: Console, shown: Run | RunView, ctx: typer.Conte
 def run_exit_code(shown: Run | RunView) -> int:
     """A run's outcome as an exit status: 0 succeeded, 1 failed, 3 unresolved (as shown: a read view's
     expired attempt after dispatch authorization too), 9 not finished."""
-    from durable_dataflow.dataflow.runs import RunStatus
+    from durable_dataflow.dataflow.protocol.runs import RunStatus
 
     view = view_of(shown)
     run = view.run

@@ -103,7 +103,7 @@ def forget_command(
     location afresh. Recorded in the ledger with who asked. Without --yes nothing is changed (exit 2)."""
     from durable_dataflow.core import ledger
     from durable_dataflow.core.errors import InputError
-    from durable_dataflow.dataflow.requests import AccessContext, Provenance, asked_by
+    from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, asked_by
     from durable_dataflow.datasources import registry
 
     whose = check_tenant(tenant)

@@ -29,7 +29,7 @@ def list_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the definitions as a JSON list.")] = False,
 ) -> None:
     """Every stored definition: name, version, hash and when it was first registered."""
-    from durable_dataflow.dataflow import catalog
+    from durable_dataflow.dataflow.definitions import catalog
 
     with common.open_platform(ctx) as platform, platform.db.read() as conn:
         stored = catalog.list_definitions(conn)
@@ -56,7 +56,7 @@ def show_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the stored definition as JSON.")] = False,
 ) -> None:
     """One stored definition's canonical body, exactly as runs of it execute."""
-    from durable_dataflow.dataflow import catalog
+    from durable_dataflow.dataflow.definitions import catalog
 
     with common.open_platform(ctx) as platform, platform.db.read() as conn:
         stored = catalog.get_definition(conn, name_or_hash)
@@ -73,7 +73,7 @@ def show_command(
 
 def schema_command() -> None:
     """Print the JSON Schema of a definition document."""
-    from durable_dataflow.dataflow.definitions import json_schema
+    from durable_dataflow.dataflow.definitions.definitions import json_schema
 
     common.emit_json(json_schema())
 

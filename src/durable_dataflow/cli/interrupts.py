@@ -3,7 +3,7 @@
 A Python signal handler runs in the main thread between two bytecodes, so a query the main thread waits
 on in DuckDB or Spark would delay it until the query ends. The run is therefore carried by a thread of
 its own while the main thread only waits for it, free to run the handler at once. The first signal asks
-the run service to stop (dataflow.interruption): its engine stops within a second, and an attempt not yet
+the run service to stop (dataflow.execution.interruption): its engine stops within a second, and an attempt not yet
 authorized to dispatch ends ``cancelled``; a publication already authorized is finished. A second signal
 stops waiting: attempts not yet authorized are cancelled from here (under the fence, as an operator's
 cancel), an authorized one is left to the sweeper as a crash would leave it, and the command exits 130.
@@ -21,7 +21,7 @@ from types import FrameType
 from typing import TypeVar
 
 from durable_dataflow.cli import common
-from durable_dataflow.dataflow.interruption import POLL_S, Interruption
+from durable_dataflow.dataflow.execution.interruption import POLL_S, Interruption
 
 T = TypeVar("T")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)

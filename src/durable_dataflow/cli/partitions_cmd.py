@@ -3,7 +3,7 @@
 
 Each line shows the partition's current publication (run, key, definition hash, output digest, rows,
 published at) and the runs of it that are queued, running, unresolved or failed after it; the days of a
-date range that have no run are listed missing. It reads ``dataflow.partitions``, as the API and the
+date range that have no run are listed missing. It reads ``dataflow.protocol.partitions``, as the API and the
 page do. Whoever holds the database URL is the platform operator, so the command needs no token.
 """
 
@@ -20,7 +20,7 @@ from durable_dataflow.core.names import check_tenant
 from durable_dataflow.core.text import printable
 
 if TYPE_CHECKING:
-    from durable_dataflow.dataflow.partitions import PartitionStatus
+    from durable_dataflow.dataflow.protocol.partitions import PartitionStatus
 
 # The characters of a definition hash or output digest shown in the table (the JSON form has them whole).
 DIGEST_CHARS_SHOWN = 12
@@ -45,7 +45,7 @@ def partitions_command(
     """One line per partition value: its current publication and the runs after it (queued, running,
     unresolved, failed); a date range's days without a run are missing. Exit 3 when a run is unresolved,
     4 when the tenant has no partitioned run of the datasource."""
-    from durable_dataflow.dataflow import partitions
+    from durable_dataflow.dataflow.protocol import partitions
 
     whose = check_tenant(tenant)
     with common.open_platform(ctx) as platform, platform.db.read() as conn:

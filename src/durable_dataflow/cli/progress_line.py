@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from rich.text import Text
 
 from durable_dataflow.cli import common
-from durable_dataflow.dataflow.progress import Phase, Progress, ProgressSink
+from durable_dataflow.dataflow.execution.progress import Phase, Progress, ProgressSink
 
 
 def describe(name: str, report: Progress, elapsed_s: float) -> str:

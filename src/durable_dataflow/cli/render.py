@@ -15,8 +15,8 @@ from rich.text import Text
 
 from durable_dataflow.cli import common
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow.runs import Run, parameters_text
-from durable_dataflow.dataflow.views import RunView
+from durable_dataflow.dataflow.protocol.runs import Run, parameters_text
+from durable_dataflow.dataflow.protocol.views import RunView
 
 # The history's parameters cell is cut here, with an ellipsis: `runs --json` carries every value whole.
 PARAMETERS_CELL_CHARS_MAX = 40

@@ -13,13 +13,18 @@ from durable_dataflow.cli import common, interrupts, progress_line, render
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import runs, views
-from durable_dataflow.dataflow.requests import MAX_ATTEMPTS_DEFAULT, AccessContext, Provenance, RunRequest
-from durable_dataflow.dataflow.runs import Run, RunStatus
+from durable_dataflow.dataflow.protocol import runs, views
+from durable_dataflow.dataflow.protocol.requests import (
+    MAX_ATTEMPTS_DEFAULT,
+    AccessContext,
+    Provenance,
+    RunRequest,
+)
+from durable_dataflow.dataflow.protocol.runs import Run, RunStatus
 
 if TYPE_CHECKING:  # `run` and `reconcile` import what they execute with; `runs` reads only
-    from durable_dataflow.dataflow import reconcile
-    from durable_dataflow.dataflow.definitions import LoadedDefinition
+    from durable_dataflow.dataflow.definitions.definitions import LoadedDefinition
+    from durable_dataflow.dataflow.protocol import reconcile
     from durable_dataflow.platform import Platform
 
 PARAMS_MAX = 100
@@ -92,7 +97,7 @@ def run_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON.")] = False,
 ) -> None:
     """Register, submit and execute a dataflow in this process, then print the run."""
-    from durable_dataflow.dataflow.definitions import load_definition
+    from durable_dataflow.dataflow.definitions.definitions import load_definition
 
     loaded = load_definition(file)
     request = build_request(loaded, param, idempotency_key, tenant, max_attempts)
@@ -203,7 +208,7 @@ def reconcile_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the finding and the run as JSON.")] = False,
 ) -> None:
     """Settle an outcome_unknown run by inspecting the sink with its idempotency key."""
-    from durable_dataflow.dataflow import reconcile
+    from durable_dataflow.dataflow.protocol import reconcile
 
     with common.open_platform(ctx) as platform:
         full_id, access = _operator_of(platform, run_id)
@@ -251,7 +256,7 @@ def cancel_command(
     """Cancel a queued run, or a running one before its dispatch authorization (its attempt is fenced
     off: it commits nothing more). After authorization a publication may exist: refused (exit 5) with
     the reconcile instruction."""
-    from durable_dataflow.dataflow import cancel
+    from durable_dataflow.dataflow.protocol import cancel
 
     with common.open_platform(ctx) as platform:
         full_id, access = _operator_of(platform, run_id)

@@ -23,10 +23,11 @@ from durable_dataflow.cli import runs as cli_runs
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import backfill as backfill_mod
-from durable_dataflow.dataflow import schedules, workspace
-from durable_dataflow.dataflow.definitions import LoadedDefinition, load_definition
-from durable_dataflow.dataflow.requests import AccessContext, Provenance
+from durable_dataflow.dataflow.definitions.definitions import LoadedDefinition, load_definition
+from durable_dataflow.dataflow.execution import workspace
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
+from durable_dataflow.dataflow.schedules import backfill as backfill_mod
+from durable_dataflow.dataflow.schedules import schedules
 from durable_dataflow.platform import Platform
 
 schedules_app = typer.Typer(

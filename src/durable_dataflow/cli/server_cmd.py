@@ -30,7 +30,7 @@ from durable_dataflow.cli import common
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError, StorageUnavailable
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import sweeper
+from durable_dataflow.dataflow.protocol import sweeper
 from durable_dataflow.dataflow.worker import SWEEP_INTERVAL_S_DEFAULT
 from durable_dataflow.platform import Platform
 
@@ -47,7 +47,7 @@ ops_app = typer.Typer(help="Ops: the read-only, platform-wide ledger projection.
 
 class ServeSweeper:
     """The sweeper of `dataflow serve`: every ``interval_s`` it decides the expired attempts of the
-    platform database (``dataflow.sweeper.sweep``), as every worker does, so an embedded deployment
+    platform database (``dataflow.protocol.sweeper.sweep``), as every worker does, so an embedded deployment
     with no worker still turns a crashed attempt into ``outcome_unknown`` or a retry. Many sweepers at
     once are safe (exactly one decides each attempt). A background thread; :meth:`stop` ends it
     between two sweeps and waits for it."""

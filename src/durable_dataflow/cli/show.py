@@ -19,9 +19,10 @@ from durable_dataflow.cli import common, render
 from durable_dataflow.core import checkpoints, ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow import results, runs, transitions, views
-from durable_dataflow.dataflow.results import EXPORT_FORMATS, ExportFormat
-from durable_dataflow.dataflow.runs import MODULE
+from durable_dataflow.dataflow.execution import results
+from durable_dataflow.dataflow.execution.results import EXPORT_FORMATS, ExportFormat
+from durable_dataflow.dataflow.protocol import runs, transitions, views
+from durable_dataflow.dataflow.protocol.runs import MODULE
 
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run id (or its tail as `runs` shows it).")]
 

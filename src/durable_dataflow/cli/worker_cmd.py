@@ -24,9 +24,9 @@ from durable_dataflow.cli import runs as cli_runs
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError, StorageUnavailable
 from durable_dataflow.dataflow import worker as worker_loop
-from durable_dataflow.dataflow.definitions import load_definition
-from durable_dataflow.dataflow.requests import MAX_ATTEMPTS_DEFAULT
-from durable_dataflow.dataflow.views import RunView
+from durable_dataflow.dataflow.definitions.definitions import load_definition
+from durable_dataflow.dataflow.protocol.requests import MAX_ATTEMPTS_DEFAULT
+from durable_dataflow.dataflow.protocol.views import RunView
 from durable_dataflow.platform import Platform
 
 OPEN_TRIES_MAX = 12  # with the back-off doubling from 0.1 s to 10 s: about a minute of outage

@@ -85,6 +85,6 @@ class Unauthenticated(DataflowError):
 
 class Interrupted(DataflowError):
     """The process was told to stop (SIGINT, SIGTERM) while it executed: not a failure of the run.
-    Before dispatch authorization the run is cancelled (dataflow.cancel.interrupt)."""
+    Before dispatch authorization the run is cancelled (dataflow.protocol.cancel.interrupt)."""
 
     code = "interrupted"

@@ -47,7 +47,7 @@ dataflow_runs = sa.Table(
     sa.Column("access_context_digest", sa.String(HASH), nullable=False),
     sa.Column("target_json", sa.Text, nullable=True),
     sa.Column("base_dir", sa.String(2000), nullable=False),
-    # The run's workspace (dataflow.workspace): roots, sink root, scope; NULL for older runs.
+    # The run's workspace (dataflow.execution.workspace): roots, sink root, scope; NULL for older runs.
     sa.Column("workspace_json", sa.Text, nullable=True),
     sa.Column("row_count", sa.BigInteger, nullable=True),
     sa.Column("output_digest", sa.String(HASH), nullable=True),
@@ -65,7 +65,7 @@ dataflow_runs = sa.Table(
     # A run whose target has a partition (mode replace_partition): the target's datasource and the
     # partition's values, {column: canonical value} as RFC 8785 JSON; NULL for every other run. They are
     # the run's target and parameters, resolved once at submit, so partition status reads a datasource's
-    # partitioned runs by the index below instead of parsing every run's target (dataflow.partitions).
+    # partitioned runs by the index below instead of parsing every run's target (dataflow.protocol.partitions).
     sa.Column("partition_datasource", sa.String(200), nullable=True),
     sa.Column("partition_json", sa.Text, nullable=True),
     sa.UniqueConstraint("tenant", "idempotency_key", name="uq_dataflow_runs_tenant_key"),
@@ -93,7 +93,7 @@ run_results = sa.Table(
     sa.Column("bytes", sa.LargeBinary, nullable=False),
 )
 
-# The monotonic partition token per tenant, datasource and partition (dataflow.partition_tokens): taken
+# The monotonic partition token per tenant, datasource and partition (dataflow.protocol.partition_tokens): taken
 # in each pre-dispatch commit of a replace_partition run, so the later authorized run of a partition wins.
 partition_tokens = sa.Table(
     "partition_tokens",

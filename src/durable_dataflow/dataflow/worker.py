@@ -14,7 +14,7 @@ retried here: it is abandoned, its lease expires, and a sweeper decides it by th
 Stopping: :meth:`Worker.request_stop` stops claiming; in-flight attempts run to their end (or their
 leases expire) and nothing is half written, because every write of an attempt is one fenced
 transaction. SIGTERM/SIGINT in the CLI (:func:`install_signal_handlers`) also interrupt the service's
-executions (dataflow.interruption): an attempt not yet authorized to dispatch stops its engine within a
+executions (dataflow.execution.interruption): an attempt not yet authorized to dispatch stops its engine within a
 second and ends ``cancelled`` (reason ``interrupted``, its lease released); one already authorized
 finishes its publication.
 """
@@ -33,15 +33,16 @@ from typing import Any, TypeVar
 import structlog
 
 from durable_dataflow.core.errors import DataflowError, InputError, StaleAttempt, StorageUnavailable
-from durable_dataflow.dataflow import runs, schedules, sweeper
-from durable_dataflow.dataflow.runs import RunStatus
-from durable_dataflow.dataflow.service import Claim, RunService
+from durable_dataflow.dataflow.protocol import runs, sweeper
+from durable_dataflow.dataflow.protocol.runs import RunStatus
+from durable_dataflow.dataflow.protocol.service import Claim, RunService
+from durable_dataflow.dataflow.schedules import schedules
 
 # The database pool holds 8 + 16 connections; each in-flight attempt uses up to two at once (its
 # work and its heartbeat), plus the loop's own: more threads would wait on the pool, not work.
 CONCURRENCY_MAX = 8
 SWEEP_INTERVAL_S_DEFAULT = 1.0  # a dead holder's run is recovered by the next sweep (core/holders.py)
-# Seconds between evaluations of the schedules' due ticks (dataflow.schedules; every worker may evaluate).
+# Seconds between evaluations of the schedules' due ticks (dataflow.schedules.schedules; every worker may evaluate).
 SCHEDULE_INTERVAL_S_DEFAULT = 15.0
 POLL_INTERVAL_S_DEFAULT = 1.0
 ABANDONED_NOTE = "left to the sweeper once its lease expires; never retried blindly"

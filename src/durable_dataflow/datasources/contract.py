@@ -77,7 +77,7 @@ LOCATION_MISSING = (
 )
 # Words that make an option name a credential's: its value must be a `{"secret": NAME}` reference,
 # never the value itself. The one list, for datasource options (registry) and a definition's target
-# options (dataflow.definitions); matched case-insensitively anywhere in the name.
+# options (dataflow.definitions.definitions); matched case-insensitively anywhere in the name.
 CREDENTIAL_OPTION_WORDS = ("password", "passwd", "dsn", "secret", "token", "credential", "api_key", "apikey")
 
 

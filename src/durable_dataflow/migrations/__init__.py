@@ -24,7 +24,7 @@ SCHEMA_MODULES = (
     "durable_dataflow.core.schema",
     "durable_dataflow.datasources.schema",
     "durable_dataflow.dataflow.schema",
-    "durable_dataflow.dataflow.schedule_schema",
+    "durable_dataflow.dataflow.schedules.schedule_schema",
     "durable_dataflow.api.schema",
 )
 # A constant key for PostgreSQL's advisory lock, so concurrent processes upgrade one at a time.

@@ -1,11 +1,11 @@
 """The platform-wide ledger projection: every module's subjects, entries, leases and checkpoints,
 the Dataflow runs by status and recovery status, and the unresolved runs with their ages (unresolved
-as every read view shows it: ``dataflow.views``, one definition).
+as every read view shows it: ``dataflow.protocol.views``, one definition).
 
 Read-only by construction: every function here takes a connection from ``Database.read()`` and
 only selects. Ops never reconciles and never changes a run; it shows what the ledger says. Ops
 builds no query itself: each table's statements live in the module that owns it (``core.ledger``,
-``core.leases``, ``core.checkpoints``, ``dataflow.runs``, ``dataflow.catalog``) and Ops composes
+``core.leases``, ``core.checkpoints``, ``dataflow.protocol.runs``, ``dataflow.definitions.catalog``) and Ops composes
 them. Ages use the database clock, as leases do, never this host's.
 """
 
@@ -18,10 +18,10 @@ from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import checkpoints, leases, ledger
 from durable_dataflow.core.db import Database
-from durable_dataflow.dataflow import runs, views
-from durable_dataflow.dataflow.runs import MODULE as DATAFLOW_MODULE
-from durable_dataflow.dataflow.runs import unresolved_warning
-from durable_dataflow.dataflow.units import US_PER_S
+from durable_dataflow.core.units import US_PER_S
+from durable_dataflow.dataflow.protocol import runs, views
+from durable_dataflow.dataflow.protocol.runs import MODULE as DATAFLOW_MODULE
+from durable_dataflow.dataflow.protocol.runs import unresolved_warning
 
 UNRESOLVED_SHOWN_MAX = 100
 DEFINITIONS_LISTED_MAX = 1000

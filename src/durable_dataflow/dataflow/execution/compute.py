@@ -22,12 +22,13 @@ from typing import Any, cast
 import pyarrow as pa
 
 from durable_dataflow.core.errors import InputError
-from durable_dataflow.dataflow import parameters, progress, results
-from durable_dataflow.dataflow.definitions import Definition
+from durable_dataflow.dataflow.definitions import parameters
+from durable_dataflow.dataflow.definitions.definitions import Definition
+from durable_dataflow.dataflow.execution import progress, results
 from durable_dataflow.dataflow.execution.context import ExecutionContext
 from durable_dataflow.dataflow.execution.engine import Engine, EngineRun
-from durable_dataflow.dataflow.postgres_source import check_query
-from durable_dataflow.dataflow.sources import (
+from durable_dataflow.dataflow.execution.postgres_source import check_query
+from durable_dataflow.dataflow.execution.sources import (
     ResolvedSource,
     check_unchanged,
     confine_path,

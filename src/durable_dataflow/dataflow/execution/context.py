@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from durable_dataflow.core import secrets
-from durable_dataflow.dataflow import interruption
-from durable_dataflow.dataflow.definitions import LoadedDefinition
-from durable_dataflow.dataflow.limits import ExecutionLimits
-from durable_dataflow.dataflow.workspace import data_roots_from_env
+from durable_dataflow.dataflow.definitions.definitions import LoadedDefinition
+from durable_dataflow.dataflow.execution import interruption
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits
+from durable_dataflow.dataflow.execution.workspace import data_roots_from_env
 
 
 def secrets_folders() -> tuple[Path, ...]:

@@ -19,14 +19,15 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from durable_dataflow.core import crashpoints
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, Interrupted, LimitExceeded
-from durable_dataflow.dataflow import crashpoints, interruption, parameters, progress
-from durable_dataflow.dataflow.definitions import Definition, parse_arrow_type
-from durable_dataflow.dataflow.execution import resultstream, sandbox, typed_sources
+from durable_dataflow.dataflow.definitions import parameters
+from durable_dataflow.dataflow.definitions.definitions import Definition, parse_arrow_type
+from durable_dataflow.dataflow.execution import interruption, progress, resultstream, sandbox, typed_sources
 from durable_dataflow.dataflow.execution.engine import PROGRESS_INTERVAL_S, RESULT_BATCH_ROWS, EngineRun
-from durable_dataflow.dataflow.limits import ExecutionLimits, format_size
-from durable_dataflow.dataflow.postgres_source import PostgresStream
-from durable_dataflow.dataflow.sources import ArrowDataset, ArrowTable, FileScan, ResolvedSource
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits, format_size
+from durable_dataflow.dataflow.execution.postgres_source import PostgresStream
+from durable_dataflow.dataflow.execution.sources import ArrowDataset, ArrowTable, FileScan, ResolvedSource
 
 
 class _Watch:

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from durable_dataflow.dataflow import interruption, progress
-    from durable_dataflow.dataflow.definitions import Definition
+    from durable_dataflow.dataflow.definitions.definitions import Definition
+    from durable_dataflow.dataflow.execution import interruption, progress
+    from durable_dataflow.dataflow.execution.limits import ExecutionLimits
     from durable_dataflow.dataflow.execution.resultstream import BoundedResult
-    from durable_dataflow.dataflow.limits import ExecutionLimits
-    from durable_dataflow.dataflow.sources import ResolvedSource
+    from durable_dataflow.dataflow.execution.sources import ResolvedSource
 
 RESULT_BATCH_ROWS = 16 * 1024  # rows per Arrow record batch of a streamed result
 PROGRESS_INTERVAL_S = 0.5  # how often a watched execution reports progress
@@ -29,7 +29,7 @@ class EngineRun:
     """One execution, as the engine sees it: every value checked and every source resolved."""
 
     definition: Definition
-    params: Mapping[str, Any]  # canonical parameter values (dataflow.parameters.check_parameters)
+    params: Mapping[str, Any]  # canonical parameter values (dataflow.definitions.parameters.check_parameters)
     resolved: Sequence[ResolvedSource]
     limits: ExecutionLimits
     deadline_at: float  # time.monotonic() at which the execution's time is up

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from durable_dataflow.core.errors import ExecutionError, LimitExceeded
-from durable_dataflow.dataflow import arrowdigest
+from durable_dataflow.dataflow.execution import arrowdigest
 
 
 @dataclass(frozen=True)

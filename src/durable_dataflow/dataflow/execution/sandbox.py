@@ -37,7 +37,7 @@ import duckdb
 from durable_dataflow.core.errors import InputError
 
 if TYPE_CHECKING:
-    from durable_dataflow.dataflow.limits import ExecutionLimits
+    from durable_dataflow.dataflow.execution.limits import ExecutionLimits
 
 SANDBOX_DATABASES_MAX = 8
 ALLOWED_PATHS_MAX = 100_000

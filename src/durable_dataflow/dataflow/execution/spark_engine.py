@@ -51,14 +51,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
+from durable_dataflow.core import crashpoints
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, Interrupted, LimitExceeded
-from durable_dataflow.dataflow import crashpoints, interruption, progress
-from durable_dataflow.dataflow.definitions import Definition, parse_arrow_type
-from durable_dataflow.dataflow.execution import resultstream, spark_gate, typed_sources
+from durable_dataflow.dataflow.definitions.definitions import Definition, parse_arrow_type
+from durable_dataflow.dataflow.execution import interruption, progress, resultstream, spark_gate, typed_sources
 from durable_dataflow.dataflow.execution.engine import PROGRESS_INTERVAL_S, RESULT_BATCH_ROWS, EngineRun
-from durable_dataflow.dataflow.limits import SPARK_CONF_ENV, SPARK_MASTER_ENV, SPARK_REMOTE_ENV, ExecutionLimits
-from durable_dataflow.dataflow.postgres_source import PostgresStream
-from durable_dataflow.dataflow.sources import ArrowDataset, ArrowTable, FileScan, ResolvedSource
+from durable_dataflow.dataflow.execution.limits import (
+    SPARK_CONF_ENV,
+    SPARK_MASTER_ENV,
+    SPARK_REMOTE_ENV,
+    ExecutionLimits,
+)
+from durable_dataflow.dataflow.execution.postgres_source import PostgresStream
+from durable_dataflow.dataflow.execution.sources import ArrowDataset, ArrowTable, FileScan, ResolvedSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -405,7 +405,7 @@ def _string_literal(text: str) -> exp.Expr:
 
 
 def _literal(type_name: str, value: Any) -> exp.Expr:
-    """The Spark literal for a canonical parameter value (see dataflow/parameters.py)."""
+    """The Spark literal for a canonical parameter value (see dataflow/definitions/parameters.py)."""
     if type_name == "string" and isinstance(value, str):
         return _string_literal(value)
     if type_name == "int" and isinstance(value, int) and not isinstance(value, bool):

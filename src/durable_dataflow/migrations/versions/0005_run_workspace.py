@@ -1,5 +1,5 @@
 """The run's workspace: where its sources may read, where its sinks may write and which secrets
-it may name, recorded with the run (``dataflow.workspace``). NULL for runs recorded before: they
+it may name, recorded with the run (``dataflow.execution.workspace``). NULL for runs recorded before: they
 keep the rules they were accepted under.
 
 Revision ID: 0005_run_workspace

@@ -1,5 +1,5 @@
 """Partition tokens: the monotonic token per tenant, datasource and partition that each dispatch
-authorization of a `mode: replace_partition` run takes (`dataflow.partition_tokens`).
+authorization of a `mode: replace_partition` run takes (`dataflow.protocol.partition_tokens`).
 
 Revision ID: 0009_partition_tokens
 Revises: 0008_datasource_locations

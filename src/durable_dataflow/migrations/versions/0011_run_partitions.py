@@ -4,7 +4,7 @@
 Partition status lists one tenant's runs of one datasource by partition; without these columns it
 would parse the target of every run the tenant ever made. Runs recorded before this revision are
 filled in here from what they recorded: the target's datasource and its partition, each ``$name``
-resolved with the run's canonical parameters (exactly what ``dataflow.forward.run_partition`` does),
+resolved with the run's canonical parameters (exactly what ``dataflow.protocol.forward.run_partition`` does),
 as RFC 8785 JSON. A run whose stored target or parameters cannot be read is left NULL (it is shown by
 ``dataflow verify``, not by partition status).
 

@@ -38,15 +38,20 @@ from durable_dataflow.core.db import Database, insert_if_absent
 from durable_dataflow.core.errors import DataflowError, InputError, NotFound
 from durable_dataflow.core.invariants import invariant
 from durable_dataflow.core.names import check_tenant
-from durable_dataflow.dataflow import runs, views
-from durable_dataflow.dataflow.definitions import IDENTIFIER_PATTERN, Definition, canonical_body, definition_hash
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
-from durable_dataflow.dataflow.runs import Run, RunStatus
-from durable_dataflow.dataflow.schedule_schema import schedule_ticks, schedules
-from durable_dataflow.dataflow.schedule_spec import ScheduleSpec, Tick, iso_utc
-from durable_dataflow.dataflow.service import RunService
-from durable_dataflow.dataflow.units import US_PER_S, from_us, to_us
-from durable_dataflow.dataflow.workspace import Workspace
+from durable_dataflow.core.units import US_PER_S, from_us, to_us
+from durable_dataflow.dataflow.definitions.definitions import (
+    IDENTIFIER_PATTERN,
+    Definition,
+    canonical_body,
+    definition_hash,
+)
+from durable_dataflow.dataflow.definitions.schedule_spec import ScheduleSpec, Tick, iso_utc
+from durable_dataflow.dataflow.execution.workspace import Workspace
+from durable_dataflow.dataflow.protocol import runs, views
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.protocol.runs import Run, RunStatus
+from durable_dataflow.dataflow.protocol.service import RunService
+from durable_dataflow.dataflow.schedules.schedule_schema import schedule_ticks, schedules
 
 Decision = Literal["submitted", "skipped_overlap", "skipped_catchup"]
 DECISIONS: tuple[Decision, ...] = ("submitted", "skipped_overlap", "skipped_catchup")

@@ -23,14 +23,15 @@ from croniter import CroniterError
 
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import Conflict, EvidenceError, InputError
-from durable_dataflow.dataflow import cancel, partition_tokens, partitions, runs, schedules, views
-from durable_dataflow.dataflow import parameters as parameters_mod
-from durable_dataflow.dataflow.definitions import Definition, definition_hash
-from durable_dataflow.dataflow.requests import AccessContext, Provenance, RunRequest
-from durable_dataflow.dataflow.runs import Run, RunStatus
-from durable_dataflow.dataflow.schedule_spec import Tick, parse_template, render
-from durable_dataflow.dataflow.service import RunService
-from durable_dataflow.dataflow.workspace import Workspace
+from durable_dataflow.dataflow.definitions import parameters as parameters_mod
+from durable_dataflow.dataflow.definitions.definitions import Definition, definition_hash
+from durable_dataflow.dataflow.definitions.schedule_spec import Tick, parse_template, render
+from durable_dataflow.dataflow.execution.workspace import Workspace
+from durable_dataflow.dataflow.protocol import cancel, partition_tokens, partitions, runs, views
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.protocol.runs import Run, RunStatus
+from durable_dataflow.dataflow.protocol.service import RunService
+from durable_dataflow.dataflow.schedules import schedules
 
 BACKFILL_DAYS_MAX = 366  # the widest range one backfill may cover
 BACKFILL_RUNS_MAX = 1000  # the most runs one backfill may submit (a schedule with many ticks a day)
@@ -176,7 +177,7 @@ STALE_KEY_HASH_CHARS = 12
 def select_missing(
     db: Database, definition: Definition, tenant: str, items: list[BackfillItem], *, stale: bool = False
 ) -> Selection:
-    """The days whose partition has no current publication (``dataflow.partitions``); with ``stale``, also
+    """The days whose partition has no current publication (``dataflow.protocol.partitions``); with ``stale``, also
     those whose current publication came from another definition hash, each under the key
     ``<key>:<definition hash, 12 hex digits>``. A definition whose target has no partition is refused."""
     target = definition.target
@@ -290,7 +291,7 @@ def cancel_runs(
     provenance: Provenance,
     on_item: Callable[[CancelResult], None] | None = None,
 ) -> list[CancelResult]:
-    """Cancel every day's run that cannot have published (``dataflow.cancel``) and report every day:
+    """Cancel every day's run that cannot have published (``dataflow.protocol.cancel``) and report every day:
     one refused, finished or evidence_failed day never stops the others."""
     results = []
     for item in items:

@@ -25,8 +25,9 @@ from durable_dataflow.core import checkpoints, fencing, hashing, leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import EvidenceError, StaleAttempt
 from durable_dataflow.core.secrets import Secret
-from durable_dataflow.dataflow import evidence, results, runs
-from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
+from durable_dataflow.dataflow.execution import results
+from durable_dataflow.dataflow.protocol import evidence, runs
+from durable_dataflow.dataflow.protocol.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
 
 MESSAGE_CHARS_MAX = 2000
 Item = tuple[int, str, Mapping[str, Any]]  # (attempt, kind, payload), as core.ledger.append_many takes them
@@ -157,7 +158,7 @@ TABLE: Mapping[Outcome, Transition] = MappingProxyType({
         (evidence.ATTEMPT_OUTCOME_UNKNOWN,), RunStatus.OUTCOME_UNKNOWN, RecoveryStatus.OUTCOME_UNKNOWN,
         True, True, False, Warning.UNRESOLVED,
     ),
-    # dataflow.cancel closes the lease itself, first: the attempt it ends is fenced off before the
+    # dataflow.protocol.cancel closes the lease itself, first: the attempt it ends is fenced off before the
     # ledger is read for an authorization, so none can commit after that read.
     Outcome.CANCELLED: _T(
         (evidence.RUN_CANCELLED,), RunStatus.CANCELLED, RecoveryStatus.NO_EXTERNAL_OUTPUT, True, True, False,

@@ -19,11 +19,11 @@ from durable_dataflow import __version__
 from durable_dataflow.core import hashing
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.names import check_tenant
-from durable_dataflow.dataflow.interruption import Trigger
+from durable_dataflow.dataflow.execution.interruption import Trigger
 
 if TYPE_CHECKING:  # types only: `MAX_ATTEMPTS_DEFAULT` is read by commands that load no definition
-    from durable_dataflow.dataflow.definitions import Definition
-    from durable_dataflow.dataflow.workspace import Workspace
+    from durable_dataflow.dataflow.definitions.definitions import Definition
+    from durable_dataflow.dataflow.execution.workspace import Workspace
 
 IDEMPOTENCY_KEY_CHARS_MAX = 255
 MAX_ATTEMPTS_DEFAULT = 3

@@ -31,14 +31,14 @@ from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.errors import Conflict, StaleAttempt
-from durable_dataflow.dataflow import evidence, requests, runs, transitions
-from durable_dataflow.dataflow.interruption import Cause
-from durable_dataflow.dataflow.requests import AccessContext, Provenance
-from durable_dataflow.dataflow.runs import MODULE, Run, RunStatus
-from durable_dataflow.dataflow.transitions import Outcome
+from durable_dataflow.dataflow.execution.interruption import Cause
+from durable_dataflow.dataflow.protocol import evidence, requests, runs, transitions
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
+from durable_dataflow.dataflow.protocol.runs import MODULE, Run, RunStatus
+from durable_dataflow.dataflow.protocol.transitions import Outcome
 
 if TYPE_CHECKING:  # the run service cancels its own interrupted attempts: it imports this module
-    from durable_dataflow.dataflow.service import RunService
+    from durable_dataflow.dataflow.protocol.service import RunService
 
 ERROR_CODE = "cancelled"
 INTERRUPTED = "interrupted"  # run.cancelled's reason when the attempt's own process was told to stop

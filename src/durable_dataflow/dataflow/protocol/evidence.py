@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import EvidenceError
-from durable_dataflow.dataflow import results
+from durable_dataflow.dataflow.execution import results
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -54,7 +54,7 @@ _VERIFIABLE_FORMATS = (results.FORMAT_IPC_DIGEST_V2, results.FORMAT_IPC_DIGEST_V
 def _digest_of_format(stored_format: str) -> Callable[[pa.Table], str] | None:
     """The digest format each stored result format was written with; results are verified under it.
     Imported here: only a run with stored bytes needs pyarrow (`runs` and `show` never do)."""
-    from durable_dataflow.dataflow import arrowdigest
+    from durable_dataflow.dataflow.execution import arrowdigest
 
     digests: dict[str, Callable[[pa.Table], str]] = {
         results.FORMAT_IPC_DIGEST_V2: arrowdigest.output_digest_v2,

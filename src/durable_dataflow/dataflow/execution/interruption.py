@@ -7,7 +7,7 @@ requested interruption as a deadline reached now and stops the engine the way a 
 (``con.interrupt()``, the job tag cancelled, PostgreSQL source queries cancelled); and the run service,
 which looks (:meth:`Interruption.check`) right before its terminal or pre-dispatch commit, after
 everything else the attempt does first (the partition row check included), and cancels the run instead
-(dataflow.cancel).
+(dataflow.protocol.cancel).
 Once the dispatch is authorized, nothing looks any more: a publication is never cut short.
 """
 

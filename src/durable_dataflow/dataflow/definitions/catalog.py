@@ -21,7 +21,7 @@ from durable_dataflow.core.errors import NotFound
 from durable_dataflow.dataflow.schema import definitions
 
 if TYPE_CHECKING:  # the CLI's listings read stored bodies only: they need not load the parser (pyarrow)
-    from durable_dataflow.dataflow.definitions import Definition
+    from durable_dataflow.dataflow.definitions.definitions import Definition
 
 DEFINITIONS_LIST_MAX = 1000
 _HASH_PREFIX = "sha256:"
@@ -88,7 +88,7 @@ def get_definition(conn: Connection, name_or_hash: str) -> StoredDefinition:
 def store_definition(conn: Connection, db: Database, defn: Definition, d_hash: str) -> None:
     """Store the definition once: rows are content-addressed, so a concurrent submit of the same
     definition inserting first is success, not a conflict (``INSERT … ON CONFLICT DO NOTHING``)."""
-    from durable_dataflow.dataflow.definitions import canonical_body  # loaded already by the submitter
+    from durable_dataflow.dataflow.definitions.definitions import canonical_body  # loaded already by the submitter
 
     conn.execute(
         insert_if_absent(db.dialect, definitions, ["definition_hash"]).values(
@@ -116,7 +116,7 @@ def _tenant_definitions(usage: sa.Subquery) -> sa.Select[Any]:
     """A tenant's definitions with its own first use as their registration time: the platform-wide
     time would tell a tenant that (and when) another tenant ran the same definition first. ``usage``
     is the tenant's runs per definition (``runs.usage_by_definition``, joined here by the read module
-    ``dataflow.views``: this module does not read runs)."""
+    ``dataflow.protocol.views``: this module does not read runs)."""
     return sa.select(
         definitions.c.definition_hash,
         definitions.c.name,

@@ -21,13 +21,13 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import leases, ledger
+from durable_dataflow.core import crashpoints, leases, ledger
 from durable_dataflow.core.errors import Conflict, DataflowError, EvidenceError, StaleAttempt
-from durable_dataflow.dataflow import crashpoints, evidence, forward, requests, sweeper, transitions
-from durable_dataflow.dataflow.requests import AccessContext, Provenance
-from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
-from durable_dataflow.dataflow.service import RunService
-from durable_dataflow.dataflow.transitions import Outcome
+from durable_dataflow.dataflow.protocol import evidence, forward, requests, sweeper, transitions
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
+from durable_dataflow.dataflow.protocol.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
+from durable_dataflow.dataflow.protocol.service import RunService
+from durable_dataflow.dataflow.protocol.transitions import Outcome
 from durable_dataflow.datasources import contract, registry
 from durable_dataflow.datasources.contract import Absent, InspectOutcome, Present, Provider, Undecided
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from durable_dataflow.core import units
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.invariants import invariant
-from durable_dataflow.dataflow import units
 
 if TYPE_CHECKING:  # the definition models (pydantic, PyYAML, pyarrow) are not needed to read settings
-    from durable_dataflow.dataflow.definitions import DefinitionLimits
+    from durable_dataflow.dataflow.definitions.definitions import DefinitionLimits
 
 KiB = 1024
 MiB = 1024**2

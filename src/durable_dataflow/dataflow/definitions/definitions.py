@@ -2,7 +2,7 @@
 
 A definition names typed parameters, sources, ordered SQL steps, a declared output schema with
 bounds, an optional publication target (DESIGN §8) and optional execution limits that may only
-narrow the platform's (``dataflow.limits.effective``). The canonical body is what gets hashed
+narrow the platform's (``dataflow.execution.limits.effective``). The canonical body is what gets hashed
 and pinned: ``Definition.model_validate(canonical_body(d)) == d`` always holds, so a run can
 re-execute exactly the body it recorded.
 
@@ -28,13 +28,13 @@ from durable_dataflow.core import hashing, strictjson
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.files import read_capped
 from durable_dataflow.core.secrets import SECRET_NAME_PATTERN
-from durable_dataflow.dataflow import parameters as parameters_mod
-from durable_dataflow.dataflow.schedule_spec import ScheduleSpec
-from durable_dataflow.dataflow.units import OUTPUT_BYTES_CEILING as OUTPUT_BYTES_CEILING
-from durable_dataflow.dataflow.units import THREADS_CEILING as THREADS_CEILING
-from durable_dataflow.dataflow.units import TIME_LIMIT_S_CEILING as TIME_LIMIT_S_CEILING
-from durable_dataflow.dataflow.units import parse_duration as parse_duration
-from durable_dataflow.dataflow.units import parse_size as parse_size
+from durable_dataflow.core.units import OUTPUT_BYTES_CEILING as OUTPUT_BYTES_CEILING
+from durable_dataflow.core.units import THREADS_CEILING as THREADS_CEILING
+from durable_dataflow.core.units import TIME_LIMIT_S_CEILING as TIME_LIMIT_S_CEILING
+from durable_dataflow.core.units import parse_duration as parse_duration
+from durable_dataflow.core.units import parse_size as parse_size
+from durable_dataflow.dataflow.definitions import parameters as parameters_mod
+from durable_dataflow.dataflow.definitions.schedule_spec import ScheduleSpec
 from durable_dataflow.datasources.contract import is_credential_option
 
 IDENTIFIER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
@@ -435,7 +435,7 @@ class DefinitionLimits(_Model):
     """Execution limits a definition asks for; each may only be lower than the platform's.
 
     Values stay as written (like ``output.max_bytes``), so the pinned body reads as its author wrote
-    it. ``dataflow.limits.effective`` narrows the platform's limits by ``requested()`` and refuses a
+    it. ``dataflow.execution.limits.effective`` narrows the platform's limits by ``requested()`` and refuses a
     request above the platform's ceiling.
     """
 
@@ -488,7 +488,7 @@ class Definition(_Model):
     output: OutputSpec
     limits: DefinitionLimits | None = None
     target: TargetSpec | None = None
-    schedule: ScheduleSpec | None = None  # dataflow.schedule_spec, docs/schedules.md
+    schedule: ScheduleSpec | None = None  # dataflow.definitions.schedule_spec, docs/schedules.md
 
     @field_validator("limits")
     @classmethod

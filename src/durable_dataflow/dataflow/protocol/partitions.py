@@ -2,14 +2,14 @@
 tenant's partitioned datasource, its current publication and what is pending after it.
 
 The **current publication** of a partition is its succeeded run with the highest partition token
-(``dataflow.partition_tokens``; the token each run's ``dispatch.authorized`` took): the sink applied
+(``dataflow.protocol.partition_tokens``; the token each run's ``dispatch.authorized`` took): the sink applied
 that run's rows last and refuses any lower token, so it is exactly what the partition holds. A run
 refused as superseded, or a succeeded run a later token replaced, is not current. **After it** are
 the partition's runs that are queued, running, unresolved or failed and either were created after the
 current publication's run or took a higher token (with no current publication: all of them); a
 cancelled run is never shown. For a date partition the days of the range without any run or
 publication are shown **missing** too. The CLI (``dataflow partitions``), the JSON API and the page
-all read this one module, so they cannot disagree; the run states come from ``dataflow.views`` (the one
+all read this one module, so they cannot disagree; the run states come from ``dataflow.protocol.views`` (the one
 definition of unresolved).
 """
 
@@ -28,10 +28,11 @@ from sqlalchemy.engine import Connection
 from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, NotFound
-from durable_dataflow.dataflow import catalog, evidence, partition_tokens, runs, views
-from durable_dataflow.dataflow import parameters as parameters_mod
-from durable_dataflow.dataflow.definitions import Definition, partition_column_kind
-from durable_dataflow.dataflow.runs import MODULE, Run, RunStatus
+from durable_dataflow.dataflow.definitions import catalog
+from durable_dataflow.dataflow.definitions import parameters as parameters_mod
+from durable_dataflow.dataflow.definitions.definitions import Definition, partition_column_kind
+from durable_dataflow.dataflow.protocol import evidence, partition_tokens, runs, views
+from durable_dataflow.dataflow.protocol.runs import MODULE, Run, RunStatus
 from durable_dataflow.datasources import registry
 
 # The widest range of days whose missing ones a status lists.

@@ -22,9 +22,9 @@ from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import DataflowError, EvidenceError, StorageUnavailable
 from durable_dataflow.core.secrets import Secret
-from durable_dataflow.dataflow import evidence, runs, transitions
-from durable_dataflow.dataflow.runs import MODULE
-from durable_dataflow.dataflow.transitions import Outcome
+from durable_dataflow.dataflow.protocol import evidence, runs, transitions
+from durable_dataflow.dataflow.protocol.runs import MODULE
+from durable_dataflow.dataflow.protocol.transitions import Outcome
 
 SWEEP_BATCH_MAX = 100
 _log = structlog.get_logger("dataflow.sweeper")

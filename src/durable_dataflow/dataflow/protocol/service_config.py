@@ -1,10 +1,10 @@
 """The run service's settings (``ServiceConfig``), apart from the service itself.
 
-``dataflow.service`` imports the engine, the sources and the providers; a platform reads its
+``dataflow.protocol.service`` imports the engine, the sources and the providers; a platform reads its
 settings (lease TTL, limits, evidence key, grants) when it opens, whether or not it will execute
 anything. Keeping them here lets ``durable_dataflow.platform`` open without importing the service:
 commands that only read runs (``dataflow runs``, ``show``, ``verify``) never load DuckDB or pyarrow.
-``dataflow.service`` re-exports every name here.
+``dataflow.protocol.service`` re-exports every name here.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from durable_dataflow.core import leases
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.secrets import Secret
-from durable_dataflow.dataflow import limits
-from durable_dataflow.dataflow.workspace import Grants
+from durable_dataflow.dataflow.execution import limits
+from durable_dataflow.dataflow.execution.workspace import Grants
 
 LEASE_TTL_ENV = "DATAFLOW_LEASE_TTL"
 

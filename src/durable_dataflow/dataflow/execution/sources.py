@@ -37,8 +37,7 @@ import pyarrow as pa
 
 from durable_dataflow.core import hashing
 from durable_dataflow.core.errors import ExecutionError, InputError, LimitExceeded
-from durable_dataflow.dataflow import arrowdigest
-from durable_dataflow.dataflow.definitions import (
+from durable_dataflow.dataflow.definitions.definitions import (
     CsvSource,
     DeltaSource,
     InlineSource,
@@ -46,10 +45,11 @@ from durable_dataflow.dataflow.definitions import (
     PostgresSource,
     arrow_schema_of,
 )
-from durable_dataflow.dataflow.postgres_source import PostgresStream
+from durable_dataflow.dataflow.execution import arrowdigest
+from durable_dataflow.dataflow.execution.postgres_source import PostgresStream
 
 if TYPE_CHECKING:
-    from durable_dataflow.dataflow.definitions import Definition, SourceSpec
+    from durable_dataflow.dataflow.definitions.definitions import Definition, SourceSpec
     from durable_dataflow.dataflow.execution.context import ExecutionContext
 
 PARQUET_FOLDER_FILES_MAX = 10_000

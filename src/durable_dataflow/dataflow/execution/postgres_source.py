@@ -30,8 +30,8 @@ import pyarrow as pa
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, LimitExceeded
 from durable_dataflow.core.invariants import invariant
 from durable_dataflow.core.secrets import SecretScope
-from durable_dataflow.dataflow import arrowdigest
-from durable_dataflow.dataflow.definitions import PostgresSource, SourceSpec, parse_arrow_type
+from durable_dataflow.dataflow.definitions.definitions import PostgresSource, SourceSpec, parse_arrow_type
+from durable_dataflow.dataflow.execution import arrowdigest
 from durable_dataflow.datasources import pgerrors
 
 POSTGRES_CONNECT_TIMEOUT_S = 10
@@ -126,7 +126,7 @@ def check_query(name: str, spec: SourceSpec) -> None:
     """
     if not isinstance(spec, PostgresSource):
         return
-    from durable_dataflow.dataflow import pgquery  # sqlglot costs ~0.3 s to import: only when needed
+    from durable_dataflow.dataflow.execution import pgquery  # sqlglot costs ~0.3 s to import: only when needed
 
     rule = pgquery.rule_broken(spec.query)
     if rule is not None:

@@ -18,25 +18,18 @@ from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import checkpoints, fencing, hashing, ledger
+from durable_dataflow.core import checkpoints, crashpoints, fencing, hashing, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import DataflowError, EvidenceError, ExecutionError, InputError, StaleAttempt
 from durable_dataflow.core.secrets import Secret, SecretScope
-from durable_dataflow.dataflow import (
-    crashpoints,
-    evidence,
-    partition_tokens,
-    progress,
-    results,
-    transitions,
-    workspace,
-)
+from durable_dataflow.dataflow.definitions.parameters import resolve_partition
+from durable_dataflow.dataflow.execution import progress, results, workspace
 from durable_dataflow.dataflow.execution.compute import ExecutionResult
-from durable_dataflow.dataflow.interruption import Interruption
-from durable_dataflow.dataflow.parameters import resolve_partition
-from durable_dataflow.dataflow.runs import MODULE, Run
-from durable_dataflow.dataflow.transitions import Outcome
-from durable_dataflow.dataflow.workspace import Workspace
+from durable_dataflow.dataflow.execution.interruption import Interruption
+from durable_dataflow.dataflow.execution.workspace import Workspace
+from durable_dataflow.dataflow.protocol import evidence, partition_tokens, transitions
+from durable_dataflow.dataflow.protocol.runs import MODULE, Run
+from durable_dataflow.dataflow.protocol.transitions import Outcome
 from durable_dataflow.datasources import contract, registry
 from durable_dataflow.datasources.contract import (
     AlreadyPublished,
@@ -59,7 +52,7 @@ SINK_LOCATION = "sink_location"
 
 
 class Attempts(Protocol):
-    """What a forward attempt needs of the run service (dataflow.service.RunService), without importing it."""
+    """What a forward attempt needs of the run service (dataflow.protocol.service.RunService), without importing it."""
 
     db: Database
 

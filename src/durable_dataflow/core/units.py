@@ -1,9 +1,9 @@
 """Sizes and durations as definitions and platform settings write them, the ceilings both obey, and
 instants as the database clock stores them (integer microseconds since the epoch).
 
-Its own module, with no dependency, so that ``dataflow.limits`` (read by every CLI command that
+Its own module, with no dependency, so that ``dataflow.execution.limits`` (read by every CLI command that
 declares the limit options) does not import the definition models (pydantic, PyYAML, pyarrow).
-``dataflow.definitions`` re-exports every name here.
+``dataflow.definitions.definitions`` re-exports every name here.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 import re
 
 # Result bytes are stored in the platform database, so no definition may ask for more than this;
-# a platform may allow less (its result_bytes_max, checked by dataflow.limits.effective).
+# a platform may allow less (its result_bytes_max, checked by dataflow.execution.limits.effective).
 OUTPUT_BYTES_CEILING = 1024**3
 # The most engine threads any platform or definition may name: more is a typo, not a machine.
 THREADS_CEILING = 256

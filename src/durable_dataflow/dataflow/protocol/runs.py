@@ -23,7 +23,7 @@ from durable_dataflow.core import hashing, leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, NotFound, StaleAttempt
 from durable_dataflow.core.text import CC_CONTROLS
-from durable_dataflow.dataflow import evidence
+from durable_dataflow.dataflow.protocol import evidence
 from durable_dataflow.dataflow.schema import dataflow_runs
 
 MODULE = "dataflow"
@@ -36,7 +36,7 @@ RUN_ID_CHARS = 36
 RUN_ID_MATCHES_SHOWN_MAX = 5
 _RUN_ID_TEXT = re.compile(r"^[0-9a-f-]+$")
 # A run list filters by at most this many parameters, each value at most this long (a string
-# parameter's own limit, dataflow.parameters.STRING_PARAMETER_CHARS_MAX).
+# parameter's own limit, dataflow.definitions.parameters.STRING_PARAMETER_CHARS_MAX).
 PARAMETER_FILTERS_MAX = 20
 PARAMETER_FILTER_CHARS_MAX = 10_000
 
@@ -492,7 +492,7 @@ def count_by(
 # when it is still ``running`` but its attempt's lease expired on the database clock, undecided by any
 # sweeper, after a dispatch authorization: the next sweep makes it ``outcome_unknown`` (the sweeper's
 # rule: an authorization anywhere in the run's history, or the projection's ``dispatch_authorized``).
-# The read views (``dataflow.views``: runs, show, replays, the API and pages) and the counts (Ops,
+# The read views (``dataflow.protocol.views``: runs, show, replays, the API and pages) and the counts (Ops,
 # ``/metrics``) all evaluate this one condition, in SQL, so they cannot disagree.
 
 

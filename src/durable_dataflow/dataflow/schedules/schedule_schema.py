@@ -26,7 +26,7 @@ schedules = sa.Table(
     sa.Column("definition_hash", sa.String(HASH), nullable=False),
     sa.Column("definition_json", sa.Text, nullable=False),
     sa.Column("schedule_json", sa.Text, nullable=False),
-    # Where the scheduled runs read and write (dataflow.workspace), and who applied the schedule.
+    # Where the scheduled runs read and write (dataflow.execution.workspace), and who applied the schedule.
     sa.Column("workspace_json", sa.Text, nullable=False),
     sa.Column("applied_by", sa.String(NAME_LENGTH), nullable=False),
     sa.Column("paused", sa.Boolean, nullable=False),

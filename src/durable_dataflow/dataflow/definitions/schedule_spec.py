@@ -31,7 +31,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from durable_dataflow.dataflow import parameters as parameters_mod
+from durable_dataflow.dataflow.definitions import parameters as parameters_mod
 
 OverlapPolicy = Literal["skip", "buffer_one", "allow"]
 CRON_CHARS_MAX = 200

@@ -2,7 +2,7 @@
 
 Commit budget (DESIGN §10): an inline atomic run costs 2 commits — record+claim, then the fenced
 terminal transaction; a replay of an existing key costs none (it only reads). Forward-recovery
-attempts continue in :mod:`durable_dataflow.dataflow.forward`.
+attempts continue in :mod:`durable_dataflow.dataflow.protocol.forward`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import structlog
 from sqlalchemy import exc
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import fencing, hashing, leases, ledger
+from durable_dataflow.core import crashpoints, fencing, hashing, leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import (
     Conflict,
@@ -37,31 +37,31 @@ from durable_dataflow.core.errors import (
 from durable_dataflow.core.heartbeat import Heartbeats
 from durable_dataflow.core.holders import HolderLock
 from durable_dataflow.core.secrets import Secret, SecretScope
-from durable_dataflow.dataflow import (
-    cancel,
-    catalog,
-    crashpoints,
-    forward,
+from durable_dataflow.dataflow.definitions import catalog, parameters
+from durable_dataflow.dataflow.definitions.definitions import (
+    Definition,
+    definition_hash,
+    partition_column_kind,
+)
+from durable_dataflow.dataflow.execution import (
+    compute,
+    context,
     interruption,
     limits,
-    parameters,
     progress,
     results,
-    runs,
     sources,
-    transitions,
     workspace,
 )
-from durable_dataflow.dataflow.definitions import Definition, definition_hash, partition_column_kind
-from durable_dataflow.dataflow.execution import compute, context
 from durable_dataflow.dataflow.execution.compute import ExecutionResult
-from durable_dataflow.dataflow.requests import AccessContext, RunRequest, check_request, request_hash
-from durable_dataflow.dataflow.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
-from durable_dataflow.dataflow.service_config import LEASE_TTL_ENV as LEASE_TTL_ENV
-from durable_dataflow.dataflow.service_config import ServiceConfig as ServiceConfig
-from durable_dataflow.dataflow.service_config import lease_ttl_from_env as lease_ttl_from_env
-from durable_dataflow.dataflow.transitions import Outcome
-from durable_dataflow.dataflow.workspace import Workspace
+from durable_dataflow.dataflow.execution.workspace import Workspace
+from durable_dataflow.dataflow.protocol import cancel, forward, runs, transitions
+from durable_dataflow.dataflow.protocol.requests import AccessContext, RunRequest, check_request, request_hash
+from durable_dataflow.dataflow.protocol.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
+from durable_dataflow.dataflow.protocol.service_config import LEASE_TTL_ENV as LEASE_TTL_ENV
+from durable_dataflow.dataflow.protocol.service_config import ServiceConfig as ServiceConfig
+from durable_dataflow.dataflow.protocol.service_config import lease_ttl_from_env as lease_ttl_from_env
+from durable_dataflow.dataflow.protocol.transitions import Outcome
 from durable_dataflow.datasources import contract, registry
 from durable_dataflow.datasources.contract import MissingCapability
 
@@ -404,7 +404,7 @@ class RunService:
 
     def fail(self, run: Run, attempt: int, error: DataflowError, **facts: Any) -> Run | None:
         """Terminal failure with nothing dispatched: no external output was created (None: fenced off).
-        An interruption is no failure: the attempt is cancelled (dataflow.cancel.interrupt)."""
+        An interruption is no failure: the attempt is cancelled (dataflow.protocol.cancel.interrupt)."""
         cause = self.interruption.cause
         if isinstance(error, Interrupted) and cause is not None:
             return cancel.interrupt(self, run, attempt, cause)

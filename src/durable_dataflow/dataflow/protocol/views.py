@@ -4,7 +4,7 @@ A run's projection says what the last committed transaction made of it. A read v
 projection cannot say by itself: an attempt whose lease has expired on the database clock and that
 no sweeper has decided yet (the sweeper runs in ``dataflow worker`` and ``dataflow serve``; with
 neither running, such a run stays ``running`` for good). The view predicts the sweeper's decision
-by the sweeper's rule (``dataflow.sweeper``): a dispatch authorization anywhere in the run's history
+by the sweeper's rule (``dataflow.protocol.sweeper``): a dispatch authorization anywhere in the run's history
 means external output may exist, so the run is shown **unresolved** with a warning; otherwise the
 attempt is proven absent and the warning says the next sweep retries it (or, with no attempt left,
 fails it). Views only read: deciding is the sweeper's, in its own fenced transaction.
@@ -25,9 +25,10 @@ from sqlalchemy.engine import Connection
 from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.invariants import invariant
-from durable_dataflow.dataflow import catalog, runs
-from durable_dataflow.dataflow.runs import MODULE, RecoveryStatus, Run, RunStatus
-from durable_dataflow.dataflow.units import US_PER_S
+from durable_dataflow.core.units import US_PER_S
+from durable_dataflow.dataflow.definitions import catalog
+from durable_dataflow.dataflow.protocol import runs
+from durable_dataflow.dataflow.protocol.runs import MODULE, RecoveryStatus, Run, RunStatus
 
 # ---- times -------------------------------------------------------------------------------------
 
