@@ -186,7 +186,7 @@ inline inspect(r, m, found) {
   }
 }
 
-/* dataflow/service.py: the fenced transaction after the provider answered (or did not) */
+/* dataflow/protocol/service.py: the fenced transaction after the provider answered (or did not) */
 inline terminal_after_publish(r, tok, res, received) {
   atomic {
     if
@@ -220,7 +220,7 @@ inline terminal_after_publish(r, tok, res, received) {
 
 #define crash_point  if :: skip :: goto crashed fi
 
-/* dataflow/service.py submit: one transaction; the replay lookup on (tenant, idempotency_key) */
+/* dataflow/protocol/service.py submit: one transaction; the replay lookup on (tenant, idempotency_key) */
 /* A replay with the same request_hash returns the existing run, one with a different request_hash
    is a Conflict; both write nothing, so the model does not tell them apart. */
 inline submit() {
@@ -291,7 +291,7 @@ crashed:
   forget_locals()
 }
 
-/* dataflow/sweeper.py: one decision per expired lease, or per live lease whose holder is gone, in one
+/* dataflow/protocol/sweeper.py: one decision per expired lease, or per live lease whose holder is gone, in one
    transaction that closes the lease (close_expired / close_dead_holder) */
 proctype Sweeper() {
   byte r;
@@ -311,7 +311,7 @@ proctype Sweeper() {
   od
 }
 
-/* dataflow/cancel.py: an operator cancels the run once, at any moment. A queued run is cancelled
+/* dataflow/protocol/cancel.py: an operator cancels the run once, at any moment. A queued run is cancelled
    with its row locked (a claim either took it first or skips it). A running one: the lease row is
    locked and closed first, which fences the attempt off (its later writes are StaleAttempt), then
    the ledger is read: after any dispatch authorization a publication may exist, so the cancel is
@@ -353,7 +353,7 @@ proctype Expirer() {
   od
 }
 
-/* dataflow/reconcile.py, driven by an operator; it may crash, get Undecided, or lose its lease,
+/* dataflow/protocol/reconcile.py, driven by an operator; it may crash, get Undecided, or lose its lease,
    and the operator may run it again. */
 proctype Reconciler() {
   byte r; byte m; mtype found; mtype res; bool received;

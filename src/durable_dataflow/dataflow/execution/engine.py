@@ -1,6 +1,6 @@
 """The engine interface: resolved sources and checked steps in, a bounded Arrow result out.
 
-An engine (``execution/duckdb.py``, ``execution/spark.py``) imports this module, never the reverse:
+An engine (``execution/duckdb_engine.py``, ``execution/spark_engine.py``) imports this module, never the reverse:
 ``compute.engine_for`` chooses one by the definition's ``engine`` field through a small registry.
 Everything an engine does is recomputable and commits nothing; every bound (rows, bytes, time,
 memory, spill) is enforced while the result streams, and every engine or Arrow error becomes a
