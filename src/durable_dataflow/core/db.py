@@ -30,6 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy import event, exc
 from sqlalchemy.engine import Connection, Engine
 
+from durable_dataflow.core import credentials
 from durable_dataflow.core.errors import InputError, StorageUnavailable
 from durable_dataflow.core.invariants import invariant
 
@@ -65,8 +66,6 @@ def normalize_url(url: str) -> str:
     )
 
 
-# Query parameters whose value may be a credential (``?password=…``, ``sslpassword``, a token).
-_CREDENTIAL_PARAMETER_WORDS = ("pass", "pwd", "secret", "token", "credential", "key")
 _HIDDEN = "***"
 UNPARSEABLE_URL = "<unparseable database URL>"
 
@@ -82,7 +81,8 @@ def redact_url(url: str) -> str:
     except (exc.ArgumentError, ValueError):
         return UNPARSEABLE_URL
     query = {
-        name: _HIDDEN if any(word in name.lower() for word in _CREDENTIAL_PARAMETER_WORDS) else value
+        # A query parameter whose value may be a credential (``?password=…``, ``sslpassword``, a token).
+        name: _HIDDEN if credentials.is_credential_name(name) else value
         for name, value in parsed.query.items()
     }
     rendered = parsed.set(query=query).render_as_string(hide_password=True)

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from durable_dataflow.core import credentials
 from durable_dataflow.core.errors import DataflowError, InputError
 from durable_dataflow.core.secrets import SecretScope
 
@@ -75,10 +76,6 @@ LOCATION_MISSING = (
     "the sink location is missing: it existed before dispatch was authorized, "
     "so it may have been moved or not be mounted here"
 )
-# Words that make an option name a credential's: its value must be a `{"secret": NAME}` reference,
-# never the value itself. The one list, for datasource options (registry) and a definition's target
-# options (dataflow.definitions.definitions); matched case-insensitively anywhere in the name.
-CREDENTIAL_OPTION_WORDS = ("password", "passwd", "dsn", "secret", "token", "credential", "api_key", "apikey")
 
 
 class Inconclusive(DataflowError):
@@ -353,9 +350,11 @@ def locate(provider: Provider, target: PublishTarget) -> Location | None:
 
 
 def is_credential_option(name: str) -> bool:
-    """Whether an option of this name holds a credential (see CREDENTIAL_OPTION_WORDS)."""
-    lowered = name.lower()
-    return any(word in lowered for word in CREDENTIAL_OPTION_WORDS)
+    """Whether an option of this name holds a credential, so its value must be a `{"secret": NAME}`
+    reference, never the value itself: for datasource options (registry) and a definition's target
+    options (dataflow.definitions.definitions). The words are core's one list
+    (`core.credentials.CREDENTIAL_WORDS`), the same the database URL scrubber hides."""
+    return credentials.is_credential_name(name)
 
 
 def check_key(key: str) -> None:
