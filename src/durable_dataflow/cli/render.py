@@ -15,7 +15,7 @@ from rich.text import Text
 
 from durable_dataflow.cli import common
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow.protocol.runs import Run, parameters_text
+from durable_dataflow.dataflow.protocol.runs import Run, RunStatus, parameters_text
 from durable_dataflow.dataflow.protocol.views import RunView
 
 # The history's parameters cell is cut here, with an ellipsis: `runs --json` carries every value whole.
@@ -62,7 +62,7 @@ def run_panel(shown: Run | RunView, *, title: str = "run") -> Panel:
         if value is None:
             continue
         grid.add_row(label, value if isinstance(value, Text) else Text(printable(value)))
-    border = "yellow" if view.unresolved else ("green" if view.run.status == "succeeded" else "red")
+    border = "yellow" if view.unresolved else ("green" if view.run.status == RunStatus.SUCCEEDED else "red")
     return Panel(grid, title=Text(title), border_style=border, expand=False)
 
 

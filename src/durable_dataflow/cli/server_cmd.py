@@ -84,7 +84,7 @@ class ServeSweeper:
             logger.exception("sweep failed unexpectedly; the next sweep tries again")
             return 0
         for decision in decisions:
-            if decision.decision != "skipped":
+            if decision.decision != sweeper.Decision.SKIPPED:
                 logger.warning(
                     "sweep.decided run_id=%s attempt=%d outcome=%s",
                     decision.run_id, decision.attempt, decision.decision,
