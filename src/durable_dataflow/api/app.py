@@ -78,7 +78,7 @@ def create_app(
 def _install_error_handlers(app: FastAPI) -> None:
     async def on_dataflow_error(request: Request, error: Exception) -> Response:
         if request.url.path.startswith("/ui/"):
-            assert isinstance(error, DataflowError)
+            error = errors.handled_as(error, DataflowError)
             if isinstance(error, Unauthenticated):
                 return RedirectResponse("/ui/login", status_code=303)
             return web.error_page(request, error)
@@ -87,12 +87,12 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def on_validation_error(request: Request, error: Exception) -> Response:
         # A form on a page is refused on the page (its HTML error), as a DataflowError is.
         if request.url.path.startswith("/ui/"):
-            assert isinstance(error, RequestValidationError)
+            error = errors.handled_as(error, RequestValidationError)
             return web.error_page(request, InputError(errors.validation_message(error.errors())))
         return await errors.on_validation_error(request, error)
 
     async def on_http_error(request: Request, error: Exception) -> Response:
-        assert isinstance(error, StarletteHTTPException)
+        error = errors.handled_as(error, StarletteHTTPException)
         if request.url.path.startswith("/ui/") and error.status_code == errors.MALFORMED_REQUEST_STATUS:
             return web.error_page(request, InputError(str(error.detail)))
         return await errors.on_http_error(request, error)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from itertools import islice
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from durable_dataflow.core.errors import DataflowError
+from durable_dataflow.core.invariants import InvariantViolation
 
 HTTP_STATUS_BY_CODE: Mapping[str, int] = {
     "invalid_input": 422,
@@ -65,8 +66,19 @@ def error_response(code: str, message: str) -> JSONResponse:
     return JSONResponse(error_body(code, message), status_code=status, headers=headers)
 
 
+ErrorT = TypeVar("ErrorT", bound=Exception)
+
+
+def handled_as(error: Exception, kind: type[ErrorT]) -> ErrorT:
+    """``error`` as the kind its handler was registered for. Starlette calls an exception handler only
+    with that kind, so any other is a bug: raised always (an ``assert`` vanishes under ``python -O``)."""
+    if not isinstance(error, kind):
+        raise InvariantViolation(f"the handler of {kind.__name__} was called with {type(error).__name__}")
+    return error
+
+
 async def on_dataflow_error(request: Request, error: Exception) -> JSONResponse:
-    assert isinstance(error, DataflowError)
+    error = handled_as(error, DataflowError)
     return error_response(error.code, error.message)
 
 
@@ -84,13 +96,13 @@ def validation_message(problems: Iterable[Mapping[str, Any]], prefix: tuple[str,
 
 
 async def on_validation_error(request: Request, error: Exception) -> JSONResponse:
-    assert isinstance(error, RequestValidationError)
+    error = handled_as(error, RequestValidationError)
     # Only locations and messages: the offending input may hold a secret and is never echoed.
     return error_response("invalid_input", validation_message(error.errors()))
 
 
 async def on_http_error(request: Request, error: Exception) -> JSONResponse:
-    assert isinstance(error, StarletteHTTPException)
+    error = handled_as(error, StarletteHTTPException)
     if error.status_code == MALFORMED_REQUEST_STATUS:  # Starlette's form parser ("Too many fields")
         return error_response("invalid_input", str(error.detail))  # 422, as the one table says
     code = CODE_BY_HTTP_STATUS.get(error.status_code, "invalid_input")

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.invariants import InvariantViolation
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -61,7 +62,8 @@ def head_revision() -> str:
     from alembic.script import ScriptDirectory
 
     head = ScriptDirectory.from_config(_config()).get_current_head()
-    assert head is not None  # the package ships its migrations
+    if head is None:  # not an assert, which vanishes under ``python -O``
+        raise InvariantViolation("alembic found no head revision, but the package ships its migrations")
     return head
 
 
