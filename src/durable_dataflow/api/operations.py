@@ -11,21 +11,19 @@ import base64
 import binascii
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from durable_dataflow.api.tokens import TokenInfo
-from durable_dataflow.core import checkpoints, ledger, units
+from durable_dataflow.core import units
 from durable_dataflow.core.errors import InputError, NotFound, PermissionDenied
-from durable_dataflow.core.units import US_PER_S
 from durable_dataflow.dataflow.definitions.definitions import parse_definition
 from durable_dataflow.dataflow.execution.workspace import Tenancy
-from durable_dataflow.dataflow.protocol import cancel, reconcile, runs, transitions, views
+from durable_dataflow.dataflow.protocol import cancel, reconcile, views
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
-from durable_dataflow.dataflow.protocol.runs import MODULE, Run
+from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.dataflow.protocol.service import Submission
-from durable_dataflow.dataflow.protocol.views import RunView
 from durable_dataflow.ops import ledger as ops_ledger
 from durable_dataflow.platform import Platform
 
@@ -151,11 +149,14 @@ def to_us(moment: datetime | None) -> int | None:
 
 
 @dataclass(frozen=True)
-class RunPage:
-    runs: list[Run]
+class RunsAnswer:
+    """A page of ``GET /v1/runs`` and ``/ui/runs``: the runs as read now and the next page's cursor."""
+
+    listed: views.RunList
     next_cursor: str | None
-    now_us: int
-    views: list[RunView]  # the runs as shown (views.load), in the same order
+
+    def as_json(self) -> dict[str, Any]:
+        return {"runs": self.listed.as_json(), "next_cursor": self.next_cursor}
 
 
 def list_runs(
@@ -170,15 +171,17 @@ def list_runs(
     cursor: str | None = None,
     limit: int = LIST_LIMIT_DEFAULT,
     parameters: Mapping[str, str] | None = None,
-) -> RunPage:
-    """One page of the caller's runs, newest first, with the cursor of the next page; ``parameters``
-    keeps runs holding every named value (``runs.list_page``)."""
+) -> RunsAnswer:
+    """One page of the caller's runs, newest first (``views.run_list``, as `dataflow runs`), with the
+    cursor of the next page; ``parameters`` keeps runs holding every named value."""
     if not 1 <= limit <= LIST_LIMIT_MAX:
         raise InputError(f"limit must be between 1 and {LIST_LIMIT_MAX}")
     before = decode_cursor(cursor) if cursor else None
     with platform.db.read() as conn:
-        found = runs.list_page(
+        listed = views.run_list(
             conn,
+            platform.db,
+            limit=limit,
             tenant=caller.tenant,
             status=status,
             recovery_status=recovery_status,
@@ -186,65 +189,32 @@ def list_runs(
             created_after_us=to_us(created_after),
             created_before_us=to_us(created_before),
             before=before,
-            limit=limit + 1,
             parameters=parameters,
         )
-        page = found[:limit]
-        shown = views.load(conn, platform.db, page)  # reads only: an expired lease is shown, never swept
-        now_us = platform.db.now_us(conn)
-    next_cursor = encode_cursor(page[-1]) if len(found) > limit else None
-    return RunPage(page, next_cursor, now_us, shown)
+    next_cursor = encode_cursor(listed.views[-1].run) if listed.more else None
+    return RunsAnswer(listed, next_cursor)
 
 
-def get_run(platform: Platform, caller: Caller, run_id: str) -> Run:
-    return platform.runs.get(run_id, caller.tenant)
-
-
-def view_of(platform: Platform, run: Run) -> tuple[RunView, int]:
-    """The run as shown (its lease read on the database clock) and the database's now, in one read."""
+def get_run(platform: Platform, caller: Caller, run_id: str) -> views.ShownRun:
+    """One run of the caller's tenant as read now (``views.shown_run``, as `dataflow show` shows it)."""
     with platform.db.read() as conn:
-        return views.load_one(conn, platform.db, run), platform.db.now_us(conn)
+        return views.shown_run(conn, platform.db, run_id, caller.tenant)
+
+
+def shown(platform: Platform, run: Run) -> views.ShownRun:
+    """A run a write returned, as read now (``views.shown``: its lease read on the database clock)."""
+    with platform.db.read() as conn:
+        return views.shown(conn, platform.db, run)
 
 
 # ---- evidence and reconciliation -------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Evidence:
-    run: Run
-    entries: list[dict[str, Any]]
-    verification: dict[str, Any]
-    checkpoint: dict[str, Any] | None
-    now_us: int
-    view: RunView
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "run": public_run(self.view, self.now_us),
-            "entries": self.entries,
-            "verification": self.verification,
-            "checkpoint": self.checkpoint,
-        }
-
-
-def evidence_of(platform: Platform, caller: Caller, run_id: str) -> Evidence:
-    """The ledger entries, the verification of the chain (and of success facts), the latest checkpoint."""
-    key = platform.runs.config.evidence_key
+def evidence_of(platform: Platform, caller: Caller, run_id: str) -> views.RunEvidence:
+    """The ledger entries, the verification of the chain (and of success facts), the latest checkpoint:
+    ``views.run_evidence``, the same objects as `dataflow show --json` and `dataflow verify --json`."""
     with platform.db.read() as conn:
-        run = runs.get(conn, run_id, caller.tenant)
-        entries = ledger.read(conn, MODULE, run_id)
-        verification = transitions.verify_run(conn, run, key)
-        checkpoint = checkpoints.latest(conn, MODULE, run_id)
-        view = views.load_one(conn, platform.db, run)
-        now_us = platform.db.now_us(conn)
-    return Evidence(
-        run=run,
-        entries=[views.entry_json(e) for e in entries],
-        verification=asdict(verification),
-        checkpoint=None if checkpoint is None else {**asdict(checkpoint), "facts": dict(checkpoint.facts)},
-        now_us=now_us,
-        view=view,
-    )
+        return views.run_evidence(conn, platform.db, run_id, platform.runs.config.evidence_key, caller.tenant)
 
 
 def reconcile_run(platform: Platform, caller: Caller, run_id: str, resume: bool) -> reconcile.Reconciliation:
@@ -265,11 +235,3 @@ def cancel_run(platform: Platform, caller: Caller, run_id: str) -> cancel.Cancel
     entry records the caller's access context digest and provenance."""
     return cancel.cancel(platform.runs, run_id, access=caller.access(), provenance=caller.provenance(),
                          tenant=caller.tenant)  # fmt: skip
-
-
-def public_run(view: RunView, now_us: int) -> dict[str, Any]:
-    """The documented run JSON as shown (``RunView.public``: the derived warning and ``unresolved``,
-    ``lease_expired``), plus its age on the database clock."""
-    data = view.public()
-    data["age_s"] = max(0, now_us - view.run.created_at_us) / US_PER_S
-    return data

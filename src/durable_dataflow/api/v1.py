@@ -87,8 +87,7 @@ def submit_run(
     )
     request.app.state.metrics.observe_commit("submit", time.perf_counter() - started)
     response.status_code = 201 if submission.created else 200
-    view, now_us = operations.view_of(platform, submission.run)
-    return {"run": operations.public_run(view, now_us), "created": submission.created}
+    return {"run": operations.shown(platform, submission.run).as_json(), "created": submission.created}
 
 
 @router.get("/runs", responses=ERROR_RESPONSES)
@@ -119,14 +118,13 @@ def list_runs(
         limit=limit,
         parameters=runs.parse_parameter_filters(param or [], "param"),
     )
-    return {"runs": [operations.public_run(v, page.now_us) for v in page.views], "next_cursor": page.next_cursor}
+    return page.as_json()
 
 
 @router.get("/runs/{run_id}", responses=ERROR_RESPONSES)
 def get_run(request: Request, run_id: str, caller: Viewer) -> dict[str, Any]:
-    platform = platform_of(request)
-    view, now_us = operations.view_of(platform, operations.get_run(platform, caller, run_id))
-    return {"run": operations.public_run(view, now_us)}
+    """One run as read now (``views.shown_run``: the run JSON of `dataflow show --json`)."""
+    return {"run": operations.get_run(platform_of(request), caller, run_id).as_json()}
 
 
 @router.get("/runs/{run_id}/evidence", responses=ERROR_RESPONSES)
@@ -146,9 +144,8 @@ def reconcile_run(request: Request, run_id: str, caller: Operator, body: Reconci
     started = time.perf_counter()
     result = operations.reconcile_run(platform, caller, run_id, resume=body.resume)
     request.app.state.metrics.observe_commit("reconcile", time.perf_counter() - started)
-    view, now_us = operations.view_of(platform, result.run)
     return {
-        "run": operations.public_run(view, now_us),
+        "run": operations.shown(platform, result.run).as_json(),
         "finding": result.finding,
         "detail": result.detail,
         "resumed": result.resumed,
@@ -164,8 +161,8 @@ def cancel_run(request: Request, run_id: str, caller: Operator) -> dict[str, Any
     authorization a publication may exist: 409 with the reconcile instruction."""
     platform = platform_of(request)
     result = operations.cancel_run(platform, caller, run_id)
-    view, now_us = operations.view_of(platform, result.run)
-    return {"run": operations.public_run(view, now_us), "cancelled": result.cancelled, "detail": result.detail}
+    shown = operations.shown(platform, result.run).as_json()
+    return {"run": shown, "cancelled": result.cancelled, "detail": result.detail}
 
 
 @router.get("/definitions", responses=ERROR_RESPONSES)

@@ -176,19 +176,20 @@ def run_page(request: Request, run_id: str, reconciled: str = "", cancelled: str
     """One run: its state, warning, publication references, verification and ledger timeline."""
     caller = web_caller(request)
     found = operations.evidence_of(platform_of(request), caller, run_id)
+    view = found.page.shown.view
     finding = reconciled if reconciled in FINDINGS else ""
     context = {
         "caller": caller,
-        "evidence": found,
-        "run": found.run,
-        "view": found.view,
+        "evidence": found.as_json(),  # the JSON of GET /v1/runs/{id}/evidence, rendered
+        "run": view.run,
+        "view": view,
         "is_operator": caller.token.allows(Role.OPERATOR),
         "finding": finding,
         "finding_text": FINDING_TEXT.get(finding, ""),
-        "cancelled": cancelled == "yes" and found.run.status == RunStatus.CANCELLED,
+        "cancelled": cancelled == "yes" and view.run.status == RunStatus.CANCELLED,
         # Offered while nothing can have been published; the cancel itself decides under the lease.
-        "cancellable": found.run.status in (RunStatus.QUEUED, RunStatus.RUNNING)
-        and found.run.publication_idempotency_key is None,
+        "cancellable": view.run.status in (RunStatus.QUEUED, RunStatus.RUNNING)
+        and view.run.publication_idempotency_key is None,
     }
     return render(request, "run.html", context)
 

@@ -171,19 +171,20 @@ def runs_command(
     if not 1 <= limit <= runs.PAGE_SIZE_MAX:
         raise InputError(f"--limit must be between 1 and {runs.PAGE_SIZE_MAX}, got {limit}")
     with common.open_platform(ctx) as platform, platform.db.read() as conn:
-        found = runs.list_page(
+        listed = views.run_list(
             conn,
+            platform.db,
+            limit=limit,
             tenant=tenant,
             status=status,
             recovery_status=recovery_status,
             definition_name=definition,
             parameters=parse_params(param or []),
-            limit=limit,
-        )
-        items = views.load(conn, platform.db, found)  # reads only: an expired lease is shown, never swept
+        )  # reads only: an expired lease is shown, never swept
     if as_json:
-        common.emit_json([common.run_json(view) for view in items])
+        common.emit_json(listed.as_json())
         return
+    items = listed.views
     console = common.stdout_console()
     if not items:
         console.print("no runs")

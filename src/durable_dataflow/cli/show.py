@@ -7,45 +7,29 @@ parameters and error messages); ``--json`` stays exact JSON.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from durable_dataflow.cli import common, render
-from durable_dataflow.core import checkpoints, ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow.execution import results
 from durable_dataflow.dataflow.execution.results import EXPORT_FORMATS, ExportFormat
-from durable_dataflow.dataflow.protocol import runs, transitions, views
-from durable_dataflow.dataflow.protocol.runs import MODULE
+from durable_dataflow.dataflow.protocol import runs, views
 
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run id (or its tail as `runs` shows it).")]
 
 
-def _checkpoint_json(checkpoint: checkpoints.Checkpoint | None) -> dict[str, Any] | None:
-    if checkpoint is None:
-        return None
-    return {
-        "attempt": checkpoint.attempt,
-        "head_seq": checkpoint.head_seq,
-        "head_hash": checkpoint.head_hash,
-        "status": checkpoint.status,
-        "facts": dict(checkpoint.facts),
-        "verified_at_us": checkpoint.verified_at_us,
-    }
-
-
-def _ledger_table(entries: Sequence[ledger.Entry]) -> Table:
+def _ledger_table(page: views.RunPage) -> Table:
     table = Table(title="ledger", title_justify="left")
     for column in ("seq", "attempt", "kind", "time"):
         table.add_column(column, no_wrap=True)
     table.add_column("payload", overflow="fold")
-    for entry in entries:
+    for entry in page.entries:
         table.add_row(
             Text(str(entry.seq)),
             Text(str(entry.attempt)),
@@ -63,22 +47,14 @@ def show_command(
 ) -> None:
     """A run's fields, its ledger entries and latest checkpoint, and the warning if unresolved."""
     with common.open_platform(ctx) as platform, platform.db.read() as conn:
-        full_id = runs.resolve_run_id(conn, run_id)
-        view = views.load_one(conn, platform.db, runs.get(conn, full_id))  # reads only, never sweeps
-        entries = ledger.read(conn, MODULE, full_id)
-        checkpoint = checkpoints.latest(conn, MODULE, full_id)
+        page = views.run_page(conn, platform.db, runs.resolve_run_id(conn, run_id))  # reads only, never sweeps
     if as_json:
-        common.emit_json(
-            common.run_json(
-                view,
-                ledger=[views.entry_json(e, views.SHOW_ENTRY_FIELDS) for e in entries],
-                checkpoint=_checkpoint_json(checkpoint),
-            )
-        )
+        common.emit_json(page.as_json())
         return
+    view, checkpoint = page.shown.view, page.checkpoint
     console = common.stdout_console()
     console.print(render.run_panel(view))
-    console.print(_ledger_table(entries))
+    console.print(_ledger_table(page))
     if checkpoint is None:
         console.print("checkpoint: none (no verified state yet)")
     else:
@@ -100,23 +76,11 @@ def verify_command(
 ) -> None:
     """Recompute the run's evidence chain and check its facts: exit 0 when it verifies, 1 when not."""
     with common.open_platform(ctx) as platform, platform.db.read() as conn:
-        full_id = runs.resolve_run_id(conn, run_id)
-        run = runs.get(conn, full_id)
-        result = transitions.verify_run(conn, run, platform.config.evidence_key)
+        found = views.verification(conn, runs.resolve_run_id(conn, run_id), platform.config.evidence_key)
+    result = found.result
     code = common.EXIT_OK if result.ok else common.EXIT_ERROR
     if as_json:
-        common.emit_json(
-            {
-                "run_id": full_id,
-                "ok": result.ok,
-                "entry_count": result.entry_count,
-                "head_seq": result.head_seq,
-                "head_hash": result.head_hash,
-                "keyed": result.keyed,
-                "broken_seq": result.broken_seq,
-                "reason": result.reason or None,
-            }
-        )
+        common.emit_json(found.as_json())
         raise typer.Exit(code)
     console = common.stdout_console()
     if result.ok:

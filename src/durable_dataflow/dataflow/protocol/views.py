@@ -11,6 +11,13 @@ fails it). Views only read: deciding is the sweeper's, in its own fenced transac
 
 Also here, once, for every reader: the ledger-entry JSON, the warning of a run, the time and age
 texts. Their outputs are documented forms (docs/cli.md, docs/api.md) and stay byte-identical.
+
+**One door for reads.** The CLI (`runs`, `show`, `verify`), the JSON API (`GET /v1/runs`,
+`/v1/runs/{id}`, `/v1/runs/{id}/evidence`, the run in every answer) and the web pages read runs and
+their evidence only through the functions at the end of this module. Each returns a frozen value with
+one ``as_json()``, so the same run is the same JSON everywhere; a reader adds only its envelope
+(``{"run": ...}``) and its rendering. The Ops projection has its own door, ``ops.ledger.read_projection``
+(ops sits above dataflow and reads through this module).
 """
 
 from __future__ import annotations
@@ -18,17 +25,20 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import leases, ledger
+from durable_dataflow.core import checkpoints, leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.invariants import invariant
 from durable_dataflow.core.units import US_PER_S
 from durable_dataflow.dataflow.definitions import catalog
-from durable_dataflow.dataflow.protocol import runs
+from durable_dataflow.dataflow.protocol import runs, transitions
 from durable_dataflow.dataflow.protocol.runs import MODULE, RecoveryStatus, Run, RunStatus
+
+if TYPE_CHECKING:
+    from durable_dataflow.core.secrets import Secret
 
 # ---- times -------------------------------------------------------------------------------------
 
@@ -62,15 +72,11 @@ def age_text(seconds: float, *, parts: int = 1) -> str:
 
 # ---- the ledger --------------------------------------------------------------------------------
 
-# The API's entry form (docs/api.md) and `dataflow show --json`'s (docs/cli.md): one projection, two
-# documented field orders.
-ENTRY_FIELDS = ("seq", "attempt", "kind", "payload", "prev_hash", "entry_hash", "recorded_at_us")
-SHOW_ENTRY_FIELDS = ("seq", "attempt", "kind", "recorded_at_us", "payload", "entry_hash")
 
-
-def entry_json(entry: ledger.Entry, fields: Sequence[str] = ENTRY_FIELDS) -> dict[str, Any]:
-    """One ledger entry as JSON, its fields in the order of ``fields`` (the payload as a plain dict)."""
-    every: dict[str, Any] = {
+def entry_json(entry: ledger.Entry) -> dict[str, Any]:
+    """One ledger entry as JSON (the payload as a plain dict): the one form of `dataflow show --json`'s
+    ``ledger`` and the evidence's ``entries`` (docs/cli.md, docs/api.md)."""
+    return {
         "seq": entry.seq,
         "attempt": entry.attempt,
         "kind": entry.kind,
@@ -79,7 +85,22 @@ def entry_json(entry: ledger.Entry, fields: Sequence[str] = ENTRY_FIELDS) -> dic
         "entry_hash": entry.entry_hash,
         "recorded_at_us": entry.recorded_at_us,
     }
-    return {name: every[name] for name in fields}
+
+
+def checkpoint_json(checkpoint: checkpoints.Checkpoint | None) -> dict[str, Any] | None:
+    """The latest verified checkpoint as JSON (its facts as a plain dict), or None: every field it has."""
+    if checkpoint is None:
+        return None
+    return {
+        "module": checkpoint.module,
+        "subject_id": checkpoint.subject_id,
+        "attempt": checkpoint.attempt,
+        "head_seq": checkpoint.head_seq,
+        "head_hash": checkpoint.head_hash,
+        "status": checkpoint.status,
+        "facts": dict(checkpoint.facts),
+        "verified_at_us": checkpoint.verified_at_us,
+    }
 
 
 # ---- runs --------------------------------------------------------------------------------------
@@ -212,3 +233,155 @@ def tenant_definition_body(conn: Connection, tenant: str, d_hash: str) -> str | 
     """The canonical body of a pinned definition the tenant has used, else None: a tenant never
     sees another tenant's SQL."""
     return catalog.tenant_definition_body(conn, runs.usage_by_definition(tenant), d_hash)
+
+
+# ---- the one door: what `runs`, `show`, `verify`, the JSON API and the pages read ---------------
+
+
+@dataclass(frozen=True)
+class ShownRun:
+    """One run as read now: its view and the database's now, from which its age counts."""
+
+    view: RunView
+    now_us: int
+
+    def as_json(self) -> dict[str, Any]:
+        """The documented run JSON as shown (``RunView.public``: the derived ``warning`` and
+        ``unresolved``, ``lease_expired``), plus ``age_s`` on the database clock."""
+        data = self.view.public()
+        data["age_s"] = max(0, self.now_us - self.view.run.created_at_us) / US_PER_S
+        return data
+
+
+@dataclass(frozen=True)
+class RunList:
+    """Runs as read now, newest first (`dataflow runs`, ``GET /v1/runs``, ``/ui/runs``)."""
+
+    views: tuple[RunView, ...]
+    now_us: int
+    more: bool  # the listing found a run after the last one here (a next page exists)
+
+    def as_json(self) -> list[dict[str, Any]]:
+        """Each run as ``ShownRun.as_json`` gives it, at the one ``now_us`` of this read."""
+        return [ShownRun(view, self.now_us).as_json() for view in self.views]
+
+
+@dataclass(frozen=True)
+class RunPage:
+    """`dataflow show`: the run as read now, its ledger entries in order and its latest checkpoint."""
+
+    shown: ShownRun
+    entries: tuple[ledger.Entry, ...]
+    checkpoint: checkpoints.Checkpoint | None
+
+    def as_json(self) -> dict[str, Any]:
+        """The run JSON plus ``ledger`` (``entry_json`` each) and ``checkpoint`` (``checkpoint_json``)."""
+        return {
+            **self.shown.as_json(),
+            "ledger": [entry_json(entry) for entry in self.entries],
+            "checkpoint": checkpoint_json(self.checkpoint),
+        }
+
+
+@dataclass(frozen=True)
+class RunVerification:
+    """`dataflow verify`: the run's chain recomputed from genesis and the facts of its state checked."""
+
+    run_id: str
+    result: ledger.Verification
+
+    def as_json(self) -> dict[str, Any]:
+        """Every field of the verification, with the run it is of; ``reason`` is null when there is none."""
+        result = self.result
+        return {
+            "run_id": self.run_id,
+            "ok": result.ok,
+            "entry_count": result.entry_count,
+            "head_seq": result.head_seq,
+            "head_hash": result.head_hash,
+            "keyed": result.keyed,
+            "broken_seq": result.broken_seq,
+            "reason": result.reason or None,
+        }
+
+
+@dataclass(frozen=True)
+class RunEvidence:
+    """``GET /v1/runs/{id}/evidence`` and the web run page: `show`'s page with `verify`'s verification."""
+
+    page: RunPage
+    verification: RunVerification
+
+    def as_json(self) -> dict[str, Any]:
+        """``run``, ``entries`` and ``checkpoint`` exactly as `show --json` gives them (its run fields, its
+        ``ledger``, its ``checkpoint``), and ``verification`` exactly as `verify --json` prints it."""
+        page = self.page.as_json()
+        return {
+            "run": self.page.shown.as_json(),
+            "entries": page["ledger"],
+            "verification": self.verification.as_json(),
+            "checkpoint": page["checkpoint"],
+        }
+
+
+def shown(conn: Connection, db: Database, run: Run) -> ShownRun:
+    """A run a caller already holds (a write's answer), as read now: its lease on the database clock."""
+    return ShownRun(load_one(conn, db, run), db.now_us(conn))
+
+
+def shown_run(conn: Connection, db: Database, run_id: str, tenant: str | None = None) -> ShownRun:
+    """One run as read now; another tenant's run is NotFound, exactly like one that does not exist."""
+    return shown(conn, db, runs.get(conn, run_id, tenant))
+
+
+def run_list(
+    conn: Connection,
+    db: Database,
+    *,
+    limit: int,
+    tenant: str | None = None,
+    status: str | None = None,
+    recovery_status: str | None = None,
+    definition_name: str | None = None,
+    created_after_us: int | None = None,
+    created_before_us: int | None = None,
+    before: tuple[int, str] | None = None,
+    parameters: Mapping[str, str] | None = None,
+) -> RunList:
+    """At most ``limit`` runs, newest first, filtered as ``runs.list_page`` filters; ``more`` says whether
+    a next page exists (asked for one run more, within ``runs.PAGE_SIZE_MAX``)."""
+    found = runs.list_page(
+        conn,
+        tenant=tenant,
+        status=status,
+        recovery_status=recovery_status,
+        definition_name=definition_name,
+        created_after_us=created_after_us,
+        created_before_us=created_before_us,
+        before=before,
+        limit=limit + 1,
+        parameters=parameters,
+    )
+    page = found[:limit]
+    shown_views = load(conn, db, page)  # reads only: an expired lease is shown, never swept
+    return RunList(tuple(shown_views), db.now_us(conn), more=len(found) > limit)
+
+
+def run_page(conn: Connection, db: Database, run_id: str, tenant: str | None = None) -> RunPage:
+    """`dataflow show`'s read, in the caller's one transaction: the run, its ledger and checkpoint."""
+    found = shown_run(conn, db, run_id, tenant)
+    entries = tuple(ledger.read(conn, MODULE, run_id))
+    return RunPage(found, entries, checkpoints.latest(conn, MODULE, run_id))
+
+
+def verification(conn: Connection, run_id: str, key: Secret | None, tenant: str | None = None) -> RunVerification:
+    """`dataflow verify`'s read: the chain against the latest checkpoint and the run's facts
+    (``transitions.verify_run``); a failure is a result naming the seq, never an exception."""
+    return RunVerification(run_id, transitions.verify_run(conn, runs.get(conn, run_id, tenant), key))
+
+
+def run_evidence(
+    conn: Connection, db: Database, run_id: str, key: Secret | None, tenant: str | None = None
+) -> RunEvidence:
+    """The evidence of one run in one read transaction: `show`'s page and `verify`'s verification."""
+    return RunEvidence(run_page(conn, db, run_id, tenant), verification(conn, run_id, key, tenant))
