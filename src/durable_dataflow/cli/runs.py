@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
-from durable_dataflow.cli import common, interrupts, progress_line, render
+from durable_dataflow.cli import common, interrupts, options, progress_line, render
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.text import printable
@@ -87,9 +87,7 @@ def run_command(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="The definition file (YAML or JSON).")],
     param: Annotated[list[str] | None, typer.Option("--param", "-p", help="NAME=VALUE (repeatable).")] = None,
-    idempotency_key: Annotated[
-        str | None, typer.Option("--idempotency-key", "-k", help="Replays of this key return the same run.")
-    ] = None,
+    idempotency_key: options.IdempotencyKey = None,
     tenant: Annotated[str, typer.Option("--tenant", help="The tenant the run belongs to.")] = "default",
     max_attempts: Annotated[
         int, typer.Option("--max-attempts", help="Attempts allowed before the run fails.")

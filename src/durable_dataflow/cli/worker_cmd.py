@@ -19,7 +19,7 @@ from typing import Annotated
 import structlog
 import typer
 
-from durable_dataflow.cli import common
+from durable_dataflow.cli import common, options
 from durable_dataflow.cli import runs as cli_runs
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError, StorageUnavailable
@@ -63,9 +63,7 @@ def submit(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="The dataflow definition (YAML or JSON).")],
     param: Annotated[list[str] | None, typer.Option("--param", help="A parameter, NAME=VALUE (repeatable).")] = None,
-    idempotency_key: Annotated[
-        str | None, typer.Option("--idempotency-key", help="Replays of this key return the existing run.")
-    ] = None,
+    idempotency_key: options.IdempotencyKey = None,
     tenant: Annotated[str, typer.Option("--tenant", help="The tenant the run belongs to.")] = "default",
     max_attempts: Annotated[
         int, typer.Option("--max-attempts", help="Attempts allowed before the run fails.")

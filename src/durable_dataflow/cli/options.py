@@ -1,0 +1,20 @@
+"""Options more than one command takes, declared once so their flags and help never drift apart.
+
+Imports Typer only: every command module imports this one, `version` included (see ``common``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+# `run` and `submit`: a replay of the key (in its tenant) returns the run recorded first.
+IdempotencyKey = Annotated[
+    str | None,
+    typer.Option(
+        "--idempotency-key",
+        "-k",
+        help="Replays of this key (in the tenant) return the existing run; nothing is executed or recorded again.",
+    ),
+]
