@@ -6,14 +6,10 @@ import datetime as dt
 import decimal
 import hashlib
 import itertools
-import json
 import os
 import struct
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from unittest.mock import patch
 
 import pyarrow as pa
@@ -38,30 +34,9 @@ from durable_dataflow.dataflow.execution.arrowdigest import (
 )
 from durable_dataflow.dataflow.protocol import evidence
 from durable_dataflow.dataflow.schema import run_results
+from support.arrow_tables import BASE_DIGEST_V2, BASE_DIGEST_V3, ROWS, base_table
 
-ROWS = 1_000
-# The digests of _base(), pinned: a stored digest is a fact, so a format may change only as a new version.
-BASE_DIGEST_V2 = "sha256:bbf609ff3a87e746e43f681fdaedf03e3b88e6064539b51be33593f24fc98d5c"
-BASE_DIGEST_V3 = "sha256:2dbb3d1e1a2160b48f1264f137f5d3b5de255ff098e700cdd42896f763a040a6"
 DIGESTS = [pytest.param(output_digest, id="v3"), pytest.param(output_digest_v2, id="v2")]
-
-
-def _base() -> pa.Table:
-    return pa.table(
-        {
-            "id": pa.array([None if i % 7 == 0 else i * 1_000_003 for i in range(ROWS)], pa.int64()),
-            "name": pa.array([None if i % 11 == 0 else f"customer-{i}-{'x' * (i % 5)}" for i in range(ROWS)]),
-            "big": pa.array([f"v{i}" for i in range(ROWS)], pa.large_string()),
-            "score": pa.array([i / 3 for i in range(ROWS)], pa.float64()),
-            "flag": pa.array([None if i % 13 == 0 else i % 2 == 0 for i in range(ROWS)], pa.bool_()),
-            "day": pa.array([dt.date(2026, 11, 1) + dt.timedelta(days=i % 30) for i in range(ROWS)]),
-            "at": pa.array([dt.datetime(2026, 11, 2, 8, 0) + dt.timedelta(seconds=i) for i in range(ROWS)],
-                           pa.timestamp("us", tz="UTC")),
-            "amount": pa.array([None if i % 17 == 0 else decimal.Decimal(i) / 100 for i in range(ROWS)],
-                               pa.decimal128(18, 2)),
-            "raw": pa.array([bytes([i % 256]) * (i % 3) for i in range(ROWS)], pa.binary()),
-        }
-    )
 
 
 def _with_garbage_under_nulls(column: pa.ChunkedArray) -> pa.Array:
@@ -125,7 +100,7 @@ def _v3_by_the_docstring(table: pa.Table) -> str:
 def test_v3_is_what_the_docstring_says_and_v2_is_unchanged() -> None:
     """Proves the formats: v3 equals an independent whole-column reading of the docstring, and both
     v3 and v2 of the base table equal their pinned digests (v2 as computed before v3 existed)."""
-    base = _base()
+    base = base_table()
     assert DIGEST_FORMAT_VERSION == 3
     assert output_digest(base) == _v3_by_the_docstring(base) == BASE_DIGEST_V3
     assert output_digest_v2(base) == BASE_DIGEST_V2
@@ -138,7 +113,7 @@ def test_v3_is_what_the_docstring_says_and_v2_is_unchanged() -> None:
 def test_digest_is_chunking_offset_garbage_and_metadata_independent(digest: Callable[[pa.Table], str]) -> None:
     """Proves chunking independence (v3 and v2): re-chunked, sliced, garbage-under-nulls and metadata
     variants hash alike."""
-    base = _base()
+    base = base_table()
     cuts = [0, 1, 99, 333, 500, 777, ROWS]
     rechunked = pa.concat_tables([base.slice(a, b - a) for a, b in itertools.pairwise(cuts)])
     bigger = pa.concat_tables([base.slice(ROWS - 123), base, base.slice(0, 45)])
@@ -158,7 +133,7 @@ def test_digest_is_chunking_offset_garbage_and_metadata_independent(digest: Call
 @pytest.mark.parametrize("column", ["id", "name", "big", "score", "flag", "day", "at", "amount", "raw"])
 def test_digest_changes_when_one_value_changes(column: str) -> None:
     """Proves sensitivity: replacing the value in row 500 of any column changes the digest."""
-    base = _base()
+    base = base_table()
     values = base.column(column).to_pylist()
     replacement = {
         "id": 1, "name": "someone", "big": "other", "score": 0.5, "flag": not values[500],
@@ -320,7 +295,7 @@ def test_groups_and_threads_digest_like_one_batch_on_one_thread() -> None:
 def test_digest_survives_ipc_round_trips() -> None:
     """Proves stored bytes verify: the base table written as IPC (one batch, or many uneven batches as a
     streaming writer would) and read back digests as before, in both formats."""
-    base = _base()
+    base = base_table()
     assert output_digest(results.decode_ipc(results.encode_ipc(base))) == BASE_DIGEST_V3
     assert output_digest_v2(results.decode_ipc(results.encode_ipc(base))) == BASE_DIGEST_V2
     sink = pa.BufferOutputStream()
@@ -335,7 +310,7 @@ def test_digest_survives_ipc_round_trips() -> None:
 def test_stored_result_digest_verifies_each_format_under_its_own_digest() -> None:
     """Proves stored_result_digest on real SQLite: a legacy row is verified with v2, a v3 row with v3,
     an unknown format is an EvidenceError, and both format names fit the format column."""
-    base = _base()
+    base = base_table()
     engine = sa.create_engine("sqlite://")
     run_results.create(engine)
     stored = {"legacy": results.FORMAT_IPC_DIGEST_V2, "new": results.FORMAT_IPC_DIGEST_V3, "odd": "parquet"}
@@ -362,28 +337,3 @@ def test_ipc_round_trip_and_exports() -> None:
     assert results.export(table, "parquet").startswith(b"PAR1")
     with pytest.raises(InputError):
         results.decode_ipc(b"not arrow")
-
-
-def test_digesting_stored_bytes_does_not_import_pandas(tmp_path: Path) -> None:
-    """Proves `dataflow verify`'s digest of stored bytes leaves pandas unloaded where it is installed
-    (pyarrow looks for it on ``pa.scalar`` of a Python value, ≈ 0.2 s): a fresh interpreter decodes
-    the pinned table's IPC bytes, digests them in both formats and reports whether pandas came in."""
-    pytest.importorskip("pandas")  # the test environment has it (the spark-connect extra)
-    stored = tmp_path / "base.arrows"
-    stored.write_bytes(results.encode_ipc(_base()))
-    probe = (
-        "import json, sys\n"
-        "from pathlib import Path\n"
-        "from durable_dataflow.dataflow.execution import arrowdigest, results\n"
-        f"table = results.decode_ipc(Path({str(stored)!r}).read_bytes())\n"
-        "digests = [arrowdigest.output_digest(table), arrowdigest.output_digest_v2(table)]\n"
-        "before = 'pandas' in sys.modules\n"
-        "import pyarrow as pa\n"
-        "pa.scalar('')  # the probe can see pandas come in\n"
-        "print(json.dumps([digests, before, 'pandas' in sys.modules]))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    digests, pandas_before, pandas_after = json.loads(done.stdout)
-    assert digests == [BASE_DIGEST_V3, BASE_DIGEST_V2]
-    assert not pandas_before and pandas_after
