@@ -34,11 +34,12 @@ $(BIN)/dataflow runs
 endef
 export DEMO_SCRIPT
 
-.PHONY: help venv sysdeps test lint typecheck pytest demo bench soak model screenshots clean distclean
+.PHONY: help venv sysdeps test test-unit lint typecheck pytest demo bench soak model screenshots clean distclean
 
 help:
 	@echo "make demo       run the example dataflow and show the run history"
 	@echo "make test       system deps, ruff, mypy, the whole pytest suite (SQLite and PostgreSQL), model check"
+	@echo "make test-unit  the unit tier alone (tests/unit): no database server, no process, no JVM; seconds"
 	@echo "make lint       ruff check src tests"
 	@echo "make typecheck  mypy (strict, src)"
 	@echo "make bench      benchmarks vs DBOS (BENCH_ARGS=--quick for a smoke run); see docs/performance.md"
@@ -69,6 +70,10 @@ typecheck: venv
 
 pytest: venv sysdeps
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The unit tier: pure and fast, so it needs no system deps (tests/unit/conftest.py keeps it so).
+test-unit: venv
+	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
 
 test: venv sysdeps
 	$(BIN)/ruff check src tests
