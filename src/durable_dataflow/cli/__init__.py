@@ -35,7 +35,7 @@ _app = typer.Typer(
 )
 
 # The core command modules, in the order the help lists them, and the commands and groups each one
-# registers (tests/unit/test_cli_imports.py checks this against what they register).
+# registers (tests/integration/test_cli_imports.py checks this against what they register).
 CORE_MODULES: Mapping[str, tuple[str, ...]] = {
     "durable_dataflow.cli.runs": ("run", "runs", "reconcile", "cancel"),
     "durable_dataflow.cli.show": ("show", "verify", "result"),
