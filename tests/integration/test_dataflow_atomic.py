@@ -15,7 +15,7 @@ from durable_dataflow.core import checkpoints, crashpoints, hashing, ledger
 from durable_dataflow.core.errors import Conflict, InputError
 from durable_dataflow.core.schema import ledger_entries
 from durable_dataflow.dataflow.definitions.definitions import canonical_body, definition_hash
-from durable_dataflow.dataflow.protocol import service, sweeper
+from durable_dataflow.dataflow.protocol import attempt, sweeper
 from durable_dataflow.dataflow.protocol.runs import RunStatus
 from durable_dataflow.dataflow.schema import definitions, run_results
 from durable_dataflow.platform import Platform
@@ -45,7 +45,7 @@ def test_record_before_execute(platform: Platform, tmp_path: Path, monkeypatch: 
     """Invariant 1: when sources are read, run.recorded and attempt.started are already committed (seen from
     another connection)."""
     seen: list[list[str]] = []
-    real = service.sources.resolve_sources
+    real = attempt.sources.resolve_sources
 
     def probe(defn: object, ctx: object) -> object:
         with platform.db.read() as conn:  # a separate connection sees only committed rows
@@ -53,7 +53,7 @@ def test_record_before_execute(platform: Platform, tmp_path: Path, monkeypatch: 
             seen.append([e.kind for e in ledger.read(conn, "dataflow", run_id)])
         return real(defn, ctx)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(service.sources, "resolve_sources", probe)
+    monkeypatch.setattr(attempt.sources, "resolve_sources", probe)
     platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1"))
     assert seen == [["run.recorded", "attempt.started"]]
 
@@ -64,7 +64,7 @@ def test_terminal_commit_is_all_or_nothing(platform: Platform, tmp_path: Path, m
     def explode(*args: object, **kwargs: object) -> None:
         raise RuntimeError("disk full while releasing")
 
-    monkeypatch.setattr(service.leases, "release", explode)
+    monkeypatch.setattr(attempt.leases, "release", explode)
     with pytest.raises(RuntimeError):
         platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1"))
     with platform.db.read() as conn:
@@ -102,7 +102,7 @@ def test_replay_returns_the_existing_run_and_executes_nothing(
     first = platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1")).run
     before = flows.row_counts(platform)
     calls: list[object] = []
-    monkeypatch.setattr(service.sources, "resolve_sources", lambda *a: calls.append(a))
+    monkeypatch.setattr(attempt.sources, "resolve_sources", lambda *a: calls.append(a))
     again = platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1"))
     assert (again.created, again.run.run_id, again.run.status) == (False, first.run_id, "succeeded")
     assert calls == []

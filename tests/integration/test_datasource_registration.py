@@ -340,7 +340,7 @@ def test_forward_prepare_target_registers_through_the_service(platform: Platform
     defn = flows.definition(flows.parquet_target(location="prepared"))
     submitted = platform.runs.submit(flows.request(defn, tmp_path, "queued"))
     run = submitted.run
-    forward.prepare_target(platform.runs, run, ParquetFolderProvider())
+    forward.prepare_target(platform.runs.attempt_of(run, run.attempt), ParquetFolderProvider())
     assert (tmp_path / "prepared" / "_manifests").is_dir()
     [row] = _rows(platform)
     assert (row["tenant"], row["location"], row["created_by_run"]) == ("acme", "prepared", run.run_id)

@@ -40,6 +40,7 @@ from durable_dataflow.core import fencing, leases
 from durable_dataflow.core.errors import Conflict, LeaseUnavailable, StaleAttempt
 from durable_dataflow.dataflow.execution import results
 from durable_dataflow.dataflow.execution.compute import ExecutionResult
+from durable_dataflow.dataflow.protocol import attempt as attempts
 from durable_dataflow.dataflow.protocol import evidence, forward, sweeper, transitions
 from durable_dataflow.dataflow.protocol import reconcile as reconciliation
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
@@ -331,11 +332,12 @@ class RecoveryMachine(RuleBasedStateMachine):
     def do_compute(self, held: Held) -> None:
         svc = self.svc(held.worker)
         run = svc.get(held.run_id)
+        started = svc.attempt_of(run, held.attempt)
         if held.mode == Mode.FORWARD_RECOVERY:  # execute_forward prepares the sink before computing
             provider = forward.load_capable_provider(run)
-            forward.preflight_target(svc, run, provider)
-            held.located = forward.prepare_target(svc, run, provider)
-        held.result = svc.compute(run)
+            forward.preflight_target(started, provider)
+            held.located = forward.prepare_target(started, provider)
+        held.result = attempts.compute(started)
 
     @precondition(lambda self: self.within_budget("execute_whole_attempt") and self.has(needs_compute))
     @rule(data=st.data())
@@ -364,7 +366,9 @@ class RecoveryMachine(RuleBasedStateMachine):
         assert result is not None
         refused = self.fenced_write(
             held, "the pre-dispatch commit",
-            lambda: forward.authorize_dispatch(svc, svc.get(held.run_id), held.attempt, result, held.located),
+            lambda: forward.authorize_dispatch(
+                svc.attempt_of(svc.get(held.run_id), held.attempt), result, held.located
+            ),
         )  # fmt: skip
         if refused:
             self.forget(held)  # execute_forward stops here: the sweeper proves the attempt absent
@@ -417,7 +421,10 @@ class RecoveryMachine(RuleBasedStateMachine):
         svc = self.svc(held.worker)
         self.fenced_write(
             held, "recording outcome_unknown",
-            lambda: forward.record_unknown(svc, run, held.attempt, "no conclusive answer"), swallows=True,
+            lambda: forward.record_unknown(
+                svc.db, run, held.attempt, "no conclusive answer", evidence_key=svc.evidence_key
+            ),
+            swallows=True,
         )  # fmt: skip
 
     @precondition(lambda self: self.overtaken())
@@ -446,7 +453,9 @@ class RecoveryMachine(RuleBasedStateMachine):
         run = svc.get(held.run_id)
         refused = self.fenced_write(
             held, "the terminal commit",
-            lambda: forward.apply_publish_outcome(svc, run, held.attempt, outcome, held.recorded_digest),
+            lambda: forward.apply_publish_outcome(
+                svc.db, run, held.attempt, outcome, held.recorded_digest, evidence_key=svc.evidence_key
+            ),
             swallows=True,
         )  # fmt: skip
         conclusive = isinstance(outcome, Published | AlreadyPublished) and outcome.digest == held.recorded_digest

@@ -25,20 +25,19 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import leases, ledger
+from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import Conflict, StaleAttempt
+from durable_dataflow.core.secrets import Secret
 from durable_dataflow.dataflow.execution.interruption import Cause
 from durable_dataflow.dataflow.protocol import evidence, requests, runs, transitions
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
 from durable_dataflow.dataflow.protocol.runs import MODULE, Run, RunStatus
 from durable_dataflow.dataflow.protocol.transitions import Outcome
-
-if TYPE_CHECKING:  # the run service cancels its own interrupted attempts: it imports this module
-    from durable_dataflow.dataflow.protocol.service import RunService
 
 ERROR_CODE = "cancelled"
 INTERRUPTED = "interrupted"  # run.cancelled's reason when the attempt's own process was told to stop
@@ -53,12 +52,22 @@ class Cancellation:
     detail: str
 
 
+class Ledgered(Protocol):
+    """What a cancel needs of the run service (RunService), which imports this module to cancel its own
+    interrupted attempts: the database and the evidence key."""
+
+    db: Database
+
+    @property
+    def evidence_key(self) -> Secret | None: ...
+
+
 class _Moved(Exception):
     """The run changed state between the read and the locked write: look again."""
 
 
 def cancel(
-    service: RunService,
+    service: Ledgered,
     run_id: str,
     *,
     access: AccessContext,
@@ -68,24 +77,25 @@ def cancel(
     """Cancel a queued run, or a running one before dispatch authorization; Conflict otherwise, naming
     what to do instead. Cancelling a cancelled run changes nothing."""
     asked_by = requests.asked_by(access, provenance)
+    db, key = service.db, service.evidence_key
     for _ in range(STATE_CHANGES_MAX):
-        run = service.get(run_id, tenant)
+        run = _current(db, run_id, tenant)
         if run.status == RunStatus.CANCELLED:
-            _check_cancelled(service, run)
+            _check_cancelled(db, run)
             return Cancellation(run, False, "already cancelled")
         refusal = refusal_of(run)
         if refusal:
             raise Conflict(refusal)
         try:
             if run.status == RunStatus.QUEUED:
-                return _cancel_queued(service, run, asked_by)
-            return _cancel_running(service, run, asked_by, {})
+                return _cancel_queued(db, key, run, asked_by)
+            return _cancel_running(db, key, run, asked_by, {})
         except _Moved:
             continue
     raise Conflict(f"run {run_id} kept changing state while it was being cancelled: try again")
 
 
-def interrupt(service: RunService, run: Run, attempt: int, cause: Cause) -> Run | None:
+def interrupt(db: Database, run: Run, attempt: int, cause: Cause, *, evidence_key: Secret | None) -> Run | None:
     """Cancel ``attempt`` of ``run``, whose process was interrupted (``cause``) before it authorized a
     dispatch: the operator's transition, asked by the user this process runs as. None when the attempt
     no longer owns the run (a sweep, an operator's cancel or a newer attempt closed it): nothing is written."""
@@ -93,11 +103,11 @@ def interrupt(service: RunService, run: Run, attempt: int, cause: Cause) -> Run 
     asked_by = requests.asked_by(access, Provenance(actor=access.principal, trigger=cause.trigger))
     reason = {"reason": INTERRUPTED, "signal": cause.signal}
     for _ in range(STATE_CHANGES_MAX):
-        current = service.get(run.run_id)
+        current = _current(db, run.run_id)
         if current.status != RunStatus.RUNNING or current.attempt != attempt:
             return None
         try:
-            return _cancel_running(service, current, asked_by, reason).run
+            return _cancel_running(db, evidence_key, current, asked_by, reason).run
         except _Moved:
             continue
         except Conflict:  # authorized: the attempt goes on to publish, as after any late signal
@@ -142,9 +152,14 @@ def _projection(asked_by: dict[str, Any], reason: dict[str, str]) -> dict[str, A
     return {"error_code": ERROR_CODE, "error_message": message[: transitions.MESSAGE_CHARS_MAX]}
 
 
-def _check_cancelled(service: RunService, run: Run) -> None:
+def _current(db: Database, run_id: str, tenant: str | None = None) -> Run:
+    with db.read() as conn:
+        return runs.get(conn, run_id, tenant)
+
+
+def _check_cancelled(db: Database, run: Run) -> None:
     """A row that says cancelled is believed only when its ledger's head is ``run.cancelled``."""
-    with service.db.read() as conn:
+    with db.read() as conn:
         entries = ledger.read(conn, MODULE, run.run_id)
     if not entries or entries[-1].kind != evidence.RUN_CANCELLED:
         head = entries[-1].kind if entries else "nothing"
@@ -154,8 +169,7 @@ def _check_cancelled(service: RunService, run: Run) -> None:
         )
 
 
-def _cancel_queued(service: RunService, run: Run, asked_by: dict[str, Any]) -> Cancellation:
-    db = service.db
+def _cancel_queued(db: Database, key: Secret | None, run: Run, asked_by: dict[str, Any]) -> Cancellation:
     with db.begin() as conn:
         # A queued run's attempt holds no open lease; if one is open anyway, this closes it before the
         # ledger is read, so that attempt's later writes are StaleAttempt (the lease row first, as in
@@ -169,15 +183,14 @@ def _cancel_queued(service: RunService, run: Run, asked_by: dict[str, Any]) -> C
             raise Conflict(_authorized(locked))
         done = transitions.apply(
             conn, db, locked, locked.attempt, Outcome.CANCELLED, [_payload(locked, asked_by, {})],
-            evidence_key=service.evidence_key, projection=_projection(asked_by, {}),
+            evidence_key=key, projection=_projection(asked_by, {}),
         )  # fmt: skip
     return Cancellation(done, True, "cancelled while queued: no attempt had started")
 
 
 def _cancel_running(
-    service: RunService, run: Run, asked_by: dict[str, Any], reason: dict[str, str]
+    db: Database, key: Secret | None, run: Run, asked_by: dict[str, Any], reason: dict[str, str]
 ) -> Cancellation:
-    db = service.db
     with db.begin() as conn:
         try:
             leases.release(conn, db, MODULE, run.run_id, run.attempt)  # the lease row first, as a fenced write
@@ -190,7 +203,7 @@ def _cancel_running(
             raise Conflict(_authorized(locked))  # rolls the lease back: the attempt goes on
         done = transitions.apply(
             conn, db, locked, locked.attempt, Outcome.CANCELLED, [_payload(locked, asked_by, reason)],
-            evidence_key=service.evidence_key, projection=_projection(asked_by, reason),
+            evidence_key=key, projection=_projection(asked_by, reason),
         )  # fmt: skip
     return Cancellation(done, True, f"attempt {run.attempt} was closed under the fence before dispatch authorization")
 

@@ -13,8 +13,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy.engine import Connection
 
@@ -25,9 +27,9 @@ from durable_dataflow.core.secrets import Secret, SecretScope
 from durable_dataflow.dataflow.definitions.parameters import resolve_partition
 from durable_dataflow.dataflow.execution import progress, results, workspace
 from durable_dataflow.dataflow.execution.compute import ExecutionResult
-from durable_dataflow.dataflow.execution.interruption import Interruption
-from durable_dataflow.dataflow.execution.workspace import Workspace
-from durable_dataflow.dataflow.protocol import evidence, partition_tokens, transitions
+from durable_dataflow.dataflow.protocol import attempt as attempts
+from durable_dataflow.dataflow.protocol import evidence, partition_tokens, runs, transitions
+from durable_dataflow.dataflow.protocol.attempt import Attempt
 from durable_dataflow.dataflow.protocol.runs import MODULE, Run
 from durable_dataflow.dataflow.protocol.transitions import Outcome
 from durable_dataflow.datasources import contract, registry
@@ -49,23 +51,6 @@ REQUIRED_CAPABILITIES: tuple[Capability, ...] = ("publish", "inspect")
 PARTITION_CAPABILITY: Capability = "replace_partition"
 # The dispatch.authorized field that records the prepared location ({place_digest, identity}).
 SINK_LOCATION = "sink_location"
-
-
-class Attempts(Protocol):
-    """What a forward attempt needs of the run service (dataflow.protocol.service.RunService), without importing it."""
-
-    db: Database
-
-    interruption: Interruption
-
-    @property
-    def evidence_key(self) -> Secret | None: ...
-    def get(self, run_id: str, tenant: str | None = None) -> Run: ...
-    def result_bytes(self, run_id: str) -> bytes: ...
-    def run_workspace(self, run: Run) -> tuple[Workspace, SecretScope]: ...
-    def compute(self, run: Run, progress_sink: progress.ProgressSink | None = None) -> ExecutionResult: ...
-    def fail(self, run: Run, attempt: int, error: DataflowError, **facts: Any) -> Run | None: ...
-    def record_evidence_failure(self, run: Run, attempt: int, reason: str) -> Run | None: ...
 
 
 def publication_key(run: Run) -> str:
@@ -152,11 +137,11 @@ def needed_capabilities(target: Mapping[str, Any] | None) -> tuple[Capability, .
     return REQUIRED_CAPABILITIES
 
 
-def preflight_target(service: Attempts, run: Run, provider: Provider) -> None:
+def preflight_target(attempt: Attempt, provider: Provider) -> None:
     """The provider's checks of the target that need no write; InputError, or ExecutionError naming
     the type of anything unexpected (its text may quote a path or a value)."""
     try:
-        contract.preflight(provider, publish_target(run, service.run_workspace(run)[1]))
+        contract.preflight(provider, _target(attempt))
     except InputError as error:
         raise InputError(f"the target cannot be published to: {error.message}") from None
     except DataflowError:
@@ -165,7 +150,7 @@ def preflight_target(service: Attempts, run: Run, provider: Provider) -> None:
         raise ExecutionError(f"the target preflight failed with an unexpected {type(error).__name__}") from None
 
 
-def prepare_target(service: Attempts, run: Run, provider: Provider) -> contract.Location | None:
+def prepare_target(attempt: Attempt, provider: Provider) -> contract.Location | None:
     """The provider's creation of the sink location, before dispatch can be authorized, so a location
     missing at a later inspection is never taken for absence. First the datasource's registration is
     recorded (a no-op after its first publication; its name at another location is an InputError), so
@@ -175,14 +160,15 @@ def prepare_target(service: Attempts, run: Run, provider: Provider) -> contract.
     there is recorded. Returns where the location is and what it is (None for a provider that does
     not locate), for the dispatch authorization to record. Nothing is published here, so a failure
     ends the attempt conclusively; its text is not repeated (it may quote a path)."""
+    run, db = attempt.run, attempt.db
     try:
-        with service.db.begin() as conn:
+        with db.begin() as conn:
             registry.register_target(conn, run.tenant, run.target or {}, run.run_id)
-        target = publish_target(run, service.run_workspace(run)[1])
-        found, recorded = check_location(service, run, provider, target)
+        target = _target(attempt)
+        found, recorded = check_location(db, run, provider, target)
         contract.prepare(provider, target)
         if found is not None and recorded is None:
-            return record_prepared_location(service, run, provider, target)
+            return record_prepared_location(db, run, provider, target)
         return found
     except InputError as error:
         raise InputError(f"the target cannot be published to: {error.message}") from None
@@ -198,8 +184,15 @@ def _datasource(run: Run) -> str:
     return str((run.target or {}).get("datasource"))
 
 
+def _target(attempt: Attempt) -> PublishTarget:
+    """The attempt's publish target (a forward attempt is always given one)."""
+    if attempt.target is None:
+        raise ExecutionError(f"run {attempt.run.run_id} has no target to publish to")
+    return attempt.target
+
+
 def check_location(
-    service: Attempts,
+    db: Database,
     run: Run,
     provider: Provider,
     target: PublishTarget,
@@ -221,7 +214,7 @@ def check_location(
         if problem is not None:
             raise contract.LocationGone(problem)
         return found, None
-    with service.db.read() as conn:
+    with db.read() as conn:
         recorded = registry.recorded_location(conn, run.tenant, _datasource(run), found.place)
         problem = (
             registry.location_problem(_datasource(run), recorded, found.identity, _thing(provider))
@@ -238,18 +231,14 @@ def _thing(provider: Provider) -> str:
     return "folder" if provider.name == "parquet" else "table"
 
 
-def record_prepared_location(
-    service: Attempts, run: Run, provider: Provider, target: PublishTarget
-) -> contract.Location:
+def record_prepared_location(db: Database, run: Run, provider: Provider, target: PublishTarget) -> contract.Location:
     """Record what the provider prepared at the target's place, the first time this datasource is
     prepared there; a concurrent first preparer that recorded another identity fails this run."""
     found = contract.locate(provider, target)
     if found is None or found.identity is None:
         raise ExecutionError("the sink location was prepared but cannot be found: nothing was published")
-    with service.db.begin() as conn:
-        stored = registry.record_location(
-            conn, run.tenant, _datasource(run), found.place, found.identity, run.run_id
-        )
+    with db.begin() as conn:
+        stored = registry.record_location(conn, run.tenant, _datasource(run), found.place, found.identity, run.run_id)
     problem = registry.location_problem(_datasource(run), stored, found.identity, _thing(provider))
     if problem is not None:
         raise contract.LocationGone(problem)
@@ -284,72 +273,79 @@ def authorized_partition_token(conn: Connection, run: Run) -> int | None:
     return None
 
 
-def execute_forward(
-    service: Attempts, run: Run, attempt: int, progress_sink: progress.ProgressSink | None = None
-) -> None:
+def execute_forward(attempt: Attempt, progress_sink: progress.ProgressSink | None = None) -> None:
+    """Carry a forward attempt from its provider's checks to its recorded publication (steps 1-5)."""
     try:
-        provider = load_capable_provider(run)
+        provider = load_capable_provider(attempt.run)
     except MissingCapability as error:
-        service.fail(run, attempt, error, missing_capability=True)
+        attempts.fail(attempt, error, missing_capability=True)
         return
     try:
-        preflight_target(service, run, provider)
-        located = prepare_target(service, run, provider)
+        preflight_target(attempt, provider)
+        located = prepare_target(attempt, provider)
     except DataflowError as error:
-        service.fail(run, attempt, error)
+        attempts.fail(attempt, error)
         return
     crashpoints.reach(crashpoints.AFTER_PREPARE)
     try:
-        result = service.compute(run, progress_sink)
+        result = attempts.compute(attempt, progress_sink)
     except DataflowError as error:
-        service.fail(run, attempt, error)
+        attempts.fail(attempt, error)
         return
     progress.report(progress_sink, progress.Progress(
         progress.Phase.COMMITTING, None, result.row_count, len(result.ipc_bytes)
     ))  # fmt: skip
     try:
-        partition = run_partition(run)
+        partition = run_partition(attempt.run)
         if partition is not None:
             check_partition_rows(results.decode_ipc(result.ipc_bytes), partition)
-        service.interruption.check()  # the last look: a signal from here on finds the dispatch authorized
+        attempt.interruption.check()  # the last look: a signal from here on finds the dispatch authorized
     except DataflowError as error:
-        service.fail(run, attempt, error)
+        attempts.fail(attempt, error)
         return
+    _authorize_then_dispatch(attempt, provider, result, located, progress_sink)
+
+
+def _authorize_then_dispatch(
+    attempt: Attempt,
+    provider: Provider,
+    result: ExecutionResult,
+    located: contract.Location | None,
+    progress_sink: progress.ProgressSink | None,
+) -> None:
     crashpoints.reach(crashpoints.BEFORE_PREDISPATCH_COMMIT)
     try:
-        authorize_dispatch(service, run, attempt, result, located)
+        authorize_dispatch(attempt, result, located)
     except StaleAttempt:
         return  # never authorized: the sweeper proves this attempt absent and retries the run
     except EvidenceError as error:  # the chain did not verify: nothing is dispatched on it
-        service.record_evidence_failure(run, attempt, error.message)
+        attempts.record_evidence_failure(attempt, error.message)
         return
     crashpoints.reach(crashpoints.AFTER_PREDISPATCH_COMMIT)
     progress.report(progress_sink, progress.Progress(progress.Phase.PUBLISHING, None, result.row_count))
-    dispatch(service, run, attempt, provider)
+    dispatch(attempt.db, attempt.run, attempt.number, provider, _target(attempt), evidence_key=attempt.evidence_key)
 
 
-def authorize_dispatch(
-    service: Attempts, run: Run, attempt: int, result: ExecutionResult, located: contract.Location | None
-) -> None:
+def authorize_dispatch(attempt: Attempt, result: ExecutionResult, located: contract.Location | None) -> Run:
     """The pre-dispatch fenced commit: result, digests, ``dispatch.authorized`` (with the prepared
     location's place digest and identity, which reconcile holds the target to; ``located`` is what
     `prepare_target` returned, None only for a provider that does not locate). The chain it extends
     must verify first (EvidenceError otherwise): a publication is never authorized on evidence that
     could not later prove its success, such as entries written under another evidence-key setting."""
+    run, number, db = attempt.run, attempt.number, attempt.db
     key = publication_key(run)
     target = run.target or {}
     idem_digest = hashing.digest(
         {"publication_idempotency_key": key, "output_digest": result.output_digest, "target": target}
     )
-    db = service.db
-    with fencing.fenced_chain(db, MODULE, run.run_id, attempt) as (conn, held):
+    with fencing.fenced_chain(db, MODULE, run.run_id, number) as (conn, held):
         verification = checkpoints.verify_subject(
-            conn, MODULE, run.run_id, evidence_key=service.evidence_key, held=held
+            conn, MODULE, run.run_id, evidence_key=attempt.evidence_key, held=held
         )
         if not verification.ok:
             where = f" at seq {verification.broken_seq}" if verification.broken_seq is not None else ""
             raise EvidenceError(f"the run's evidence failed verification{where} before dispatch: {verification.reason}")
-        results.store(conn, run.run_id, attempt, result)
+        results.store(conn, run.run_id, number, result)
         partition = run_partition(run)
         taken: dict[str, Any] = {}
         if partition is not None:  # in this commit: the later authorized run of a partition wins
@@ -364,8 +360,8 @@ def authorize_dispatch(
             **location_fact(located),
             **taken,
         }
-        transitions.apply(
-            conn, db, run, attempt, Outcome.DISPATCH_AUTHORIZED, [payload], evidence_key=service.evidence_key,
+        return transitions.apply(
+            conn, db, run, number, Outcome.DISPATCH_AUTHORIZED, [payload], evidence_key=attempt.evidence_key,
             held=held, stored_result=result.ipc_bytes,
             projection={
                 "row_count": result.row_count, "output_digest": result.output_digest,
@@ -375,53 +371,58 @@ def authorize_dispatch(
         )  # fmt: skip
 
 
-def dispatch(service: Attempts, run: Run, attempt: int, provider: Provider) -> None:
-    """Steps 4 and 5: publish the *stored* bytes under the stable key with fence ``attempt``."""
-    run = service.get(run.run_id)
-    recorded_digest = str(run.output_digest)
-    table = results.decode_ipc(service.result_bytes(run.run_id))
-    with service.db.read() as conn:
+def dispatch(
+    db: Database, run: Run, attempt: int, provider: Provider, target: PublishTarget, *, evidence_key: Secret | None
+) -> None:
+    """Steps 4 and 5: publish the *stored* bytes under the stable key with fence ``attempt``, to
+    ``target`` (the run's, without a partition token: the one its authorization took is added here)."""
+    with db.read() as conn:
+        run = runs.get(conn, run.run_id)  # as the authorization left it: its recorded digest
+        table = results.decode_ipc(results.stored_bytes(conn, run.run_id))
         token = authorized_partition_token(conn, run)
+    recorded_digest = str(run.output_digest)
+    tokened = dataclasses.replace(target, partition_token=token if target.partition is not None else None)
     try:
-        outcome: PublishOutcome = provider.publish(
-            publication_key(run), attempt, table, recorded_digest,
-            publish_target(run, service.run_workspace(run)[1], token),
-        )  # fmt: skip
+        outcome: PublishOutcome = provider.publish(publication_key(run), attempt, table, recorded_digest, tokened)
     except Inconclusive as error:
         crashpoints.reach(crashpoints.AFTER_PROVIDER_CALL)
-        record_unknown(service, run, attempt, f"the provider could not say whether it published: {error.message}")
+        reason = f"the provider could not say whether it published: {error.message}"
+        record_unknown(db, run, attempt, reason, evidence_key=evidence_key)
         return
     except InputError as error:  # the contract: raised only before the sink was touched, so conclusive
         crashpoints.reach(crashpoints.AFTER_PROVIDER_CALL)
         refused = Rejected(f"the target was refused before any write: {error.message}")
-        apply_publish_outcome(service, run, attempt, refused, recorded_digest)
+        apply_publish_outcome(db, run, attempt, refused, recorded_digest, evidence_key=evidence_key)
         return
     except Exception as error:  # anything unexpected at dispatch is an unknown outcome
         crashpoints.reach(crashpoints.AFTER_PROVIDER_CALL)
-        record_unknown(service, run, attempt, f"the provider call failed inconclusively: {type(error).__name__}")
+        reason = f"the provider call failed inconclusively: {type(error).__name__}"
+        record_unknown(db, run, attempt, reason, evidence_key=evidence_key)
         return
     crashpoints.reach(crashpoints.AFTER_PROVIDER_CALL)
-    apply_publish_outcome(service, run, attempt, outcome, recorded_digest)
+    apply_publish_outcome(db, run, attempt, outcome, recorded_digest, evidence_key=evidence_key)
 
 
 def apply_publish_outcome(
-    service: Attempts, run: Run, attempt: int, outcome: PublishOutcome, recorded_digest: str
+    db: Database, run: Run, attempt: int, outcome: PublishOutcome, recorded_digest: str, *, evidence_key: Secret | None
 ) -> None:
+    """Record the sink's answer in the attempt's fenced terminal commit (nothing for a fenced one)."""
     crashpoints.reach(crashpoints.BEFORE_TERMINAL_COMMIT)
     try:
         if isinstance(outcome, Fenced):
             return  # this attempt is stale and wrote nothing at the sink; it records nothing
         if isinstance(outcome, Rejected):
-            reject(service, run, attempt, outcome.reason)
+            reject(db, run, attempt, outcome.reason, evidence_key=evidence_key)
         elif outcome.digest != recorded_digest:
-            mismatch(service, run, attempt, Outcome.PUBLICATION_MISMATCH, outcome)
+            mismatch(db, run, attempt, Outcome.PUBLICATION_MISMATCH, outcome, evidence_key=evidence_key)
         else:
             how = "published" if isinstance(outcome, Published) else "already_published"
-            commit_success(service, run, attempt, Outcome.PUBLISHED, outcome, how)
+            commit_success(db, run, attempt, Outcome.PUBLISHED, outcome, how, evidence_key=evidence_key)
     except StaleAttempt:
         return  # the lease was lost: the sweeper marks this authorized attempt outcome_unknown
     except EvidenceError as error:
-        service.record_evidence_failure(run, attempt, error.message)
+        with contextlib.suppress(StaleAttempt):
+            transitions.record_evidence_failure(db, run, attempt, error.message, evidence_key=evidence_key)
     crashpoints.reach(crashpoints.AFTER_TERMINAL_COMMIT)
 
 
@@ -433,42 +434,44 @@ def _refs(outcome: Published | AlreadyPublished | Any) -> dict[str, str]:
     }
 
 
-def commit_success(service: Attempts, run: Run, attempt: int, outcome: Outcome, found: Any, how: str) -> Run:
+def commit_success(
+    db: Database, run: Run, attempt: int, outcome: Outcome, found: Any, how: str, *, evidence_key: Secret | None
+) -> Run:
     """Refs, ``run.succeeded`` and the verified checkpoint commit together, or not at all
     (``outcome``: PUBLISHED or RECONCILED_PRESENT; ``found``: the sink's answer with its refs)."""
     refs = _refs(found)
     return transitions.terminate(
-        service.db, run, attempt, outcome,
+        db, run, attempt, outcome,
         [{"outcome": how, "digest": found.digest, **refs}, {"output_digest": found.digest}],
-        evidence_key=service.evidence_key, projection={**refs, "error_code": None, "error_message": None},
+        evidence_key=evidence_key, projection={**refs, "error_code": None, "error_message": None},
     )  # fmt: skip
 
 
-def reject(service: Attempts, run: Run, attempt: int, reason: str) -> Run:
+def reject(db: Database, run: Run, attempt: int, reason: str, *, evidence_key: Secret | None) -> Run:
     """The sink proved nothing was created: the run failed, with that evidence."""
     return transitions.terminate(
-        service.db, run, attempt, Outcome.REJECTED,
+        db, run, attempt, Outcome.REJECTED,
         [{"reason": reason}, {"code": "publication_rejected", "message": reason, "no_external_output": True}],
-        evidence_key=service.evidence_key,
+        evidence_key=evidence_key,
         projection={"error_code": "publication_rejected", "error_message": reason},
     )  # fmt: skip
 
 
-def mismatch(service: Attempts, run: Run, attempt: int, outcome: Outcome, found: Any) -> Run:
+def mismatch(db: Database, run: Run, attempt: int, outcome: Outcome, found: Any, *, evidence_key: Secret | None) -> Run:
     """The key exists with another digest: unresolved, with a loud warning; never success."""
     refs = _refs(found)
     return transitions.terminate(
-        service.db, run, attempt, outcome, [{"digest": found.digest, **refs}],
-        evidence_key=service.evidence_key, projection=refs,
+        db, run, attempt, outcome, [{"digest": found.digest, **refs}],
+        evidence_key=evidence_key, projection=refs,
     )  # fmt: skip
 
 
-def record_unknown(service: Attempts, run: Run, attempt: int, reason: str) -> None:
+def record_unknown(db: Database, run: Run, attempt: int, reason: str, *, evidence_key: Secret | None) -> None:
     """No conclusive response: ``outcome_unknown``; no automatic retry, ever."""
     try:
         transitions.conclude(
-            service.db, run, attempt, Outcome.PUBLICATION_UNKNOWN, [{"reason": reason}],
-            evidence_key=service.evidence_key,
+            db, run, attempt, Outcome.PUBLICATION_UNKNOWN, [{"reason": reason}],
+            evidence_key=evidence_key,
             projection={"error_code": Inconclusive.code, "error_message": reason},
         )  # fmt: skip
     except DataflowError:

@@ -100,7 +100,7 @@ def reconcile(
         # A recorded location that is missing or replaced is never inspected: a new, empty one proves nothing.
         with service.db.read() as conn:
             authorized = forward.authorized_location(conn, run)
-        _, recorded = forward.check_location(service, run, provider, target, authorized)
+        _, recorded = forward.check_location(service.db, run, provider, target, authorized)
         if authorized is None and recorded is not None:
             # Authorized before locations were recorded: the one recorded here since may have been created anew.
             name = str((run.target or {}).get("datasource"))
@@ -178,10 +178,14 @@ def _apply(service: RunService, run: Run, attempt: int, finding: InspectOutcome)
 def _record(service: RunService, run: Run, attempt: int, finding: InspectOutcome) -> Reconciliation:
     recorded = str(run.output_digest)
     if isinstance(finding, Present) and finding.digest == recorded:
-        forward.commit_success(service, run, attempt, Outcome.RECONCILED_PRESENT, finding, "present")
+        forward.commit_success(
+            service.db, run, attempt, Outcome.RECONCILED_PRESENT, finding, "present", evidence_key=service.evidence_key
+        )
         return Reconciliation(service.get(run.run_id), Finding.PRESENT, f"found with the recorded digest {recorded}")
     if isinstance(finding, Present):
-        forward.mismatch(service, run, attempt, Outcome.RECONCILE_MISMATCH, finding)
+        forward.mismatch(
+            service.db, run, attempt, Outcome.RECONCILE_MISMATCH, finding, evidence_key=service.evidence_key
+        )
         detail = f"found with another digest {finding.digest}"
         return Reconciliation(service.get(run.run_id), Finding.MISMATCH, detail)
     if isinstance(finding, Absent) and finding.fenced_at is not None and finding.fenced_at >= attempt:
@@ -229,7 +233,8 @@ def _resume(service: RunService, run: Run, asked_by: Mapping[str, Any]) -> Recon
     attempt = _take_lease(service, run, Outcome.RESUME_AUTHORIZED, asked_by)
     crashpoints.reach(crashpoints.AFTER_PREDISPATCH_COMMIT)
     with contextlib.suppress(DataflowError):  # the lease then expires; the sweeper records outcome_unknown
-        forward.dispatch(service, run, attempt, provider)
+        target = forward.publish_target(run, service.run_workspace(run)[1])
+        forward.dispatch(service.db, run, attempt, provider, target, evidence_key=service.evidence_key)
     final = service.get(run.run_id)
     return Reconciliation(final, Finding.ABSENT, f"resumed under attempt {attempt}: {final.status}", resumed=True)
 

@@ -26,7 +26,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import sqlalchemy as sa
 import structlog
@@ -140,13 +140,15 @@ class ApplyResult:
 
 def _from_row(row: sa.Row[Any]) -> AppliedSchedule:
     definition = Definition.model_validate(json.loads(row.definition_json))
-    assert definition.schedule is not None  # apply stores only scheduled definitions
+    # apply stores only scheduled definitions
+    invariant(definition.schedule is not None, "a stored schedule's definition has a schedule")
+    spec = cast(ScheduleSpec, definition.schedule)  # not None: the invariant holds
     return AppliedSchedule(
         tenant=row.tenant,
         name=row.name,
         definition_hash=row.definition_hash,
         definition=definition,
-        spec=definition.schedule,
+        spec=spec,
         workspace=Workspace.from_json(json.loads(row.workspace_json)),
         applied_by=row.applied_by,
         paused=bool(row.paused),
