@@ -18,3 +18,9 @@ IdempotencyKey = Annotated[
         help="Replays of this key (in the tenant) return the existing run; nothing is executed or recorded again.",
     ),
 ]
+
+# `run` and `submit`: one parameter of the run, typed by the definition's declaration.
+Params = Annotated[
+    list[str] | None,
+    typer.Option("--param", "-p", help="A parameter of the run, NAME=VALUE, typed by the definition (repeatable)."),
+]

@@ -86,7 +86,7 @@ def build_request(
 def run_command(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="The definition file (YAML or JSON).")],
-    param: Annotated[list[str] | None, typer.Option("--param", "-p", help="NAME=VALUE (repeatable).")] = None,
+    param: options.Params = None,
     idempotency_key: options.IdempotencyKey = None,
     tenant: Annotated[str, typer.Option("--tenant", help="The tenant the run belongs to.")] = "default",
     max_attempts: Annotated[

@@ -62,7 +62,7 @@ def _describe(shown: RunView, created: bool) -> str:
 def submit(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="The dataflow definition (YAML or JSON).")],
-    param: Annotated[list[str] | None, typer.Option("--param", help="A parameter, NAME=VALUE (repeatable).")] = None,
+    param: options.Params = None,
     idempotency_key: options.IdempotencyKey = None,
     tenant: Annotated[str, typer.Option("--tenant", help="The tenant the run belongs to.")] = "default",
     max_attempts: Annotated[
