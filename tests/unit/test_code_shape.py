@@ -7,6 +7,10 @@
 (b) No module imports or uses another ``durable_dataflow`` module's private name (``from x import _y``,
     ``x._y``, ``X._y`` for a name ``X`` imported from ``x``). Private attributes of third-party objects
     (``row._mapping``) are not this project's names and are not checked.
+(d) Every import, type-only and lazy ones included, points down: the parts in ``PARTS`` order, and
+    inside ``dataflow`` the wings in ``WINGS`` order (definitions <- execution <- protocol <- schedules,
+    with ``dataflow.schema`` below them and ``dataflow.worker`` above); no cycle even among type-only
+    and lazy imports.
 (c) Every platform table (the ``sa.Table`` objects of the parts' ``schema`` modules) is used only by
     the module(s) that own its statements (``OWNERS``); the schema modules and the migrations may
     name every table.
@@ -15,6 +19,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +90,7 @@ class Import:
     imported: str
     line: int
     lazy: bool
+    typed: bool = False  # under ``if TYPE_CHECKING:``: never runs, but still a dependency of the code
 
 
 @dataclass
@@ -145,26 +151,27 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _import_nodes(body: list[ast.stmt], lazy: bool) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """Every import statement, with whether it is lazy (inside a function); ``if TYPE_CHECKING:``
-    bodies are skipped (they never run)."""
+def _import_nodes(
+    body: list[ast.stmt], lazy: bool, typed: bool = False
+) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
+    """Every import statement, with whether it is lazy (inside a function) and whether it is
+    type-only (inside ``if TYPE_CHECKING:``, which never runs)."""
     for node in body:
         if isinstance(node, ast.Import | ast.ImportFrom):
-            yield node, lazy
+            yield node, lazy, typed
         elif isinstance(node, ast.If):
-            if not _is_type_checking(node.test):
-                yield from _import_nodes(node.body, lazy)
-            yield from _import_nodes(node.orelse, lazy)
+            yield from _import_nodes(node.body, lazy, typed or _is_type_checking(node.test))
+            yield from _import_nodes(node.orelse, lazy, typed)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            yield from _import_nodes(node.body, True)
+            yield from _import_nodes(node.body, True, typed)
         elif isinstance(node, ast.ClassDef):
-            yield from _import_nodes(node.body, lazy)  # a class body runs at import time
+            yield from _import_nodes(node.body, lazy, typed)  # a class body runs at import time
         elif isinstance(node, ast.Try | ast.TryStar):
             for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
-                yield from _import_nodes(block, lazy)
+                yield from _import_nodes(block, lazy, typed)
         elif isinstance(node, ast.With | ast.AsyncWith | ast.For | ast.AsyncFor | ast.While):
-            yield from _import_nodes(node.body, lazy)
-            yield from _import_nodes(getattr(node, "orelse", []), lazy)
+            yield from _import_nodes(node.body, lazy, typed)
+            yield from _import_nodes(getattr(node, "orelse", []), lazy, typed)
 
 
 def _targets(module: Module, node: ast.Import | ast.ImportFrom) -> Iterator[str]:
@@ -193,12 +200,12 @@ def _packages_run_first(importer: str, target: str) -> list[str]:
 
 
 for _module in MODULES.values():
-    for _node, _lazy in _import_nodes(_module.tree.body, False):
+    for _node, _lazy, _typed in _import_nodes(_module.tree.body, False):
         _loaded = set(_targets(_module, _node))
         _loaded |= {p for t in _loaded for p in _packages_run_first(_module.name, t)}
         for _target in sorted(_loaded):
             if _target != _module.name:
-                _module.imports.append(Import(_module.name, _target, _node.lineno, _lazy))
+                _module.imports.append(Import(_module.name, _target, _node.lineno, _lazy, _typed))
 
 
 def _label(name: str) -> str:
@@ -251,7 +258,7 @@ def test_the_import_graph_has_no_cycle_at_import_time() -> None:
     where: dict[tuple[str, str], int] = {}
     for module in MODULES.values():
         for item in module.imports:
-            if not item.lazy:
+            if not item.lazy and not item.typed:
                 edges[module.name].add(item.imported)
                 where.setdefault((module.name, item.imported), item.line)
     cycles = _cycles(edges)
@@ -288,6 +295,98 @@ def test_lazy_imports_are_listed() -> None:
     for importer, line, imported in lazy:
         print(f"lazy import: {_label(importer)}:{line} -> {_label(imported)}")
         assert imported in MODULES, f"{_label(importer)}:{line} imports {_label(imported)}, which does not exist"
+
+
+# ---- (d) parts and wings: every import points down ---------------------------------------------
+
+# Each part may import the parts before it (and the package root, for ``__version__``).
+PARTS = ("core", "datasources", "dataflow", "migrations", "ops", "platform", "api", "cli")
+# Inside ``dataflow``: rank of each wing; a module may import modules of its own rank or lower.
+WINGS = {
+    "dataflow": 0,  # the package itself: its docstring says how the wings are ordered
+    "dataflow.schema": 0,  # the part's tables, each with one owner (OWNERS): below every wing
+    "dataflow.definitions": 1,  # what a dataflow is
+    "dataflow.execution": 2,  # computing its result
+    "dataflow.protocol": 3,  # the run's recorded life
+    "dataflow.schedules": 4,  # runs submitted by time
+    "dataflow.worker": 5,  # the loop above them all
+}
+
+
+def _every_edge() -> list[Import]:
+    return [item for module in MODULES.values() for item in module.imports]
+
+
+def _part_rank(name: str) -> int | None:
+    return None if name == "" else PARTS.index(name.split(".")[0])
+
+
+def _wing_rank(name: str) -> int:
+    """The rank of the wing holding a dataflow module (its longest listed prefix)."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in WINGS:
+            return WINGS[prefix]
+    raise AssertionError(f"{_label(name)} lies in no wing of WINGS")
+
+
+def _against_the_order(edges: list[Import]) -> list[str]:
+    """Each import that points up: to a later part, or inside dataflow to a later wing."""
+    found = []
+    for item in edges:
+        src, dst = _part_rank(item.importer), _part_rank(item.imported)
+        kind = "type-only" if item.typed else "lazy" if item.lazy else "import"
+        where = f"{_label(item.importer)}:{item.line} -> {_label(item.imported)} ({kind})"
+        if src is not None and dst is not None and dst > src:
+            found.append(where + ": a later part")
+        elif src == dst == PARTS.index("dataflow") and _wing_rank(item.imported) > _wing_rank(item.importer):
+            found.append(where + ": a later wing")
+    return found
+
+
+def test_every_part_and_module_is_placed() -> None:
+    """Every module lies in a listed part, and every dataflow module in a listed wing (a new flat file in
+    dataflow/ must choose its wing)."""
+    for name in MODULES:
+        if name:
+            assert name.split(".")[0] in PARTS, f"{_label(name)} lies in no part of PARTS"
+        if name.startswith("dataflow"):
+            _wing_rank(name)
+    for wing in WINGS:
+        assert wing in MODULES, f"{wing} is listed in WINGS but does not exist"
+
+
+def test_every_import_points_down_the_parts_and_the_wings() -> None:
+    found = _against_the_order(_every_edge())
+    assert not found, "imports against the order of parts and wings:\n" + "\n".join(sorted(found))
+
+
+def test_the_order_check_finds_an_upward_import() -> None:
+    """The check is not vacuous: a type-only import of protocol from execution, a lazy import of the CLI
+    from core and an import of the worker from schedules are each found; imports down are not."""
+    up = [
+        Import("dataflow.execution.compute", "dataflow.protocol.runs", 1, False, True),
+        Import("core.db", "cli", 2, True),
+        Import("dataflow.schedules.backfill", "dataflow.worker", 3, False),
+    ]
+    down = [
+        Import("dataflow.protocol.runs", "dataflow.execution.results", 4, False),
+        Import("dataflow.definitions.catalog", "dataflow.schema", 5, False, True),
+        Import("api.app", "dataflow.protocol.views", 6, True),
+    ]
+    assert len(_against_the_order(up)) == 3
+    assert _against_the_order(down) == []
+
+
+def test_no_cycle_even_among_type_only_and_lazy_imports() -> None:
+    """A cycle through a type-only or function-level import still ties two modules together: one cannot
+    be read, moved or tested without the other."""
+    edges: dict[str, set[str]] = {name: set() for name in MODULES}
+    for item in _every_edge():
+        edges[item.importer].add(item.imported)
+    cycles = _cycles(edges)
+    assert not cycles, "cycles (any kind of import): " + "; ".join(", ".join(map(_label, c)) for c in cycles)
 
 
 # ---- (b) no private name of another module -----------------------------------------------------
@@ -437,12 +536,18 @@ def _table_uses(module: Module) -> Iterator[tuple[tuple[str, str], int]]:
                 yield key, node.lineno
 
 
+@functools.cache
+def _table_uses_of(name: str) -> tuple[tuple[tuple[str, str], int], ...]:
+    """``_table_uses`` of one module, walked once for every test that asks."""
+    return tuple(_table_uses(MODULES[name]))
+
+
 def test_each_table_is_used_only_by_its_owners() -> None:
     found = []
-    for name, module in MODULES.items():
+    for name in MODULES:
         if name in SCHEMA_MODULES or name.startswith(EVERY_TABLE_ALLOWED):
             continue
-        for (schema, table), line in _table_uses(module):
+        for (schema, table), line in _table_uses_of(name):
             owners, _ = OWNERS[(schema, table)]
             if name not in owners:
                 found.append(
@@ -455,5 +560,5 @@ def test_each_table_is_used_only_by_its_owners() -> None:
 def test_each_table_has_an_owner_that_uses_it(table: str) -> None:
     schema, name = table.rsplit(".", 1)
     owners, _ = OWNERS[(schema, name)]
-    users = {m for m, module in MODULES.items() if any(key == (schema, name) for key, _ in _table_uses(module))}
+    users = {m for m in MODULES if any(key == (schema, name) for key, _ in _table_uses_of(m))}
     assert owners <= users, f"{table}: owners that do not use it: {sorted(owners - users)}"
