@@ -15,12 +15,11 @@ import dataclasses
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import crashpoints, fencing, leases, ledger
+from durable_dataflow.core import crashpoints, fencing, leases
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import (
     DataflowError,
@@ -28,7 +27,6 @@ from durable_dataflow.core.errors import (
     ExecutionError,
     Interrupted,
     LeaseUnavailable,
-    StaleAttempt,
 )
 from durable_dataflow.core.holders import HolderLock
 from durable_dataflow.core.secrets import Secret, SecretScope
@@ -41,7 +39,6 @@ from durable_dataflow.dataflow.execution.workspace import Workspace
 from durable_dataflow.dataflow.protocol import cancel, runs, transitions
 from durable_dataflow.dataflow.protocol.runs import MODULE, Run
 from durable_dataflow.dataflow.protocol.service_config import ServiceConfig
-from durable_dataflow.dataflow.protocol.transitions import Outcome
 from durable_dataflow.datasources.contract import PublishTarget
 
 _log = structlog.get_logger("dataflow.service")  # the events keep the logger they were always written to
@@ -119,21 +116,11 @@ def claim_next(db: Database, holder_lock: HolderLock, config: ServiceConfig) -> 
             if row is None:
                 return None
             lease = take_lease(conn, db, holder_lock, config, row.run_id, expected_attempt=int(row.attempt))
-            run = start_attempt(conn, db, row.run_id, lease, config.evidence_key)
+            run = transitions.start_attempt(conn, db, row.run_id, lease, evidence_key=config.evidence_key)
     except LeaseUnavailable:
         return None
     crashpoints.reach(crashpoints.AFTER_CLAIM)
     return Claim(run, run.attempt)
-
-
-def start_attempt(conn: Connection, db: Database, run_id: str, lease: leases.Lease, key: Secret | None) -> Run:
-    """``attempt.started`` under the lease just taken, and the row projected running."""
-    started = transitions.items(Outcome.STARTED, lease.attempt, [{"holder": lease.holder}])
-    ledger.append_many(conn, db, MODULE, run_id, started, evidence_key=key)
-    projected = transitions.TABLE[Outcome.STARTED]
-    return runs.update(
-        conn, db, run_id, attempt=lease.attempt, status=projected.status, recovery_status=projected.recovery
-    )
 
 
 # ---- the steps of an attempt ------------------------------------------------------------------
@@ -157,11 +144,12 @@ def compute(attempt: Attempt, progress_sink: progress.ProgressSink | None = None
         raise unexpected_error(attempt.run.run_id, error) from None
 
 
-def fail(attempt: Attempt, error: DataflowError, **facts: Any) -> Run | None:
+def fail(attempt: Attempt, error: DataflowError, missing_capability: bool = False) -> Run | None:
     """The attempt's terminal failure with nothing dispatched (None: fenced off); see :func:`fail_run`."""
     return fail_run(
         attempt.db, attempt.run, attempt.number, error,
-        interruption=attempt.interruption, evidence_key=attempt.evidence_key, **facts,
+        interruption=attempt.interruption, evidence_key=attempt.evidence_key,
+        missing_capability=missing_capability,
     )  # fmt: skip
 
 
@@ -173,29 +161,23 @@ def fail_run(
     *,
     interruption: Interruption,
     evidence_key: Secret | None,
-    **facts: Any,
+    missing_capability: bool = False,
 ) -> Run | None:
     """Terminal failure with nothing dispatched: no external output was created (None: fenced off).
     An interruption is no failure: the attempt is cancelled (dataflow.protocol.cancel.interrupt)."""
     cause = interruption.cause
     if isinstance(error, Interrupted) and cause is not None:
         return cancel.interrupt(db, run, attempt, cause, evidence_key=evidence_key)
-    message = error.message[: transitions.MESSAGE_CHARS_MAX]
-    return transitions.conclude(
-        db, run, attempt, Outcome.FAILED_BEFORE_DISPATCH,
-        [{"code": error.code, "message": message, "no_external_output": True, **facts}],
-        evidence_key=evidence_key, projection={"error_code": error.code, "error_message": message},
-    )  # fmt: skip
+    return transitions.fail_before_dispatch(
+        db, run, attempt, error, evidence_key=evidence_key, missing_capability=missing_capability
+    )
 
 
 def record_evidence_failure(attempt: Attempt, reason: str) -> Run | None:
     """Verification refused a transition: the run is unresolved, with the reason (None: fenced off)."""
-    try:
-        return transitions.record_evidence_failure(
-            attempt.db, attempt.run, attempt.number, reason, evidence_key=attempt.evidence_key
-        )
-    except StaleAttempt:
-        return None
+    return transitions.evidence_failed_unless_stale(
+        attempt.db, attempt.run, attempt.number, reason, evidence_key=attempt.evidence_key
+    )
 
 
 # ---- the atomic mode --------------------------------------------------------------------------
@@ -228,13 +210,6 @@ def commit_atomic_success(attempt: Attempt, result: ExecutionResult) -> Run:
     run_id = attempt.run.run_id
     with fencing.fenced_chain(attempt.db, MODULE, run_id, attempt.number) as (conn, held):
         results.store(conn, run_id, attempt.number, result)
-        return transitions.apply(
-            conn, attempt.db, attempt.run, attempt.number, Outcome.ATOMIC_SUCCEEDED,
-            [results.facts(result), {"output_digest": result.output_digest}],
-            evidence_key=attempt.evidence_key,
-            projection={
-                "row_count": result.row_count, "output_digest": result.output_digest,
-                "source_fingerprint_digest": result.source_fingerprint_digest,
-            },
-            held=held, stored_result=result.ipc_bytes,
-        )  # fmt: skip
+        return transitions.succeed_atomic(
+            conn, attempt.db, attempt.run, attempt.number, result, evidence_key=attempt.evidence_key, held=held
+        )

@@ -37,10 +37,9 @@ from durable_dataflow.dataflow.execution.interruption import Cause
 from durable_dataflow.dataflow.protocol import evidence, requests, runs, transitions
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
 from durable_dataflow.dataflow.protocol.runs import MODULE, Run, RunStatus
-from durable_dataflow.dataflow.protocol.transitions import Outcome
 
-ERROR_CODE = "cancelled"
-INTERRUPTED = "interrupted"  # run.cancelled's reason when the attempt's own process was told to stop
+ERROR_CODE = transitions.CANCELLED_CODE
+INTERRUPTED = transitions.INTERRUPTED  # run.cancelled's reason when the attempt's own process was told to stop
 # How often a run that changed state under a cancel (claimed, finished) is looked at again.
 STATE_CHANGES_MAX = 3
 
@@ -89,7 +88,7 @@ def cancel(
         try:
             if run.status == RunStatus.QUEUED:
                 return _cancel_queued(db, key, run, asked_by)
-            return _cancel_running(db, key, run, asked_by, {})
+            return _cancel_running(db, key, run, asked_by, None)
         except _Moved:
             continue
     raise Conflict(f"run {run_id} kept changing state while it was being cancelled: try again")
@@ -101,13 +100,12 @@ def interrupt(db: Database, run: Run, attempt: int, cause: Cause, *, evidence_ke
     no longer owns the run (a sweep, an operator's cancel or a newer attempt closed it): nothing is written."""
     access = AccessContext.local(run.tenant)
     asked_by = requests.asked_by(access, Provenance(actor=access.principal, trigger=cause.trigger))
-    reason = {"reason": INTERRUPTED, "signal": cause.signal}
     for _ in range(STATE_CHANGES_MAX):
         current = _current(db, run.run_id)
         if current.status != RunStatus.RUNNING or current.attempt != attempt:
             return None
         try:
-            return _cancel_running(db, evidence_key, current, asked_by, reason).run
+            return _cancel_running(db, evidence_key, current, asked_by, cause.signal).run
         except _Moved:
             continue
         except Conflict:  # authorized: the attempt goes on to publish, as after any late signal
@@ -133,23 +131,6 @@ def _authorized(run: Run) -> str:
         "publication may exist: it cannot be cancelled. Settle it by inspecting the sink: "
         f"`dataflow reconcile {run.run_id}`"
     )
-
-
-def _payload(run: Run, asked_by: dict[str, Any], reason: dict[str, str]) -> dict[str, Any]:
-    return {**asked_by, **reason, "from_status": str(run.status), "no_external_output": True}
-
-
-def _projection(asked_by: dict[str, Any], reason: dict[str, str]) -> dict[str, Any]:
-    who = asked_by["principal"]
-    if reason.get("reason") == INTERRUPTED:
-        host = asked_by["provenance"]["host"]
-        message = (
-            f"interrupted ({reason['signal']}) in the process of {who} on {host} before dispatch authorization: "
-            "no external output"
-        )
-    else:
-        message = f"cancelled by {who} before dispatch authorization: no external output"
-    return {"error_code": ERROR_CODE, "error_message": message[: transitions.MESSAGE_CHARS_MAX]}
 
 
 def _current(db: Database, run_id: str, tenant: str | None = None) -> Run:
@@ -181,15 +162,12 @@ def _cancel_queued(db: Database, key: Secret | None, run: Run, asked_by: dict[st
             raise _Moved
         if _dispatch_authorized(conn, run.run_id):  # a queued run never was: the sweeper makes it outcome_unknown
             raise Conflict(_authorized(locked))
-        done = transitions.apply(
-            conn, db, locked, locked.attempt, Outcome.CANCELLED, [_payload(locked, asked_by, {})],
-            evidence_key=key, projection=_projection(asked_by, {}),
-        )  # fmt: skip
+        done = transitions.cancel_run(conn, db, locked, asked_by, None, evidence_key=key)
     return Cancellation(done, True, "cancelled while queued: no attempt had started")
 
 
 def _cancel_running(
-    db: Database, key: Secret | None, run: Run, asked_by: dict[str, Any], reason: dict[str, str]
+    db: Database, key: Secret | None, run: Run, asked_by: dict[str, Any], signal: str | None
 ) -> Cancellation:
     with db.begin() as conn:
         try:
@@ -201,10 +179,7 @@ def _cancel_running(
             raise _Moved
         if _dispatch_authorized(conn, run.run_id):
             raise Conflict(_authorized(locked))  # rolls the lease back: the attempt goes on
-        done = transitions.apply(
-            conn, db, locked, locked.attempt, Outcome.CANCELLED, [_payload(locked, asked_by, reason)],
-            evidence_key=key, projection=_projection(asked_by, reason),
-        )  # fmt: skip
+        done = transitions.cancel_run(conn, db, locked, asked_by, signal, evidence_key=key)
     return Cancellation(done, True, f"attempt {run.attempt} was closed under the fence before dispatch authorization")
 
 

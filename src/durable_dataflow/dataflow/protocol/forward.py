@@ -13,14 +13,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import checkpoints, crashpoints, fencing, hashing, ledger
+from durable_dataflow.core import checkpoints, crashpoints, fencing, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import DataflowError, EvidenceError, ExecutionError, InputError, StaleAttempt
 from durable_dataflow.core.secrets import Secret, SecretScope
@@ -34,7 +33,6 @@ from durable_dataflow.dataflow.protocol.runs import MODULE, Run
 from durable_dataflow.dataflow.protocol.transitions import Outcome
 from durable_dataflow.datasources import contract, registry
 from durable_dataflow.datasources.contract import (
-    AlreadyPublished,
     Capability,
     Fenced,
     Inconclusive,
@@ -50,7 +48,7 @@ REQUIRED_CAPABILITIES: tuple[Capability, ...] = ("publish", "inspect")
 # What a provider must also declare for a target with mode replace_partition.
 PARTITION_CAPABILITY: Capability = "replace_partition"
 # The dispatch.authorized field that records the prepared location ({place_digest, identity}).
-SINK_LOCATION = "sink_location"
+SINK_LOCATION = transitions.SINK_LOCATION
 
 
 def publication_key(run: Run) -> str:
@@ -245,12 +243,12 @@ def record_prepared_location(db: Database, run: Run, provider: Provider, target:
     return found
 
 
-def location_fact(found: contract.Location | None) -> dict[str, Any]:
-    """What the dispatch authorization records of the prepared location (nothing for a provider that does
+def location_fact(found: contract.Location | None) -> dict[str, Any] | None:
+    """What the dispatch authorization records of the prepared location (None for a provider that does
     not locate): its place's digest and identity, never the place."""
     if found is None:
-        return {}
-    return {SINK_LOCATION: {"place_digest": registry.place_digest(found.place), "identity": found.identity}}
+        return None
+    return {"place_digest": registry.place_digest(found.place), "identity": found.identity}
 
 
 def authorized_location(conn: Connection, run: Run) -> Mapping[str, Any] | None:
@@ -333,11 +331,6 @@ def authorize_dispatch(attempt: Attempt, result: ExecutionResult, located: contr
     must verify first (EvidenceError otherwise): a publication is never authorized on evidence that
     could not later prove its success, such as entries written under another evidence-key setting."""
     run, number, db = attempt.run, attempt.number, attempt.db
-    key = publication_key(run)
-    target = run.target or {}
-    idem_digest = hashing.digest(
-        {"publication_idempotency_key": key, "output_digest": result.output_digest, "target": target}
-    )
     with fencing.fenced_chain(db, MODULE, run.run_id, number) as (conn, held):
         verification = checkpoints.verify_subject(
             conn, MODULE, run.run_id, evidence_key=attempt.evidence_key, held=held
@@ -347,27 +340,11 @@ def authorize_dispatch(attempt: Attempt, result: ExecutionResult, located: contr
             raise EvidenceError(f"the run's evidence failed verification{where} before dispatch: {verification.reason}")
         results.store(conn, run.run_id, number, result)
         partition = run_partition(run)
-        taken: dict[str, Any] = {}
-        if partition is not None:  # in this commit: the later authorized run of a partition wins
-            taken[partition_tokens.PARTITION_TOKEN] = partition_tokens.take(
-                conn, run.tenant, _datasource(run), partition
-            )
-        payload = {
-            **results.facts(result),
-            "publication_idempotency_key": key,
-            "publication_idempotency_digest": idem_digest,
-            "target": target,
-            **location_fact(located),
-            **taken,
-        }
-        return transitions.apply(
-            conn, db, run, number, Outcome.DISPATCH_AUTHORIZED, [payload], evidence_key=attempt.evidence_key,
-            held=held, stored_result=result.ipc_bytes,
-            projection={
-                "row_count": result.row_count, "output_digest": result.output_digest,
-                "source_fingerprint_digest": result.source_fingerprint_digest,
-                "publication_idempotency_key": key, "publication_idempotency_digest": idem_digest,
-            },
+        # In this commit: the later authorized run of a partition wins.
+        token = partition_tokens.take(conn, run.tenant, _datasource(run), partition) if partition is not None else None
+        return transitions.authorize_dispatch(
+            conn, db, run, number, result, publication_key(run), sink_location=location_fact(located),
+            partition_token=token, evidence_key=attempt.evidence_key, held=held,
         )  # fmt: skip
 
 
@@ -412,67 +389,24 @@ def apply_publish_outcome(
         if isinstance(outcome, Fenced):
             return  # this attempt is stale and wrote nothing at the sink; it records nothing
         if isinstance(outcome, Rejected):
-            reject(db, run, attempt, outcome.reason, evidence_key=evidence_key)
+            transitions.reject_publication(db, run, attempt, outcome.reason, evidence_key=evidence_key)
         elif outcome.digest != recorded_digest:
-            mismatch(db, run, attempt, Outcome.PUBLICATION_MISMATCH, outcome, evidence_key=evidence_key)
+            mismatch = Outcome.PUBLICATION_MISMATCH
+            transitions.record_mismatch(db, run, attempt, mismatch, outcome, evidence_key=evidence_key)
         else:
             how = "published" if isinstance(outcome, Published) else "already_published"
-            commit_success(db, run, attempt, Outcome.PUBLISHED, outcome, how, evidence_key=evidence_key)
+            published = Outcome.PUBLISHED
+            transitions.succeed_publication(db, run, attempt, published, outcome, how, evidence_key=evidence_key)
     except StaleAttempt:
         return  # the lease was lost: the sweeper marks this authorized attempt outcome_unknown
     except EvidenceError as error:
-        with contextlib.suppress(StaleAttempt):
-            transitions.record_evidence_failure(db, run, attempt, error.message, evidence_key=evidence_key)
+        transitions.evidence_failed_unless_stale(db, run, attempt, error.message, evidence_key=evidence_key)
     crashpoints.reach(crashpoints.AFTER_TERMINAL_COMMIT)
-
-
-def _refs(outcome: Published | AlreadyPublished | Any) -> dict[str, str]:
-    return {
-        "publication_ref": outcome.refs.publication_ref,
-        "datasource_ref": outcome.refs.datasource_ref,
-        "materialization_ref": outcome.refs.materialization_ref,
-    }
-
-
-def commit_success(
-    db: Database, run: Run, attempt: int, outcome: Outcome, found: Any, how: str, *, evidence_key: Secret | None
-) -> Run:
-    """Refs, ``run.succeeded`` and the verified checkpoint commit together, or not at all
-    (``outcome``: PUBLISHED or RECONCILED_PRESENT; ``found``: the sink's answer with its refs)."""
-    refs = _refs(found)
-    return transitions.terminate(
-        db, run, attempt, outcome,
-        [{"outcome": how, "digest": found.digest, **refs}, {"output_digest": found.digest}],
-        evidence_key=evidence_key, projection={**refs, "error_code": None, "error_message": None},
-    )  # fmt: skip
-
-
-def reject(db: Database, run: Run, attempt: int, reason: str, *, evidence_key: Secret | None) -> Run:
-    """The sink proved nothing was created: the run failed, with that evidence."""
-    return transitions.terminate(
-        db, run, attempt, Outcome.REJECTED,
-        [{"reason": reason}, {"code": "publication_rejected", "message": reason, "no_external_output": True}],
-        evidence_key=evidence_key,
-        projection={"error_code": "publication_rejected", "error_message": reason},
-    )  # fmt: skip
-
-
-def mismatch(db: Database, run: Run, attempt: int, outcome: Outcome, found: Any, *, evidence_key: Secret | None) -> Run:
-    """The key exists with another digest: unresolved, with a loud warning; never success."""
-    refs = _refs(found)
-    return transitions.terminate(
-        db, run, attempt, outcome, [{"digest": found.digest, **refs}],
-        evidence_key=evidence_key, projection=refs,
-    )  # fmt: skip
 
 
 def record_unknown(db: Database, run: Run, attempt: int, reason: str, *, evidence_key: Secret | None) -> None:
     """No conclusive response: ``outcome_unknown``; no automatic retry, ever."""
     try:
-        transitions.conclude(
-            db, run, attempt, Outcome.PUBLICATION_UNKNOWN, [{"reason": reason}],
-            evidence_key=evidence_key,
-            projection={"error_code": Inconclusive.code, "error_message": reason},
-        )  # fmt: skip
+        transitions.publication_unknown(db, run, attempt, reason, evidence_key=evidence_key)
     except DataflowError:
         return  # the database is down: the sweeper will find the authorized attempt expired

@@ -21,8 +21,9 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import crashpoints, leases, ledger
+from durable_dataflow.core import crashpoints, ledger
 from durable_dataflow.core.errors import Conflict, DataflowError, EvidenceError, StaleAttempt
+from durable_dataflow.dataflow.protocol import attempt as attempts
 from durable_dataflow.dataflow.protocol import evidence, forward, requests, sweeper, transitions
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
 from durable_dataflow.dataflow.protocol.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
@@ -147,19 +148,15 @@ def _take_lease(service: RunService, run: Run, outcome: Outcome, asked_by: Mappi
     RESUME_AUTHORIZED to re-dispatch the stored result under the original authorization's digests
     and key (never recomputed)."""
     db = service.db
-    service.holder_lock.ensure()
     with db.begin() as conn:
-        lease = leases.acquire(
-            conn, db, MODULE, run.run_id, service.config.holder, service.config.lease_ttl_s,
-            expected_attempt=run.attempt,
-        )  # fmt: skip
-        payloads: list[Mapping[str, Any]] = [{"holder": lease.holder, **asked_by}]
+        lease = attempts.take_lease(conn, db, service.holder_lock, service.config, run.run_id, run.attempt)
         if outcome == Outcome.RESUME_AUTHORIZED:
-            payloads.append(_authorization_of(conn, run))
-        transitions.apply(
-            conn, db, run, lease.attempt, outcome, payloads,
-            evidence_key=service.evidence_key, projection={"attempt": lease.attempt}, row_attempt=run.attempt,
-        )  # fmt: skip
+            authorization = _authorization_of(conn, run)
+            transitions.authorize_resume(
+                conn, db, run, lease, asked_by, authorization, evidence_key=service.evidence_key
+            )
+        else:
+            transitions.start_reconcile(conn, db, run, lease, asked_by, evidence_key=service.evidence_key)
     return lease.attempt
 
 
@@ -178,28 +175,24 @@ def _apply(service: RunService, run: Run, attempt: int, finding: InspectOutcome)
 def _record(service: RunService, run: Run, attempt: int, finding: InspectOutcome) -> Reconciliation:
     recorded = str(run.output_digest)
     if isinstance(finding, Present) and finding.digest == recorded:
-        forward.commit_success(
+        transitions.succeed_publication(
             service.db, run, attempt, Outcome.RECONCILED_PRESENT, finding, "present", evidence_key=service.evidence_key
         )
         return Reconciliation(service.get(run.run_id), Finding.PRESENT, f"found with the recorded digest {recorded}")
     if isinstance(finding, Present):
-        forward.mismatch(
+        transitions.record_mismatch(
             service.db, run, attempt, Outcome.RECONCILE_MISMATCH, finding, evidence_key=service.evidence_key
         )
         detail = f"found with another digest {finding.digest}"
         return Reconciliation(service.get(run.run_id), Finding.MISMATCH, detail)
     if isinstance(finding, Absent) and finding.fenced_at is not None and finding.fenced_at >= attempt:
-        transitions.terminate(
-            service.db, run, attempt, Outcome.RECONCILED_ABSENT, [{"fenced_at": finding.fenced_at}],
-            evidence_key=service.evidence_key,
-        )  # fmt: skip
+        transitions.reconciled_absent(service.db, run, attempt, finding.fenced_at, evidence_key=service.evidence_key)
         detail = f"proven absent and fenced at {finding.fenced_at}"
         return Reconciliation(service.get(run.run_id), Finding.ABSENT, detail)
     reason = finding.reason if isinstance(finding, Undecided) else "the sink reported absence without a durable fence"
-    transitions.terminate(
-        service.db, run, attempt, Outcome.RECONCILE_UNDECIDED, [{"reason": reason[:UNDECIDED_REASON_CHARS_MAX]}],
-        evidence_key=service.evidence_key,
-    )  # fmt: skip
+    transitions.reconcile_undecided(
+        service.db, run, attempt, reason[:UNDECIDED_REASON_CHARS_MAX], evidence_key=service.evidence_key
+    )
     return Reconciliation(service.get(run.run_id), Finding.UNDECIDED, reason)
 
 
@@ -215,11 +208,9 @@ def _invalid_target(service: RunService, run: Run, attempt: int, refusal: str) -
     refused before touching the sink, so nothing can exist there; the run failed with no output."""
     message = f"the target can never have been published to: {refusal}"
     try:
-        transitions.terminate(
-            service.db, run, attempt, Outcome.RECONCILED_INVALID_TARGET,
-            [{"reason": refusal}, {"code": "invalid_target", "message": message, "no_external_output": True}],
-            evidence_key=service.evidence_key, projection={"error_code": "invalid_target", "error_message": message},
-        )  # fmt: skip
+        transitions.reconciled_invalid_target(
+            service.db, run, attempt, refusal, message, evidence_key=service.evidence_key
+        )
     except EvidenceError as error:
         service.record_evidence_failure(run, attempt, error.message)
     except StaleAttempt:

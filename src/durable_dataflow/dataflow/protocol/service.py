@@ -14,7 +14,6 @@ terminal transaction; a replay of an existing key costs none (it only reads).
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import DataflowError, StaleAttempt
@@ -175,18 +174,16 @@ class RunService:
         """ONE fenced transaction: result, ledger, verification, checkpoint, projection, release."""
         return attempt.commit_atomic_success(self.attempt_of(run, number), result)
 
-    def fail(self, run: Run, number: int, error: DataflowError, **facts: Any) -> Run | None:
+    def fail(self, run: Run, number: int, error: DataflowError, *, missing_capability: bool = False) -> Run | None:
         """Terminal failure with nothing dispatched (attempt.fail_run; None: fenced off)."""
         return attempt.fail_run(
-            self.db, run, number, error, interruption=self.interruption, evidence_key=self.evidence_key, **facts
-        )
+            self.db, run, number, error, interruption=self.interruption, evidence_key=self.evidence_key,
+            missing_capability=missing_capability,
+        )  # fmt: skip
 
     def record_evidence_failure(self, run: Run, number: int, reason: str) -> Run | None:
         """Verification refused a transition: the run is unresolved, with the reason (None: fenced off)."""
-        try:
-            return transitions.record_evidence_failure(self.db, run, number, reason, evidence_key=self.evidence_key)
-        except StaleAttempt:
-            return None
+        return transitions.evidence_failed_unless_stale(self.db, run, number, reason, evidence_key=self.evidence_key)
 
     def run_inline(self, request: RunRequest, progress_sink: progress.ProgressSink | None = None) -> Submission:
         """Record, claim and execute in this process (``dataflow run``); a replay executes nothing."""

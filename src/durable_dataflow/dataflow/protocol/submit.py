@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import exc
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import crashpoints, hashing, ledger
+from durable_dataflow.core import crashpoints, hashing
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import Conflict, InputError, NotFound
 from durable_dataflow.core.holders import HolderLock
@@ -29,9 +29,8 @@ from durable_dataflow.dataflow.execution import compute, limits, workspace
 from durable_dataflow.dataflow.execution.workspace import Workspace
 from durable_dataflow.dataflow.protocol import attempt, forward, runs, transitions
 from durable_dataflow.dataflow.protocol.requests import AccessContext, RunRequest, check_request, request_hash
-from durable_dataflow.dataflow.protocol.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
+from durable_dataflow.dataflow.protocol.runs import Mode, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.protocol.service_config import ServiceConfig
-from durable_dataflow.dataflow.protocol.transitions import Outcome
 from durable_dataflow.datasources import contract, registry
 from durable_dataflow.datasources.contract import MissingCapability
 
@@ -185,19 +184,10 @@ class Submitter:
         inserted already holding what Outcome.STARTED projects, so it is written once."""
         if not self.definitions.stored(d_hash):
             catalog.store_definition(conn, self.db, defn, d_hash)
-        row = dict(values)
-        entries = transitions.items(Outcome.RECORDED, 0, [recorded_payload(values)])
+        lease = None
         if claim:
             lease = attempt.take_lease(conn, self.db, self.holder_lock, self.config, values["run_id"], 0)
-            started = transitions.TABLE[Outcome.STARTED]
-            row.update(attempt=lease.attempt, status=started.status, recovery_status=started.recovery)
-            entries += transitions.items(Outcome.STARTED, lease.attempt, [{"holder": lease.holder}])
-        run = runs.insert(conn, self.db, row)
-        ledger.append_many(
-            conn, self.db, MODULE, run.run_id, entries,
-            evidence_key=self.config.evidence_key, new_subject_at_us=run.created_at_us,
-        )  # fmt: skip
-        return run
+        return transitions.record(conn, self.db, values, lease, evidence_key=self.config.evidence_key)
 
 
 def check_partition_provider(defn: Definition, name: str, partition: Mapping[str, Any]) -> None:
@@ -266,21 +256,4 @@ def _partition_values(target: Mapping[str, Any] | None, params: Mapping[str, Any
     return {
         "partition_datasource": str(target["datasource"]),
         "partition_json": hashing.canonical_json(resolved).decode("utf-8"),
-    }
-
-
-def recorded_payload(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``run.recorded``'s payload: the run's identity, who asked, and its workspace's digest."""
-    return {
-        "run_id": values["run_id"],
-        "tenant": values["tenant"],
-        "idempotency_key": values["idempotency_key"],
-        "definition_hash": values["definition_hash"],
-        "request_hash": values["request_hash"],
-        "mode": str(values["mode"]),
-        "provenance": json.loads(values["provenance_json"]),
-        "access_context_digest": values["access_context_digest"],
-        "max_attempts": values["max_attempts"],
-        "principal": values["principal"],
-        "workspace_digest": transitions.workspace_digest(json.loads(values["workspace_json"])),
     }

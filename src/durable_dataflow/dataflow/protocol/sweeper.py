@@ -7,7 +7,7 @@ For each expired lease of a dataflow run, and each live one whose holder process
 - ``dispatch.authorized`` for that attempt and no terminal entry: ``outcome_unknown``, never retried.
 Exactly one sweeper decides each such attempt: :func:`core.leases.close_expired` (or
 ``close_dead_holder``) is a guarded update and the decision commits in the same transaction, through
-:func:`transitions.apply`.
+:func:`transitions.swept`.
 """
 
 from __future__ import annotations
@@ -44,17 +44,6 @@ _OUTCOME = {
     Decision.FAILED: Outcome.SWEPT_EXHAUSTED,
     Decision.OUTCOME_UNKNOWN: Outcome.SWEPT_UNKNOWN,
 }
-_PAYLOADS: dict[Decision, list[dict[str, object]]] = {
-    Decision.RECOVERED: [{"reason": "lease expired before dispatch authorization: proven absent"}],
-    Decision.OUTCOME_UNKNOWN: [{"reason": "the attempt's lease expired after dispatch authorization"}],
-}
-# The same decisions for a live lease whose holder process is gone (its session ended).
-_DEAD_HOLDER_PAYLOADS: dict[Decision, list[dict[str, object]]] = {
-    Decision.RECOVERED: [{"reason": "the holder's process is gone before dispatch authorization: proven absent",
-                          "holder_gone": True}],
-    Decision.OUTCOME_UNKNOWN: [{"reason": "the attempt's holder process is gone after dispatch authorization",
-                                "holder_gone": True}],
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -125,10 +114,7 @@ def _sweep_one(db: Database, run_id: str, attempt: int, key: Secret | None, dead
                 return SweepDecision(run_id, attempt, Decision.SKIPPED)
             run = runs.get(conn, run_id)
             decision = decide(ledger.read(conn, MODULE, run_id), attempt, run.max_attempts)
-            transitions.apply(
-                conn, db, run, attempt, _OUTCOME[decision], _payloads(decision, run.max_attempts, dead),
-                evidence_key=key, projection=_projection(decision, run.max_attempts),
-            )  # fmt: skip
+            transitions.swept(conn, db, run, attempt, _OUTCOME[decision], holder_gone=dead, evidence_key=key)
     except EvidenceError as error:
         # The chain did not verify: the decision is recorded as an evidence failure instead (the
         # lease is closed by the same transaction, so again exactly one sweeper decides).
@@ -136,34 +122,6 @@ def _sweep_one(db: Database, run_id: str, attempt: int, key: Secret | None, dead
             if not _close(conn, db, run_id, attempt, dead):
                 return SweepDecision(run_id, attempt, Decision.SKIPPED)
             run = runs.get(conn, run_id)
-            transitions.apply(
-                conn, db, run, attempt, Outcome.EVIDENCE_FAILED, [{"reason": error.message}], evidence_key=key,
-                projection={"error_code": EvidenceError.code, "error_message": error.message},
-            )  # fmt: skip
+            transitions.evidence_failed_in(conn, db, run, attempt, error.message, evidence_key=key)
         return SweepDecision(run_id, attempt, Decision.EVIDENCE_FAILED)
     return SweepDecision(run_id, attempt, decision)
-
-
-def _payloads(decision: Decision, max_attempts: int, dead: bool) -> list[dict[str, object]]:
-    chosen = _DEAD_HOLDER_PAYLOADS if dead else _PAYLOADS
-    if decision == Decision.FAILED:
-        return [
-            *chosen[Decision.RECOVERED],
-            {"code": "attempts_exhausted", "message": _exhausted(max_attempts), "no_external_output": True},
-        ]
-    return list(chosen[decision])
-
-
-def _projection(decision: Decision, max_attempts: int) -> dict[str, object]:
-    if decision == Decision.FAILED:
-        return {"error_code": "attempts_exhausted", "error_message": _exhausted(max_attempts)}
-    if decision == Decision.OUTCOME_UNKNOWN:
-        return {
-            "error_code": "inconclusive",
-            "error_message": "the worker's lease expired after dispatch authorization",
-        }
-    return {}
-
-
-def _exhausted(max_attempts: int) -> str:
-    return f"all {max_attempts} attempts expired before dispatch authorization"

@@ -13,6 +13,7 @@ The same table read backwards is :func:`derive`: the state a verified ledger imp
 from __future__ import annotations
 
 import enum
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,11 +24,14 @@ from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import checkpoints, fencing, hashing, leases, ledger
 from durable_dataflow.core.db import Database
-from durable_dataflow.core.errors import EvidenceError, StaleAttempt
+from durable_dataflow.core.errors import DataflowError, EvidenceError, StaleAttempt
+from durable_dataflow.core.invariants import invariant
 from durable_dataflow.core.secrets import Secret
 from durable_dataflow.dataflow.execution import results
-from durable_dataflow.dataflow.protocol import evidence, runs
+from durable_dataflow.dataflow.execution.compute import ExecutionResult
+from durable_dataflow.dataflow.protocol import evidence, partition_tokens, runs
 from durable_dataflow.dataflow.protocol.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
+from durable_dataflow.datasources.contract import AlreadyPublished, Inconclusive, Present, Published
 
 MESSAGE_CHARS_MAX = 2000
 Item = tuple[int, str, Mapping[str, Any]]  # (attempt, kind, payload), as core.ledger.append_many takes them
@@ -500,3 +504,300 @@ def conclude(
             return record_evidence_failure(db, run, attempt, error.message, evidence_key=evidence_key)
     except StaleAttempt:
         return None
+
+
+# ---- the named transitions ----------------------------------------------------------------------
+# One typed function per family, in front of TABLE: the only code that builds a transition's ledger
+# payloads and projection columns, so a caller names what happened and hands over its facts.
+
+Found = Published | AlreadyPublished | Present  # a sink's answer that a publication exists, with its refs
+SINK_LOCATION = "sink_location"  # the dispatch.authorized field that records the prepared location
+CANCELLED_CODE = "cancelled"  # a cancelled run's error code
+INTERRUPTED = "interrupted"  # run.cancelled's reason when the attempt's own process was told to stop
+
+
+def record(
+    conn: Connection, db: Database, row: Mapping[str, Any], lease: leases.Lease | None, *, evidence_key: Secret | None
+) -> Run:
+    """RECORDED: the run's row and ``run.recorded``; inline (``lease``, attempt 1's), STARTED too, with
+    the row inserted already holding what STARTED projects, so it is written once."""
+    values = dict(row)
+    entries = items(Outcome.RECORDED, 0, [_recorded_payload(row)])
+    if lease is not None:
+        started = TABLE[Outcome.STARTED]
+        values.update(attempt=lease.attempt, status=started.status, recovery_status=started.recovery)
+        entries += items(Outcome.STARTED, lease.attempt, [{"holder": lease.holder}])
+    run = runs.insert(conn, db, values)
+    ledger.append_many(
+        conn, db, MODULE, run.run_id, entries, evidence_key=evidence_key, new_subject_at_us=run.created_at_us
+    )
+    return run
+
+
+def _recorded_payload(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "run_id": row["run_id"],
+        "tenant": row["tenant"],
+        "idempotency_key": row["idempotency_key"],
+        "definition_hash": row["definition_hash"],
+        "request_hash": row["request_hash"],
+        "mode": str(row["mode"]),
+        "provenance": json.loads(row["provenance_json"]),
+        "access_context_digest": row["access_context_digest"],
+        "max_attempts": row["max_attempts"],
+        "principal": row["principal"],
+        "workspace_digest": workspace_digest(json.loads(row["workspace_json"])),
+    }
+
+
+def start_attempt(
+    conn: Connection, db: Database, run_id: str, lease: leases.Lease, *, evidence_key: Secret | None
+) -> Run:
+    """STARTED: ``attempt.started`` under the lease just taken (a claim), and the row projected running."""
+    ledger.append_many(
+        conn, db, MODULE, run_id, items(Outcome.STARTED, lease.attempt, [{"holder": lease.holder}]),
+        evidence_key=evidence_key,
+    )  # fmt: skip
+    started = TABLE[Outcome.STARTED]
+    return runs.update(conn, db, run_id, attempt=lease.attempt, status=started.status, recovery_status=started.recovery)
+
+
+def start_reconcile(
+    conn: Connection, db: Database, run: Run, lease: leases.Lease, asked_by: Mapping[str, Any], *,
+    evidence_key: Secret | None,
+) -> Run:  # fmt: skip
+    """RECONCILE_STARTED: an operator's inspection (``asked_by``: who and how) holds the new lease."""
+    return apply(
+        conn, db, run, lease.attempt, Outcome.RECONCILE_STARTED, [{"holder": lease.holder, **asked_by}],
+        evidence_key=evidence_key, projection={"attempt": lease.attempt}, row_attempt=run.attempt,
+    )  # fmt: skip
+
+
+def authorize_resume(
+    conn: Connection, db: Database, run: Run, lease: leases.Lease, asked_by: Mapping[str, Any],
+    authorization: Mapping[str, Any], *, evidence_key: Secret | None,
+) -> Run:  # fmt: skip
+    """RESUME_AUTHORIZED: an operator's re-dispatch of the stored result under the new lease, with the
+    original ``dispatch.authorized`` payload (the same digests and key, never recomputed)."""
+    return apply(
+        conn, db, run, lease.attempt, Outcome.RESUME_AUTHORIZED,
+        [{"holder": lease.holder, **asked_by}, dict(authorization)],
+        evidence_key=evidence_key, projection={"attempt": lease.attempt}, row_attempt=run.attempt,
+    )  # fmt: skip
+
+
+def authorize_dispatch(
+    conn: Connection, db: Database, run: Run, attempt: int, result: ExecutionResult, publication_key: str, *,
+    sink_location: Mapping[str, Any] | None, partition_token: int | None, evidence_key: Secret | None,
+    held: ledger.HeldChain,
+) -> Run:  # fmt: skip
+    """DISPATCH_AUTHORIZED, in the caller's fenced pre-dispatch commit (which stored ``result``): the
+    result's facts, the publication key and its digest, the target, the prepared location (its place's
+    digest and identity) and the partition token this commit took, when there are any."""
+    target = run.target or {}
+    idem_digest = hashing.digest(
+        {"publication_idempotency_key": publication_key, "output_digest": result.output_digest, "target": target}
+    )
+    payload: dict[str, Any] = {
+        **results.facts(result),
+        "publication_idempotency_key": publication_key,
+        "publication_idempotency_digest": idem_digest,
+        "target": target,
+    }
+    if sink_location is not None:
+        payload[SINK_LOCATION] = dict(sink_location)
+    if partition_token is not None:
+        payload[partition_tokens.PARTITION_TOKEN] = partition_token
+    return apply(
+        conn, db, run, attempt, Outcome.DISPATCH_AUTHORIZED, [payload], evidence_key=evidence_key,
+        held=held, stored_result=result.ipc_bytes,
+        projection={
+            **_result_projection(result),
+            "publication_idempotency_key": publication_key, "publication_idempotency_digest": idem_digest,
+        },
+    )  # fmt: skip
+
+
+def _result_projection(result: ExecutionResult) -> dict[str, Any]:
+    return {
+        "row_count": result.row_count, "output_digest": result.output_digest,
+        "source_fingerprint_digest": result.source_fingerprint_digest,
+    }  # fmt: skip
+
+
+def succeed_atomic(
+    conn: Connection, db: Database, run: Run, attempt: int, result: ExecutionResult, *,
+    evidence_key: Secret | None, held: ledger.HeldChain,
+) -> Run:  # fmt: skip
+    """ATOMIC_SUCCEEDED, in the caller's fenced terminal commit (which stored ``result``)."""
+    return apply(
+        conn, db, run, attempt, Outcome.ATOMIC_SUCCEEDED,
+        [results.facts(result), {"output_digest": result.output_digest}],
+        evidence_key=evidence_key, projection=_result_projection(result), held=held, stored_result=result.ipc_bytes,
+    )  # fmt: skip
+
+
+def fail_before_dispatch(
+    db: Database, run: Run, attempt: int, error: DataflowError, *, evidence_key: Secret | None,
+    missing_capability: bool = False,
+) -> Run | None:  # fmt: skip
+    """FAILED_BEFORE_DISPATCH: nothing was dispatched, so no external output exists (None: fenced off;
+    evidence_failed when the chain does not verify)."""
+    message = error.message[:MESSAGE_CHARS_MAX]
+    facts = {"missing_capability": True} if missing_capability else {}
+    return conclude(
+        db, run, attempt, Outcome.FAILED_BEFORE_DISPATCH,
+        [{"code": error.code, "message": message, "no_external_output": True, **facts}],
+        evidence_key=evidence_key, projection={"error_code": error.code, "error_message": message},
+    )  # fmt: skip
+
+
+def _refs(found: Found) -> dict[str, str]:
+    return {
+        "publication_ref": found.refs.publication_ref,
+        "datasource_ref": found.refs.datasource_ref,
+        "materialization_ref": found.refs.materialization_ref,
+    }
+
+
+def succeed_publication(
+    db: Database, run: Run, attempt: int, outcome: Outcome, found: Found, how: str, *, evidence_key: Secret | None
+) -> Run:
+    """PUBLISHED or RECONCILED_PRESENT: refs, ``run.succeeded`` and the verified checkpoint commit together,
+    or not at all (``how``: published, already_published or present)."""
+    invariant(outcome in (Outcome.PUBLISHED, Outcome.RECONCILED_PRESENT), f"{outcome} is no publication success")
+    refs = _refs(found)
+    return terminate(
+        db, run, attempt, outcome,
+        [{"outcome": how, "digest": found.digest, **refs}, {"output_digest": found.digest}],
+        evidence_key=evidence_key, projection={**refs, "error_code": None, "error_message": None},
+    )  # fmt: skip
+
+
+def reject_publication(db: Database, run: Run, attempt: int, reason: str, *, evidence_key: Secret | None) -> Run:
+    """REJECTED: the sink proved nothing was created; the run failed, with that evidence."""
+    return terminate(
+        db, run, attempt, Outcome.REJECTED,
+        [{"reason": reason}, {"code": "publication_rejected", "message": reason, "no_external_output": True}],
+        evidence_key=evidence_key, projection={"error_code": "publication_rejected", "error_message": reason},
+    )  # fmt: skip
+
+
+def record_mismatch(
+    db: Database, run: Run, attempt: int, outcome: Outcome, found: Found, *, evidence_key: Secret | None
+) -> Run:
+    """PUBLICATION_MISMATCH or RECONCILE_MISMATCH: the key exists with another digest; unresolved, never success."""
+    invariant(outcome in (Outcome.PUBLICATION_MISMATCH, Outcome.RECONCILE_MISMATCH), f"{outcome} is no mismatch")
+    refs = _refs(found)
+    return terminate(
+        db, run, attempt, outcome, [{"digest": found.digest, **refs}], evidence_key=evidence_key, projection=refs
+    )
+
+
+def publication_unknown(
+    db: Database, run: Run, attempt: int, reason: str, *, evidence_key: Secret | None
+) -> Run | None:
+    """PUBLICATION_UNKNOWN: the sink said nothing conclusive; never retried automatically (None: fenced off)."""
+    return conclude(
+        db, run, attempt, Outcome.PUBLICATION_UNKNOWN, [{"reason": reason}],
+        evidence_key=evidence_key, projection={"error_code": Inconclusive.code, "error_message": reason},
+    )  # fmt: skip
+
+
+def reconciled_absent(db: Database, run: Run, attempt: int, fenced_at: int, *, evidence_key: Secret | None) -> Run:
+    """RECONCILED_ABSENT: the sink proved the key absent and fenced it at ``fenced_at``."""
+    return terminate(db, run, attempt, Outcome.RECONCILED_ABSENT, [{"fenced_at": fenced_at}], evidence_key=evidence_key)
+
+
+def reconcile_undecided(db: Database, run: Run, attempt: int, reason: str, *, evidence_key: Secret | None) -> Run:
+    """RECONCILE_UNDECIDED: the inspection proved nothing; the run stays as it was."""
+    return terminate(db, run, attempt, Outcome.RECONCILE_UNDECIDED, [{"reason": reason}], evidence_key=evidence_key)
+
+
+def reconciled_invalid_target(
+    db: Database, run: Run, attempt: int, refusal: str, message: str, *, evidence_key: Secret | None
+) -> Run:
+    """RECONCILED_INVALID_TARGET: the target is invalid by its recorded text; the run failed with no output."""
+    return terminate(
+        db, run, attempt, Outcome.RECONCILED_INVALID_TARGET,
+        [{"reason": refusal}, {"code": "invalid_target", "message": message, "no_external_output": True}],
+        evidence_key=evidence_key, projection={"error_code": "invalid_target", "error_message": message},
+    )  # fmt: skip
+
+
+def evidence_failed_unless_stale(
+    db: Database, run: Run, attempt: int, reason: str, *, evidence_key: Secret | None
+) -> Run | None:
+    """EVIDENCE_FAILED in its own fenced transaction; None when the attempt was fenced off."""
+    try:
+        return record_evidence_failure(db, run, attempt, reason, evidence_key=evidence_key)
+    except StaleAttempt:
+        return None
+
+
+def evidence_failed_in(
+    conn: Connection, db: Database, run: Run, attempt: int, reason: str, *, evidence_key: Secret | None
+) -> Run:
+    """EVIDENCE_FAILED in the caller's (sweep-guarded) transaction."""
+    return apply(
+        conn, db, run, attempt, Outcome.EVIDENCE_FAILED, [{"reason": reason}], evidence_key=evidence_key,
+        projection={"error_code": EvidenceError.code, "error_message": reason},
+    )  # fmt: skip
+
+
+def cancel_run(
+    conn: Connection, db: Database, run: Run, asked_by: Mapping[str, Any], signal: str | None, *,
+    evidence_key: Secret | None,
+) -> Run:  # fmt: skip
+    """CANCELLED under the run's current attempt, in the caller's transaction (which closed its lease):
+    who asked and from what status; with ``signal``, the attempt's own process was interrupted by it."""
+    who = asked_by["principal"]
+    reason = {"reason": INTERRUPTED, "signal": signal} if signal is not None else {}
+    if signal is not None:
+        host = asked_by["provenance"]["host"]
+        message = (
+            f"interrupted ({signal}) in the process of {who} on {host} before dispatch authorization: "
+            "no external output"
+        )
+    else:
+        message = f"cancelled by {who} before dispatch authorization: no external output"
+    payload = {**asked_by, **reason, "from_status": str(run.status), "no_external_output": True}
+    return apply(
+        conn, db, run, run.attempt, Outcome.CANCELLED, [payload], evidence_key=evidence_key,
+        projection={"error_code": CANCELLED_CODE, "error_message": message[:MESSAGE_CHARS_MAX]},
+    )  # fmt: skip
+
+
+# What a sweep records of an expired attempt (or one whose holder process is gone): its reason, by what
+# the attempt had done, and the error of a run with no attempt left.
+_SWEPT_REASONS = {
+    (False, False): "lease expired before dispatch authorization: proven absent",
+    (False, True): "the attempt's lease expired after dispatch authorization",
+    (True, False): "the holder's process is gone before dispatch authorization: proven absent",
+    (True, True): "the attempt's holder process is gone after dispatch authorization",
+}
+_SWEPT_OUTCOMES = (Outcome.SWEPT_RECOVERED, Outcome.SWEPT_EXHAUSTED, Outcome.SWEPT_UNKNOWN)
+
+
+def swept(
+    conn: Connection, db: Database, run: Run, attempt: int, outcome: Outcome, *, holder_gone: bool,
+    evidence_key: Secret | None,
+) -> Run:  # fmt: skip
+    """SWEPT_RECOVERED, SWEPT_EXHAUSTED or SWEPT_UNKNOWN, in the sweeper's transaction that closed the
+    attempt's lease (``holder_gone``: a live lease whose holder process is gone, rather than an expired one)."""
+    invariant(outcome in _SWEPT_OUTCOMES, f"{outcome} is no sweep decision")
+    authorized = outcome == Outcome.SWEPT_UNKNOWN
+    reason: dict[str, object] = {"reason": _SWEPT_REASONS[(holder_gone, authorized)]}
+    if holder_gone:
+        reason["holder_gone"] = True
+    payloads: list[Mapping[str, Any]] = [reason]
+    projection: dict[str, object] = {}
+    if outcome == Outcome.SWEPT_EXHAUSTED:
+        exhausted = f"all {run.max_attempts} attempts expired before dispatch authorization"
+        payloads.append({"code": "attempts_exhausted", "message": exhausted, "no_external_output": True})
+        projection = {"error_code": "attempts_exhausted", "error_message": exhausted}
+    elif authorized:
+        projection = {
+            "error_code": "inconclusive", "error_message": "the worker's lease expired after dispatch authorization",
+        }  # fmt: skip
+    return apply(conn, db, run, attempt, outcome, payloads, evidence_key=evidence_key, projection=projection)
