@@ -1,14 +1,16 @@
-"""Red-team finding against `dataflow backfill` (submit and cancel) and `dataflow schedules tick` as real
-processes: they append to run chains but did not check the evidence-key setting as `submit`, `run`,
-`worker`, `serve` and `reconcile` do.
+"""The evidence-key setting (DATAFLOW_EVIDENCE_KEY) as the CLI processes check it, beyond `submit`, `run`,
+`worker`, `serve` and `reconcile`: `dataflow backfill` (submit and cancel) and `dataflow schedules tick`
+refuse a setting other than the ledger's, and an empty or blank key is refused, not used.
 
-On a keyed platform, `dataflow backfill` without DATAFLOW_EVIDENCE_KEY recorded unkeyed runs (after
-which every keyed worker refused to start, and a running one ended them evidence_failed), and
-`dataflow backfill cancel` without it exited 1 claiming that each run's evidence "fails its keyed
-MAC". Now all three refuse with exit 2, naming the variable (never the key), and write nothing.
+From the red team against cancellation and backfills (commit cf6f558): on a keyed platform, `dataflow
+backfill` without DATAFLOW_EVIDENCE_KEY recorded unkeyed runs (after which every keyed worker refused to
+start, and a running one ended them evidence_failed), and `dataflow backfill cancel` without it exited 1
+claiming that each run's evidence "fails its keyed MAC". Now all three refuse with exit 2, naming the
+variable (never the key), and write nothing.
 
-SQLite only: what is proven is the processes' refusal; ledger.check_key_setting is proven on both
-engines by tests/integration/test_evidence_key_consistency.py.
+SQLite only: what is proven is the processes' refusal; ledger.check_key_setting, and the other commands'
+refusals, are proven on both engines by tests/integration/test_evidence_key_consistency.py. A worker never
+logs the key: tests/acceptance/test_worker_canary.py.
 """
 
 from __future__ import annotations
