@@ -1,10 +1,17 @@
 """Schedules and backfills through the JSON API and the web view, on SQLite and PostgreSQL: apply, list,
 get, pause, resume, roles, tenant isolation, a resumable backfill, bad input refused with nothing
-recorded, and the schedules page (its UNRESOLVED warning, a hostile name escaped)."""
+recorded, and the schedules page (its UNRESOLVED warning, a hostile name escaped). The last section holds
+the red team's findings (commit cf6f558): a cron that matches no date, and a backfill day not written
+YYYY-MM-DD.
+
+Schedules in the other tiers: evaluation (exactly-once ticks, catch-up, overlap) in
+tests/integration/test_schedules.py; `dataflow schedules` and `dataflow backfill` as real processes in
+tests/acceptance/test_cli_schedules.py. Cancelling a single run: tests/integration/test_cancel.py."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +28,7 @@ from durable_dataflow.api.auth import SESSION_COOKIE
 from durable_dataflow.dataflow.schedules import schedules
 from durable_dataflow.dataflow.schedules.schedule_schema import schedule_ticks
 from durable_dataflow.dataflow.schedules.schedule_schema import schedules as schedules_table
+from durable_dataflow.dataflow.worker import Worker, WorkerOptions
 from durable_dataflow.platform import Platform
 from support import flows
 from support.api_runs import Tokens, make_tokens
@@ -339,3 +347,71 @@ def test_an_empty_schedules_page_says_so(served: Served) -> None:
     assert "No schedules." in html and "0 * * * *" not in html
     anonymous = TestClient(served.client.app, follow_redirects=False).get("/ui/schedules")
     assert anonymous.status_code == 303 and anonymous.headers["location"] == "/ui/login"
+
+
+# ---- the red team against the schedules API (commit cf6f558) ------------------------------------------------
+# Finding 1: a schedule whose cron matches no date (``0 0 30 2 *``: February 30) was applied through
+# POST /v1/schedules (201); then every evaluation of every tenant's schedules raised CroniterBadDateError, so
+# every worker on the platform died at its first schedule evaluation (another tenant's queued run was never
+# executed), and GET /v1/schedules, /ui/schedules and POST /v1/backfills answered 500. Now the apply is refused
+# 422, a stored one (an older version applied it) is one evaluation error that stops no other schedule, and it
+# lists with no next tick.
+# Finding 5: backfill days given as ``20260301`` or ``2026-W10-1`` were accepted, though the refusal says
+# YYYY-MM-DD.
+# (Findings 2 to 4, on cancellation: test_cancel.py.)
+
+IMPOSSIBLE_CRON = "0 0 30 2 *"  # February 30: croniter finds no date
+
+
+def daily(cron: str = "0 3 * * *") -> dict[str, Any]:
+    return {"cron": cron, "timezone": "UTC", "parameters": {"day": "{{ tick.date }}"}}
+
+
+def _count(platform: Platform, table: str) -> int:
+    with platform.db.read() as conn:
+        return int(conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar() or 0)
+
+
+def test_a_cron_matching_no_date_is_refused_and_never_stops_other_tenants(served: Served, tmp_path: Path) -> None:
+    """Proves finding 1: the apply and a backfill of a February-30 cron answer 422 with nothing written;
+    one stored anyway (as an older version applied it) is an evaluation error of that schedule only,
+    lists with no next tick, and a real worker still executes another tenant's queued run."""
+    refused = served.call("POST", "/v1/schedules", served.tokens.operator, {"definition": flow(daily(IMPOSSIBLE_CRON))})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["code"] == "invalid_input" and "matches no date" in refused.text
+    assert _count(served.platform, "schedules") == 0
+    body = {"definition": flow(daily(IMPOSSIBLE_CRON)), "from": "2026-03-01", "to": "2026-03-02"}
+    backfill = served.call("POST", "/v1/backfills", served.tokens.operator, body)
+    assert backfill.status_code == 422 and "matches no date" in backfill.text, backfill.text
+    assert _count(served.platform, "dataflow_runs") == 0
+
+    # Stored anyway: the schedule row an older version (or `schedules apply` before this fix) wrote.
+    applied = served.call("POST", "/v1/schedules", served.tokens.operator, {"definition": flow(daily())})
+    assert applied.status_code == 201, applied.text
+    with served.platform.db.begin() as conn:
+        body = json.loads(conn.execute(sa.select(schedules_table.c.definition_json)).scalar_one())
+        body["schedule"]["cron"] = IMPOSSIBLE_CRON
+        conn.execute(sa.update(schedules_table).values(definition_json=json.dumps(body)))
+    listed = served.call("GET", "/v1/schedules", served.tokens.viewer)
+    assert listed.status_code == 200, listed.text
+    (item,) = listed.json()["schedules"]
+    assert item["cron"] == IMPOSSIBLE_CRON and item["next_tick"] is None
+    assert served.call("GET", "/v1/schedules/daily", served.tokens.viewer).status_code == 200
+    page = TestClient(served.client.app, cookies={SESSION_COOKIE: served.tokens.viewer}).get("/ui/schedules")
+    assert page.status_code == 200 and IMPOSSIBLE_CRON in page.text
+
+    evaluation = schedules.evaluate(served.platform.db, served.platform.runs)
+    assert [(e["tenant"], e["name"], e["code"]) for e in evaluation.errors] == [("acme", "daily", "invalid_input")]
+    victim = served.platform.runs.submit(flows.request(flows.definition(), tmp_path, "victim", tenant="globex")).run
+    Worker(served.platform.runs, WorkerOptions(until_idle=True, poll_interval_s=0.05)).run()
+    assert served.platform.runs.get(victim.run_id).status == "succeeded"
+
+
+@pytest.mark.parametrize("day", ["20260301", "2026-W10-1"])
+def test_a_backfill_day_must_be_written_yyyy_mm_dd(served: Served, day: str) -> None:
+    """Proves finding 5: ISO 8601's basic, week and ordinal forms are refused as the message says."""
+    body = {"definition": flow(), "from": day, "to": "2026-03-02"}
+    answer = served.call("POST", "/v1/backfills", served.tokens.operator, body)
+    assert answer.status_code == 422 and "from must be a date, YYYY-MM-DD" in answer.text, answer.text
+    assert _count(served.platform, "dataflow_runs") == 0
+

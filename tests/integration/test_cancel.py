@@ -3,18 +3,30 @@
 A queued run becomes ``cancelled / no_external_output``; a running attempt before dispatch
 authorization is closed under the fence (its later writes are refused) and the run becomes the same;
 after authorization a publication may exist, so cancellation is refused with the reconcile
-instruction. Each cancellation is a ``run.cancelled`` entry naming who asked, checkpointed.
+instruction. Each cancellation is a ``run.cancelled`` entry naming who asked, checkpointed. The last
+section holds the red team's findings (commit cf6f558): a projection that says ``queued`` or ``cancelled``
+over a live attempt is not trusted, and one day whose evidence fails does not stop a backfill's cancel.
+
+Cancellation in the other tiers: `dataflow cancel` as a real process, tests/acceptance/test_cli_cancel.py;
+a real worker SIGSTOPped while its run is cancelled, tests/faults/test_cancel_pause.py. A backfill's
+cancel day by day: POST /v1/backfills/cancel in tests/integration/test_api_schedules.py, `dataflow
+backfill cancel` in tests/acceptance/test_cli_schedules.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from fastapi.testclient import TestClient
 
+from durable_dataflow.api.app import create_app
 from durable_dataflow.core import checkpoints, crashpoints, ledger
 from durable_dataflow.core.errors import Conflict, StaleAttempt
 from durable_dataflow.dataflow.protocol import cancel, evidence
@@ -22,6 +34,7 @@ from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenanc
 from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.platform import Platform
 from support import flows
+from support.api_runs import Tokens, make_tokens
 
 CANCELLER = AccessContext("acme", "night-operator", ("operator",), (), "test")
 CANCEL_PROVENANCE = Provenance("night-operator", "api")
@@ -205,3 +218,103 @@ def test_cancels_racing_claims_leave_every_run_consistent(platform: Platform, tm
         else:
             assert evidence.RUN_CANCELLED not in kinds, kinds
         assert flows.verify(platform, run_id).ok, run_id
+
+
+# ---- the red team against cancellation (commit cf6f558), on SQLite and PostgreSQL ---------------------------
+# Finding 2: ``cancel._cancel_queued`` trusted a projection that says ``queued``: over a live attempt (its row
+# edited, or written by a bug) it left the attempt's lease open, answered "no attempt had started", and the
+# attempt went on to authorize, publish and succeed after ``run.cancelled``. Now the queued path closes any
+# open lease of the attempt first, as the running path does.
+# Finding 3: a projection edited to ``cancelled`` over a live attempt was answered "already cancelled" while
+# the attempt went on; now it is refused unless the ledger's head is ``run.cancelled``.
+# Finding 4: one day whose evidence fails verification stopped POST /v1/backfills/cancel (409) with the later
+# days still queued, to be run and published; now that day is reported ``evidence_failed`` and the other days
+# are cancelled.
+# (Findings 1 and 5, a cron that matches no date and a backfill day's format: test_api_schedules.py.)
+
+FORGE_STATUS = sa.text("UPDATE dataflow_runs SET status=:s WHERE run_id=:r")
+EDIT_ENTRIES = sa.text(
+    "UPDATE ledger_entries SET payload_json = replace(payload_json, 'daily', 'dai1y') WHERE subject_id=:r"
+)
+
+
+flow = flows.daily_flow
+
+
+@dataclass(frozen=True)
+class Served:
+    platform: Platform
+    client: TestClient
+    tokens: Tokens
+
+    def call(self, method: str, path: str, token: str, body: Any = None) -> Any:
+        return self.client.request(method, path, json=body, headers={"Authorization": f"Bearer {token}"})
+
+
+@pytest.fixture
+def served(db_url: str, tmp_path: Path) -> Iterator[Served]:
+    platform = Platform(db_url, lease_ttl_s=5)
+    app = create_app(platform, data_root=tmp_path / "tenants", sink_root=tmp_path / "sinks")
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield Served(platform, client, make_tokens(platform))
+    platform.close()
+    crashpoints.set_hook(None)
+
+
+def test_a_queued_projection_over_a_live_attempt_is_fenced_off(served: Served, tmp_path: Path) -> None:
+    """Proves finding 2: the row of a claimed forward run is edited back to ``queued`` just before its
+    pre-dispatch commit; the cancel closes the attempt's lease, so that commit is refused, nothing is
+    published, and the run stays cancelled with a chain that verifies."""
+    platform = served.platform
+    platform.runs.submit(flows.request(flows.definition(flows.parquet_target()), tmp_path, "forged-queued"))
+    claim = platform.runs.claim_next()
+    assert claim is not None
+    done: list[cancel.Cancellation] = []
+
+    def forge_then_cancel(point: str) -> None:
+        if point == crashpoints.BEFORE_PREDISPATCH_COMMIT and not done:
+            with platform.db.begin() as conn:
+                conn.execute(FORGE_STATUS, {"s": "queued", "r": claim.run.run_id})
+            done.append(cancel.cancel(platform.runs, claim.run.run_id, access=CANCELLER, provenance=CANCEL_PROVENANCE))
+
+    crashpoints.set_hook(forge_then_cancel)
+    platform.runs.execute(claim)
+    crashpoints.set_hook(None)
+    assert done and done[0].cancelled
+    assert flows.manifests(tmp_path / "sink") == [], "the attempt published after its run was cancelled"
+    kinds = flows.kinds(platform, claim.run.run_id)
+    assert kinds[-1] == evidence.RUN_CANCELLED and evidence.DISPATCH_AUTHORIZED not in kinds, kinds
+    assert platform.runs.get(claim.run.run_id).status == "cancelled"
+    assert flows.verify(platform, claim.run.run_id).ok
+
+
+def test_a_cancelled_projection_over_a_live_attempt_is_not_taken_for_cancelled(served: Served, tmp_path: Path) -> None:
+    """Proves finding 3: a running run's row edited to ``cancelled`` is not answered "already cancelled":
+    the ledger's head is not ``run.cancelled``, so the cancel is refused naming `dataflow verify`."""
+    platform = served.platform
+    platform.runs.submit(flows.request(flows.definition(), tmp_path, "forged-cancelled"))
+    claim = platform.runs.claim_next()
+    assert claim is not None
+    with platform.db.begin() as conn:
+        conn.execute(FORGE_STATUS, {"s": "cancelled", "r": claim.run.run_id})
+    with pytest.raises(Conflict, match="dataflow verify"):
+        cancel.cancel(platform.runs, claim.run.run_id, access=CANCELLER, provenance=CANCEL_PROVENANCE)
+    assert evidence.RUN_CANCELLED not in flows.kinds(platform, claim.run.run_id)
+
+
+def test_one_day_with_broken_evidence_does_not_stop_a_backfill_cancel(served: Served) -> None:
+    """Proves finding 4: the first day's recorded entry is edited; cancelling the backfill reports that
+    day ``evidence_failed`` (nothing written for it) and still cancels the two other days."""
+    body = {"definition": flow(), "from": "2026-03-01", "to": "2026-03-03"}
+    submitted = served.call("POST", "/v1/backfills", served.tokens.operator, body)
+    assert submitted.status_code == 201, submitted.text
+    ids = [day["run_id"] for day in submitted.json()["runs"]]
+    with served.platform.db.begin() as conn:
+        conn.execute(EDIT_ENTRIES, {"r": ids[0]})
+    answer = served.call("POST", "/v1/backfills/cancel", served.tokens.operator, body)
+    assert answer.status_code == 200, answer.text
+    report = answer.json()
+    assert [day["outcome"] for day in report["runs"]] == ["evidence_failed", "cancelled", "cancelled"]
+    assert report["totals"]["evidence_failed"] == 1 and "failed verification" in report["runs"][0]["detail"]
+    assert [str(served.platform.runs.get(run_id).status) for run_id in ids] == ["queued", "cancelled", "cancelled"]
+
