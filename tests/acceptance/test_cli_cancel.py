@@ -1,5 +1,9 @@
 """`dataflow cancel RUN` as a real process, on both engines: a queued run is cancelled (once), shown and
-verified; a finished run is refused with exit 5 and nothing written."""
+verified; a finished run is refused with exit 5 and nothing written.
+
+Cancellation in the other tiers: the protocol on both engines (queued, running, authorized, racing
+claims, projections that lie), tests/integration/test_cancel.py; a real worker SIGSTOPped while its run
+is cancelled, tests/faults/test_cancel_pause.py. `dataflow backfill cancel`: tests/acceptance/test_cli_schedules.py."""
 
 from __future__ import annotations
 

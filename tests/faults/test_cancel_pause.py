@@ -4,6 +4,9 @@ Before dispatch authorization the cancel closes the attempt under the fence at o
 long: nothing waits for an expiry), and the resumed worker commits nothing: no ledger entry, no
 projection or result change, no publication. Paused right after the authorization, the cancel is
 refused with the reconcile instruction and the resumed worker publishes once and succeeds.
+
+Cancellation in the other tiers: the protocol in process, on both engines, tests/integration/test_cancel.py;
+`dataflow cancel` as a real process, tests/acceptance/test_cli_cancel.py.
 """
 
 from __future__ import annotations
