@@ -1,5 +1,5 @@
 """An in-process API server with two tenants (acme, globex), each with a submitter and an operator
-token and its own data folder: the fixture of the confinement and red-team tests."""
+token and its own data folder: the fixture of the confinement tests."""
 
 from __future__ import annotations
 
