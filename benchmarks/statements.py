@@ -34,10 +34,10 @@ _SKIPPED_FILES = ("/core/db.py",)
 _OPENERS_SKIPPED = ("/core/db.py", "/core/fencing.py")
 # A transaction opened by one of these functions gets the readable name beside it.
 TRANSACTION_NAMES = {
-    "service._replay": "replay lookup (read)",
-    "service.submit": "record (+ claim, inline)",
-    "service.claim_next": "claim (queued)",
-    "service.commit_atomic_success": "terminal",
+    "submit._replay": "replay lookup (read)",
+    "submit.submit": "record (+ claim, inline)",
+    "attempt.claim_next": "claim (queued)",
+    "attempt.commit_atomic_success": "terminal",
     "heartbeat._loop": "heartbeat",
     "service.get": "read the run",
 }

@@ -272,9 +272,11 @@ def cancel_command(
 
 
 def _reconcile_exit_code(outcome: reconcile.Reconciliation) -> int:
-    if outcome.finding in ("mismatch", "undecided") or outcome.run.unresolved:
+    from durable_dataflow.dataflow.protocol.reconcile import Finding  # loaded already by reconcile_command
+
+    if outcome.finding in (Finding.MISMATCH, Finding.UNDECIDED) or outcome.run.unresolved:
         return common.EXIT_UNRESOLVED
-    if outcome.finding == "present" or (outcome.finding == "absent" and not outcome.resumed):
+    if outcome.finding == Finding.PRESENT or (outcome.finding == Finding.ABSENT and not outcome.resumed):
         return common.EXIT_OK
     return common.run_exit_code(outcome.run)
 

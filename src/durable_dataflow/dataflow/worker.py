@@ -231,7 +231,7 @@ class Worker:
         self._last_sweep_s = time.monotonic()
         for decision in decisions:
             self.summary.swept[decision.decision] = self.summary.swept.get(decision.decision, 0) + 1
-            if decision.decision != "skipped":
+            if decision.decision != sweeper.Decision.SKIPPED:
                 self._log.info(
                     "sweep.decided", run_id=decision.run_id, attempt=decision.attempt, outcome=decision.decision
                 )
