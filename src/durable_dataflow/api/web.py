@@ -62,6 +62,9 @@ def parameters_cell(parameters: dict[str, Any]) -> str:
 
 
 TEMPLATES.env.globals.update(age_text=age_text, time_text=time_text, parameters_cell=parameters_cell)
+# The templates compare a run's mode, recovery status and a partition's state with these members, never
+# with string literals (a renamed member then fails where it is compared, not silently in a page).
+TEMPLATES.env.globals.update(Mode=runs.Mode, RecoveryStatus=RecoveryStatus, PartitionState=partitions.PartitionState)
 
 
 def printable_output(value: Any) -> Any:
