@@ -17,6 +17,7 @@ from durable_dataflow.core.secrets import Secret
 from durable_dataflow.dataflow.execution import workspace
 from durable_dataflow.dataflow.execution.limits import ExecutionLimits
 from durable_dataflow.dataflow.execution.limits import from_env as limits_from_env
+from durable_dataflow.dataflow.protocol import quotas
 from durable_dataflow.dataflow.protocol.service_config import ServiceConfig, lease_ttl_from_env
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ class Platform:
             limits=limits if limits is not None else limits_from_env(),
             evidence_key=evidence_key_from_env(),
             grants=workspace.grants_from_env(),
+            quotas=quotas.from_env(),
         )
         if holder is not None:
             config = dataclasses.replace(config, holder=holder)

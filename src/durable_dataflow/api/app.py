@@ -21,7 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from durable_dataflow import __version__
-from durable_dataflow.api import errors, middleware, schedules_api, v1, web
+from durable_dataflow.api import errors, inline, middleware, schedules_api, v1, web
 from durable_dataflow.api.auth import api_caller, platform_of
 from durable_dataflow.api.metrics import Metrics
 from durable_dataflow.api.operations import Caller
@@ -60,6 +60,8 @@ def create_app(
         data_root=data_root, sink_root=sink_root, platform_files=platform.db.files(), grants=platform.runs.config.grants
     )
     app.state.metrics = Metrics(platform.db)
+    # Inline submits execute here, bounded per server and per tenant, never in FastAPI's thread pool.
+    app.state.inline = inline.InlineExecutor(platform.config.quotas)
     # The CSRF key lives only in this process: a restart invalidates open forms, nothing else.
     app.state.csrf_key = secrets.token_bytes(CSRF_KEY_BYTES)
     _install_error_handlers(app)

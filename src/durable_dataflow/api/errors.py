@@ -1,6 +1,7 @@
 """The ONE table from DataflowError codes to HTTP statuses, and the error body every answer uses.
 
-Every error answer is ``{"error": {"code": ..., "message": ...}}``. A code missing from the table
+Every error answer is ``{"error": {"code": ..., "message": ...}}``; a quota refusal (429) adds
+``quota`` and ``limit`` to it and a ``Retry-After`` header. A code missing from the table
 is a programming error and answers 500 with its code; an unexpected exception answers 500 with a
 fixed message, so no internal detail (or secret) can leak through an error.
 """
@@ -16,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from durable_dataflow.core.errors import DataflowError
+from durable_dataflow.core.errors import DataflowError, QuotaExceeded
 from durable_dataflow.core.invariants import InvariantViolation
 
 HTTP_STATUS_BY_CODE: Mapping[str, int] = {
@@ -36,6 +37,7 @@ HTTP_STATUS_BY_CODE: Mapping[str, int] = {
     "evidence_failed": 409,
     "location_missing": 409,
     "interrupted": 409,
+    "quota_exceeded": 429,
     "inconclusive": 502,
     "storage_unavailable": 503,
     "internal": 500,
@@ -79,7 +81,17 @@ def handled_as(error: Exception, kind: type[ErrorT]) -> ErrorT:
 
 async def on_dataflow_error(request: Request, error: Exception) -> JSONResponse:
     error = handled_as(error, DataflowError)
+    if isinstance(error, QuotaExceeded):
+        return quota_response(error)
     return error_response(error.code, error.message)
+
+
+def quota_response(error: QuotaExceeded) -> JSONResponse:
+    """429 naming the quota and its limit, with ``Retry-After`` (seconds) saying when to try again."""
+    body: dict[str, dict[str, Any]] = {"error": {**error_body(error.code, error.message)["error"]}}
+    body["error"].update({"quota": error.quota, "limit": error.limit})
+    status = HTTP_STATUS_BY_CODE[error.code]
+    return JSONResponse(body, status_code=status, headers={"Retry-After": str(error.retry_after_s)})
 
 
 def validation_message(problems: Iterable[Mapping[str, Any]], prefix: tuple[str, ...] = ()) -> str:

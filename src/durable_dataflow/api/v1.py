@@ -1,5 +1,7 @@
 """The JSON API under /v1. Handlers are plain ``def``s: FastAPI runs them in its thread pool, and the
-synchronous core does the work (DESIGN: no twin async API)."""
+synchronous core does the work (DESIGN: no twin async API). The one exception is the submit: it hands
+its work to the inline executor (``api.inline``) or the thread pool and awaits it, so an inline
+execution never holds a thread that reads need."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from durable_dataflow.api import operations
 from durable_dataflow.api.auth import api_caller, platform_of
@@ -68,10 +71,14 @@ ReconcileJson = Annotated[ReconcileBody, Depends(json_body(ReconcileBody, requir
 @router.post(
     "/runs",
     status_code=201,
-    responses={200: {"description": "A replay: the existing run"}, 409: {}},
+    responses={
+        200: {"description": "A replay: the existing run"},
+        409: {},
+        429: {"description": "A quota, or every inline execution slot, is in use; see Retry-After"},
+    },
     openapi_extra=body_openapi(SubmitRunBody),
 )
-def submit_run(
+async def submit_run(
     request: Request,
     response: Response,
     caller: Submitter,
@@ -79,15 +86,24 @@ def submit_run(
     queue: bool = Query(default=False, description="Only record the run; a worker executes it"),
     idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=IDEMPOTENCY_KEY_CHARS_MAX),
 ) -> dict[str, Any]:
-    """Submit a run: 201 when recorded, 200 with the existing run on a replay, 409 on a conflicting request."""
+    """Submit a run: 201 when recorded, 200 with the existing run on a replay, 409 on a conflicting request,
+    429 past a quota. An inline submit executes in the server's inline executor (``api.inline``), never
+    in the threads that answer reads; a queued one is recorded from FastAPI's thread pool."""
     platform = platform_of(request)
+    tenancy = request.app.state.tenancy
     started = time.perf_counter()
-    submission = operations.submit(
-        platform, caller, body.model_dump(), idempotency_key, request.app.state.tenancy, queue
-    )
+
+    def submit_and_show() -> tuple[bool, dict[str, Any]]:
+        submission = operations.submit(platform, caller, body.model_dump(), idempotency_key, tenancy, queue)
+        return submission.created, operations.shown(platform, submission.run).as_json()
+
+    if queue:
+        created, shown = await run_in_threadpool(submit_and_show)
+    else:
+        created, shown = await request.app.state.inline.run(caller.tenant, submit_and_show)
     request.app.state.metrics.observe_commit("submit", time.perf_counter() - started)
-    response.status_code = 201 if submission.created else 200
-    return {"run": operations.shown(platform, submission.run).as_json(), "created": submission.created}
+    response.status_code = 201 if created else 200
+    return {"run": shown, "created": created}
 
 
 @router.get("/runs", responses=ERROR_RESPONSES)

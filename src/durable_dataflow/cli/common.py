@@ -57,6 +57,7 @@ EXIT_CODES: Mapping[str, int] = {
     "missing_capability": 6,
     "storage_unavailable": 7,
     "stale_attempt": 8,
+    "quota_exceeded": 10,  # a tenant's quota refused the request; nothing was recorded (9: EXIT_NOT_FINISHED)
 }
 EXIT_INTERRUPTED = 130
 # Rich wraps at 80 columns when stdout is not a terminal; run ids and digests read better unwrapped.

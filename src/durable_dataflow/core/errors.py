@@ -88,3 +88,17 @@ class Interrupted(DataflowError):
     Before dispatch authorization the run is cancelled (dataflow.protocol.cancel.interrupt)."""
 
     code = "interrupted"
+
+
+class QuotaExceeded(DataflowError):
+    """A tenant's quota (or the platform's inline execution capacity) refused the request before anything
+    was recorded. ``quota`` names it, ``limit`` is its value, ``retry_after_s`` when to try again (the API
+    sends it as ``Retry-After``). The message names the caller's own usage only, never another tenant's."""
+
+    code = "quota_exceeded"
+
+    def __init__(self, message: str, *, quota: str, limit: int, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.quota = quota
+        self.limit = limit
+        self.retry_after_s = retry_after_s

@@ -1,7 +1,7 @@
 """The run service's settings (``ServiceConfig``), apart from the service itself.
 
 ``dataflow.protocol.service`` imports the engine, the sources and the providers; a platform reads its
-settings (lease TTL, limits, evidence key, grants) when it opens, whether or not it will execute
+settings (lease TTL, limits, evidence key, grants, quotas) when it opens, whether or not it will execute
 anything. Keeping them here lets ``durable_dataflow.platform`` open without importing the service:
 commands that only read runs (``dataflow runs``, ``show``, ``verify``) never load DuckDB or pyarrow.
 ``dataflow.protocol.service`` re-exports every name here.
@@ -18,6 +18,7 @@ from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.secrets import Secret
 from durable_dataflow.dataflow.execution import limits
 from durable_dataflow.dataflow.execution.workspace import Grants
+from durable_dataflow.dataflow.protocol.quotas import Quotas
 
 LEASE_TTL_ENV = "DATAFLOW_LEASE_TTL"
 
@@ -43,3 +44,4 @@ class ServiceConfig:
     limits: limits.ExecutionLimits = field(default_factory=limits.ExecutionLimits)
     evidence_key: Secret | None = None
     grants: Grants = field(default_factory=Grants)
+    quotas: Quotas = field(default_factory=Quotas)  # per tenant (dataflow.protocol.quotas)

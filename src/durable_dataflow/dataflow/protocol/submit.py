@@ -27,7 +27,7 @@ from durable_dataflow.dataflow.definitions import catalog, parameters
 from durable_dataflow.dataflow.definitions.definitions import Definition, definition_hash, partition_column_kind
 from durable_dataflow.dataflow.execution import compute, limits, workspace
 from durable_dataflow.dataflow.execution.workspace import Workspace
-from durable_dataflow.dataflow.protocol import attempt, forward, runs, transitions
+from durable_dataflow.dataflow.protocol import attempt, forward, quotas, runs, transitions
 from durable_dataflow.dataflow.protocol.requests import AccessContext, RunRequest, check_request, request_hash
 from durable_dataflow.dataflow.protocol.runs import Mode, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.protocol.service_config import ServiceConfig
@@ -181,7 +181,9 @@ class Submitter:
 
     def _record(self, conn: Connection, defn: Definition, d_hash: str, values: dict[str, Any], claim: bool) -> Run:
         """The run's row and its first entries; inline (``claim``), attempt 1's lease too, and the row is
-        inserted already holding what Outcome.STARTED projects, so it is written once."""
+        inserted already holding what Outcome.STARTED projects, so it is written once. The tenant's quotas
+        are checked first (``quotas.check_submit``): a refusal writes nothing."""
+        quotas.check_submit(conn, self.config.quotas, values["tenant"], inline=claim)
         if not self.definitions.stored(d_hash):
             catalog.store_definition(conn, self.db, defn, d_hash)
         lease = None

@@ -27,7 +27,7 @@ from durable_dataflow.dataflow.definitions import parameters as parameters_mod
 from durable_dataflow.dataflow.definitions.definitions import Definition, definition_hash
 from durable_dataflow.dataflow.definitions.schedule_spec import Tick, parse_template, render
 from durable_dataflow.dataflow.execution.workspace import Workspace
-from durable_dataflow.dataflow.protocol import cancel, partition_tokens, partitions, runs, views
+from durable_dataflow.dataflow.protocol import cancel, partition_tokens, partitions, quotas, runs, views
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.protocol.runs import Run, RunStatus
 from durable_dataflow.dataflow.protocol.service import RunService
@@ -61,6 +61,7 @@ class BackfillItem:
     tick: str  # the day, or the tick instant (UTC ISO 8601)
     key: str
     parameters: dict[str, Any]
+    day: dt.date | None = None  # the tick's day in the schedule's time zone (the backfill_days quota)
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def plan(
         raw = {name: render(value, tick) for name, value in template.items()}
         # Typed now, for every day: a bad value refuses the whole backfill before anything is recorded.
         parameters_mod.check_parameters(definition, raw)
-        items.append(BackfillItem(label, f"backfill:{tenant}:{definition.name}:{label}", raw))
+        items.append(BackfillItem(label, f"backfill:{tenant}:{definition.name}:{label}", raw, tick.local_date))
     return items
 
 
@@ -195,7 +196,7 @@ def select_missing(
             selection.published.append((item, found.run))
         elif stale:
             suffix = d_hash.removeprefix("sha256:")[:STALE_KEY_HASH_CHARS]
-            selection.submit.append(BackfillItem(item.tick, f"{item.key}:{suffix}", item.parameters))
+            selection.submit.append(BackfillItem(item.tick, f"{item.key}:{suffix}", item.parameters, item.day))
         else:
             selection.submit.append(item)
     return selection
@@ -215,9 +216,11 @@ def run_selected(
 ) -> list[BackfillResult]:
     """``run``, or with ``only_missing`` (``--only-missing``): submit the days ``select_missing`` keeps and
     report the others skipped with their partition's current publication, every day in the backfill's
-    order. ``stale`` without ``only_missing`` is refused."""
+    order. ``stale`` without ``only_missing`` is refused, and so is a backfill covering more days than the
+    tenant's ``backfill_days`` quota (QuotaExceeded), both before anything is recorded."""
     if stale and not only_missing:
         raise InputError("stale is a refinement of only_missing: give both")
+    quotas.check_backfill_days(service.config.quotas, access.tenant, days_covered(items))
     chosen = Selection(items, [])
     if only_missing:
         chosen = select_missing(service.db, definition, access.tenant, items, stale=stale)
@@ -226,6 +229,12 @@ def run_selected(
     skipped = [BackfillResult(item, found, False, skipped=True) for item, found in chosen.published]
     order = {item.tick: number for number, item in enumerate(items)}
     return sorted(submitted + skipped, key=lambda r: order[r.item.tick])
+
+
+def days_covered(items: list[BackfillItem]) -> int:
+    """The days from the first item's to the last item's, both included (0 for no item)."""
+    days = [item.day for item in items if item.day is not None]
+    return (max(days) - min(days)).days + 1 if days else 0
 
 
 def run(

@@ -1,0 +1,272 @@
+"""Quotas per tenant (docs/deployment.md#quotas): how much of the platform one tenant may hold at once.
+
+Each quota has a platform default (a ``DATAFLOW_QUOTA_*`` variable, else the documented default) and
+per-tenant overrides in the quotas file (``$DATAFLOW_QUOTAS``, YAML, validated like the grants file).
+A request past a quota is refused before anything is recorded, with :class:`QuotaExceeded` naming the
+quota and its limit (HTTP 429 with ``Retry-After``, CLI exit 10); the message names the caller's own
+usage only, never another tenant's.
+
+Where each is checked:
+
+- ``queued_runs``, ``running_runs``, ``result_bytes``: by :func:`check_submit`, inside the transaction
+  that records a run (``Submitter._record``), before its first write. A queued submit counts queued
+  runs, an inline one (it starts running at once) running runs; both sum stored result bytes.
+- ``backfill_days``: by :func:`check_backfill_days`, before a backfill submits its first day.
+- ``inline_executions``: by the API's inline executor (``api.inline``), with the platform-wide
+  ``inline_executions_max`` beside it.
+
+Statements (each reads only; none takes a lock):
+
+- ``_count_in_status``: the tenant's runs in one status, counted through
+  ``ix_dataflow_runs_tenant_status_pair`` and stopped at the limit, so its cost is bounded by the limit.
+- ``_result_bytes``: the sum of the stored result sizes of the tenant's runs, through
+  ``ix_dataflow_runs_tenant_created`` and ``run_results``' primary key. ``length()`` reads a value's
+  header only (SQLite's record header, PostgreSQL's TOAST header), never the stored bytes, but the
+  cost grows with the tenant's stored results: a counter kept by the transaction that stores a result
+  (``execution/results.py``) is the cheaper shape, left for that module's owner.
+
+The checks are not serialized between concurrent submits of one tenant: each sees the committed state,
+so N submits racing at a limit can overshoot it by at most N - 1 runs. That keeps submission free of a
+per-tenant lock (the throughput benchmark); the bound on harm is the same.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Annotated
+
+import sqlalchemy as sa
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, ValidationError
+from sqlalchemy.engine import Connection
+
+from durable_dataflow.core import units
+from durable_dataflow.core.errors import InputError, QuotaExceeded
+from durable_dataflow.core.files import read_capped
+from durable_dataflow.dataflow.protocol.runs import RunStatus
+from durable_dataflow.dataflow.schema import dataflow_runs, run_results
+
+QUOTAS_ENV = "DATAFLOW_QUOTAS"  # the per-tenant overrides file (YAML)
+INLINE_EXECUTIONS_MAX_ENV = "DATAFLOW_INLINE_EXECUTIONS_MAX"  # the API's inline executions, all tenants
+INLINE_EXECUTIONS_MAX_DEFAULT = 8
+QUOTAS_FILE_BYTES_MAX = 1024 * 1024
+QUOTA_VALUE_MAX = 2**62  # any larger number is a typo; it would also overflow a BIGINT comparison
+TENANT_NAME_CHARS_MAX = 128
+
+
+class Quota(enum.StrEnum):
+    QUEUED_RUNS = "queued_runs"  # runs recorded and waiting for a worker
+    RUNNING_RUNS = "running_runs"  # runs executing now (checked when an inline submit starts one)
+    INLINE_EXECUTIONS = "inline_executions"  # API submits executing inline at once (per server process)
+    BACKFILL_DAYS = "backfill_days"  # days one backfill may cover
+    RESULT_BYTES = "result_bytes"  # bytes of every result the tenant's runs have stored
+
+
+@dataclass(frozen=True)
+class QuotaSetting:
+    """One quota: its variable, its default, whether it is a size, and when a refused caller may retry."""
+
+    quota: Quota
+    variable: str
+    default: int
+    is_size: bool
+    retry_after_s: int  # what Retry-After says: when the usage may have gone down
+
+
+SETTINGS: tuple[QuotaSetting, ...] = (
+    QuotaSetting(Quota.QUEUED_RUNS, "DATAFLOW_QUOTA_QUEUED_RUNS", 10_000, False, 60),
+    QuotaSetting(Quota.RUNNING_RUNS, "DATAFLOW_QUOTA_RUNNING_RUNS", 100, False, 30),
+    QuotaSetting(Quota.INLINE_EXECUTIONS, "DATAFLOW_QUOTA_INLINE_EXECUTIONS", 4, False, 5),
+    QuotaSetting(Quota.BACKFILL_DAYS, "DATAFLOW_QUOTA_BACKFILL_DAYS", 366, False, 3600),
+    QuotaSetting(Quota.RESULT_BYTES, "DATAFLOW_QUOTA_RESULT_BYTES", 100 * 1024**3, True, 3600),
+)
+SETTING_BY_QUOTA: Mapping[Quota, QuotaSetting] = {s.quota: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class TenantQuotas:
+    """The limits of one tenant (each at least 1)."""
+
+    queued_runs: int = SETTING_BY_QUOTA[Quota.QUEUED_RUNS].default
+    running_runs: int = SETTING_BY_QUOTA[Quota.RUNNING_RUNS].default
+    inline_executions: int = SETTING_BY_QUOTA[Quota.INLINE_EXECUTIONS].default
+    backfill_days: int = SETTING_BY_QUOTA[Quota.BACKFILL_DAYS].default
+    result_bytes: int = SETTING_BY_QUOTA[Quota.RESULT_BYTES].default
+
+    def limit(self, quota: Quota) -> int:
+        value: int = getattr(self, quota.value)
+        return value
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """The platform's quotas: defaults, per-tenant overrides, and the platform-wide inline capacity."""
+
+    defaults: TenantQuotas = field(default_factory=TenantQuotas)
+    tenants: Mapping[str, TenantQuotas] = field(default_factory=dict)
+    inline_executions_max: int = INLINE_EXECUTIONS_MAX_DEFAULT
+
+    def of(self, tenant: str) -> TenantQuotas:
+        return self.tenants.get(tenant, self.defaults)
+
+
+def refusal(quota: Quota, limit: int, detail: str) -> QuotaExceeded:
+    """The error for ``quota``: its name, its limit and ``detail`` (the caller's own usage)."""
+    setting = SETTING_BY_QUOTA[quota]
+    shown = _shown(setting, limit)
+    return QuotaExceeded(
+        f"quota {quota.value} ({shown}) exceeded: {detail}; nothing was recorded",
+        quota=quota.value,
+        limit=limit,
+        retry_after_s=setting.retry_after_s,
+    )
+
+
+def _shown(setting: QuotaSetting, value: int) -> str:
+    if setting.is_size:
+        from durable_dataflow.dataflow.execution.limits import format_size
+
+        return format_size(value)
+    return str(value)
+
+
+# ---- the checks --------------------------------------------------------------------------------
+
+
+def check_submit(conn: Connection, quotas: Quotas, tenant: str, *, inline: bool) -> None:
+    """Refuse recording one more run of ``tenant`` (queued, or ``inline``: running at once) when it would
+    pass a quota. Called in the recording transaction before its first write."""
+    limits = quotas.of(tenant)
+    if inline:
+        _check_count(conn, tenant, RunStatus.RUNNING, Quota.RUNNING_RUNS, limits.running_runs)
+    else:
+        _check_count(conn, tenant, RunStatus.QUEUED, Quota.QUEUED_RUNS, limits.queued_runs)
+    stored = _result_bytes(conn, tenant)
+    if stored >= limits.result_bytes:
+        shown = _shown(SETTING_BY_QUOTA[Quota.RESULT_BYTES], stored)
+        raise refusal(Quota.RESULT_BYTES, limits.result_bytes, f"this tenant's runs have stored {shown} of results")
+
+
+def check_backfill_days(quotas: Quotas, tenant: str, days: int) -> None:
+    """Refuse a backfill covering more days than ``tenant``'s quota, before its first submit."""
+    limit = quotas.of(tenant).backfill_days
+    if days > limit:
+        raise refusal(Quota.BACKFILL_DAYS, limit, f"this backfill covers {days} days; split it into smaller ranges")
+
+
+def _check_count(conn: Connection, tenant: str, status: RunStatus, quota: Quota, limit: int) -> None:
+    if _count_in_status(conn, tenant, status, limit) >= limit:
+        raise refusal(quota, limit, f"this tenant has {limit} {status.value} runs")
+
+
+def _count_in_status(conn: Connection, tenant: str, status: RunStatus, limit: int) -> int:
+    """The tenant's runs in ``status``, counted up to ``limit`` (the index is read no further)."""
+    found = (
+        sa.select(sa.literal(1))
+        .select_from(dataflow_runs)
+        .where(dataflow_runs.c.tenant == tenant, dataflow_runs.c.status == status.value)
+        .limit(limit)
+        .subquery()
+    )
+    return int(conn.execute(sa.select(sa.func.count()).select_from(found)).scalar_one())
+
+
+def _result_bytes(conn: Connection, tenant: str) -> int:
+    """Bytes of every result the tenant's runs stored (results are kept: nothing deletes them)."""
+    statement = (
+        sa.select(sa.func.coalesce(sa.func.sum(sa.func.length(run_results.c.bytes)), 0))
+        .select_from(dataflow_runs.join(run_results, run_results.c.run_id == dataflow_runs.c.run_id))
+        .where(dataflow_runs.c.tenant == tenant)
+    )
+    return int(conn.execute(statement).scalar_one())
+
+
+# ---- settings: the environment and the quotas file -------------------------------------------------
+
+QuotaValue = StrictInt | Annotated[str, Field(max_length=40)]  # ranges checked by _value
+TenantName = Annotated[str, StringConstraints(min_length=1, max_length=TENANT_NAME_CHARS_MAX)]
+
+
+class _TenantModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    queued_runs: QuotaValue | None = None
+    running_runs: QuotaValue | None = None
+    inline_executions: QuotaValue | None = None
+    backfill_days: QuotaValue | None = None
+    result_bytes: QuotaValue | None = None
+
+
+class _QuotasFileModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tenants: dict[TenantName, _TenantModel] = {}
+
+
+def from_env(environ: Mapping[str, str] = os.environ) -> Quotas:
+    """The platform's quotas: each default from its ``DATAFLOW_QUOTA_*`` variable (else the documented
+    default), the overrides from ``$DATAFLOW_QUOTAS``, the inline capacity from
+    ``$DATAFLOW_INLINE_EXECUTIONS_MAX``. A bad value is an InputError naming where it is, never its text."""
+    chosen: dict[str, int] = {}
+    for setting in SETTINGS:
+        raw = environ.get(setting.variable, "").strip()
+        if raw:
+            chosen[setting.quota.value] = _value(setting, raw, setting.variable)
+    defaults = TenantQuotas(**chosen)
+    inline_raw = environ.get(INLINE_EXECUTIONS_MAX_ENV, "").strip()
+    inline_max = INLINE_EXECUTIONS_MAX_DEFAULT
+    if inline_raw:
+        inline_max = _value(SETTING_BY_QUOTA[Quota.INLINE_EXECUTIONS], inline_raw, INLINE_EXECUTIONS_MAX_ENV)
+    configured = environ.get(QUOTAS_ENV, "").strip()
+    tenants: dict[str, TenantQuotas] = {}
+    if configured:
+        data = read_capped(Path(configured), QUOTAS_FILE_BYTES_MAX, f"{QUOTAS_ENV}: the quotas file")
+        tenants = parse_quotas_file(data.decode("utf-8", errors="replace"), QUOTAS_ENV, defaults)
+    return Quotas(defaults, tenants, inline_max)
+
+
+def parse_quotas_file(text: str, origin: str, defaults: TenantQuotas) -> dict[str, TenantQuotas]:
+    """Per-tenant quotas from a quotas document (YAML): each tenant's quotas not named keep ``defaults``.
+    An InputError names the problem and where (never a value) otherwise."""
+    import yaml  # only a quotas file needs the YAML parser
+
+    try:
+        model = _QuotasFileModel.model_validate(yaml.safe_load(text) or {})
+    except yaml.YAMLError:
+        raise InputError(f"quotas file {origin} is not valid YAML") from None
+    except ValidationError as error:
+        where = "; ".join(".".join(str(p) for p in e["loc"]) + ": " + e["msg"] for e in error.errors()[:5])
+        raise InputError(f"quotas file {origin}: {where}") from None
+    tenants: dict[str, TenantQuotas] = {}
+    for tenant, given in model.tenants.items():
+        chosen: dict[str, int] = {}
+        for setting in SETTINGS:
+            raw = getattr(given, setting.quota.value)
+            if raw is not None:
+                where = f"quotas file {origin}: tenants.{tenant!r}.{setting.quota.value}"
+                chosen[setting.quota.value] = _value(setting, raw, where)
+        tenants[tenant] = replace(defaults, **chosen)
+    return tenants
+
+
+def _value(setting: QuotaSetting, raw: int | str, origin: str) -> int:
+    """A quota's value: a whole number at least 1 (a size like ``10GiB`` for a size quota)."""
+    kind = "a size (bytes, or e.g. 10GiB)" if setting.is_size else "a whole number"
+    try:
+        value = units.parse_size(raw) if setting.is_size else _whole(raw)
+    except ValueError:
+        raise InputError(f"{origin} must be {kind}, at least 1") from None
+    if not 1 <= value <= QUOTA_VALUE_MAX:
+        raise InputError(f"{origin} must be {kind}, at least 1 and at most {QUOTA_VALUE_MAX}")
+    return value
+
+
+def _whole(raw: int | str) -> int:
+    if isinstance(raw, int):
+        return raw
+    if not raw.strip().isdigit():
+        raise ValueError("not a whole number")
+    return int(raw)
