@@ -71,6 +71,9 @@ dataflow_runs = sa.Table(
     sa.UniqueConstraint("tenant", "idempotency_key", name="uq_dataflow_runs_tenant_key"),
     sa.Index("ix_dataflow_runs_tenant_created", "tenant", "created_at_us", "run_id"),
     sa.Index("ix_dataflow_runs_status", "status", "created_at_us"),
+    # The fair claim (dataflow.protocol.runs.fairest_queued): the tenants with queued runs, and each
+    # one's oldest queued run.
+    sa.Index("ix_dataflow_runs_status_tenant_created", "status", "tenant", "created_at_us"),
     sa.Index("ix_dataflow_runs_recovery_status", "recovery_status"),
     # The history page: newest first overall, and newest first per definition (benchmarks/ledger_scale).
     sa.Index("ix_dataflow_runs_created", "created_at_us", "run_id"),

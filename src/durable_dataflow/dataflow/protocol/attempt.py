@@ -108,11 +108,12 @@ def take_lease(
 
 
 def claim_next(db: Database, holder_lock: HolderLock, config: ServiceConfig) -> Claim | None:
-    """Claim the oldest queued run (``FOR UPDATE SKIP LOCKED`` on PostgreSQL): its next attempt's
-    lease and ``attempt.started`` in one commit."""
+    """Claim the fairest queued run (``runs.fairest_queued``: the oldest queued run of the tenant with the
+    fewest running runs; ``FOR UPDATE SKIP LOCKED`` on PostgreSQL): its next attempt's lease and
+    ``attempt.started`` in one commit."""
     try:
         with db.begin() as conn:
-            row = runs.oldest_queued(conn, skip_locked=db.dialect == "postgresql")
+            row = runs.fairest_queued(conn, skip_locked=db.dialect == "postgresql")
             if row is None:
                 return None
             lease = take_lease(conn, db, holder_lock, config, row.run_id, expected_attempt=int(row.attempt))

@@ -440,20 +440,77 @@ def resolve_run_id(conn: Connection, text: str) -> str:
     return str(matches[0])
 
 
-def oldest_queued(conn: Connection, *, skip_locked: bool) -> sa.Row[str, int] | None:
-    """The oldest queued run's ``(run_id, attempt)``, for a claim. ``skip_locked`` (PostgreSQL) locks
-    the row ``FOR UPDATE SKIP LOCKED``, so concurrent claimers each take a different run."""
-    return conn.execute(_OLDEST_QUEUED_SKIP_LOCKED if skip_locked else _OLDEST_QUEUED).one_or_none()
+def fairest_queued(conn: Connection, *, skip_locked: bool) -> sa.Row[str, int] | None:
+    """The queued run to claim next, ``(run_id, attempt)``: the oldest queued run of the tenant with the
+    fewest running runs among the tenants with queued runs (ties: the tenant whose oldest queued run is
+    oldest), so one tenant's thousands of queued runs cannot hold every worker while another waits.
+
+    ``skip_locked`` (PostgreSQL) locks the row ``FOR UPDATE SKIP LOCKED``, so concurrent claimers each
+    take a different run. When every queued run of the fairest tenant is locked by other claimers, the
+    oldest unlocked queued run of any tenant is taken instead (a second, equally indexed statement), so
+    a worker never idles while work is queued."""
+    if not skip_locked:
+        return conn.execute(_FAIREST_QUEUED).one_or_none()
+    row = conn.execute(_FAIREST_QUEUED_SKIP_LOCKED).one_or_none()
+    return row if row is not None else conn.execute(_OLDEST_QUEUED_SKIP_LOCKED).one_or_none()
+
+
+def _queued_tenant_after(after: sa.ColumnElement[str] | None) -> sa.ScalarSelect[str]:
+    """The first tenant (by name) with a queued run, after ``after``: one probe of the status-tenant index."""
+    probe = dataflow_runs.alias("probe")
+    query = sa.select(probe.c.tenant).where(probe.c.status == RunStatus.QUEUED)
+    if after is not None:
+        query = query.where(probe.c.tenant > after)
+    return query.order_by(probe.c.tenant).limit(1).scalar_subquery()
+
+
+def _fairest_tenant() -> sa.ScalarSelect[str]:
+    """The tenant to serve next. The tenants with queued runs are walked by a recursive skip scan (one
+    index probe per tenant, never a read of every queued run); each is ranked by its running runs (the
+    tenant-status index) and its oldest queued run (the status-tenant index). The cost grows with the
+    number of tenants that have queued work, not with the number of queued or running runs."""
+    start = sa.select(_queued_tenant_after(None).label("tenant")).cte("queued_tenants", recursive=True)
+    step = sa.select(_queued_tenant_after(start.c.tenant).label("tenant")).where(start.c.tenant.is_not(None))
+    tenants = start.union_all(step)
+    running = dataflow_runs.alias("running")
+    oldest = dataflow_runs.alias("oldest")
+    running_count = (
+        sa.select(sa.func.count())
+        .select_from(running)
+        .where(running.c.tenant == tenants.c.tenant, running.c.status == RunStatus.RUNNING)
+        .scalar_subquery()
+    )
+    oldest_queued_us = (
+        sa.select(oldest.c.created_at_us)
+        .where(oldest.c.status == RunStatus.QUEUED, oldest.c.tenant == tenants.c.tenant)
+        .order_by(oldest.c.created_at_us)
+        .limit(1)
+        .scalar_subquery()
+    )
+    return (
+        sa.select(tenants.c.tenant)
+        .where(tenants.c.tenant.is_not(None))
+        .order_by(running_count, oldest_queued_us, tenants.c.tenant)
+        .limit(1)
+        .scalar_subquery()
+    )
 
 
 # Built once: every claim and every idle poll of a worker runs one of them.
-_OLDEST_QUEUED = (
+_FAIREST_QUEUED = (
+    sa.select(dataflow_runs.c.run_id, dataflow_runs.c.attempt)
+    .where(dataflow_runs.c.status == RunStatus.QUEUED, dataflow_runs.c.tenant == _fairest_tenant())
+    .order_by(dataflow_runs.c.created_at_us)
+    .limit(1)
+)
+_FAIREST_QUEUED_SKIP_LOCKED = _FAIREST_QUEUED.with_for_update(skip_locked=True, of=dataflow_runs)
+_OLDEST_QUEUED_SKIP_LOCKED = (
     sa.select(dataflow_runs.c.run_id, dataflow_runs.c.attempt)
     .where(dataflow_runs.c.status == RunStatus.QUEUED)
     .order_by(dataflow_runs.c.created_at_us)
     .limit(1)
+    .with_for_update(skip_locked=True, of=dataflow_runs)
 )
-_OLDEST_QUEUED_SKIP_LOCKED = _OLDEST_QUEUED.with_for_update(skip_locked=True)
 
 
 # ---- read-only statements of the Ops projection (ops.ledger) ---------------------------------

@@ -1,7 +1,9 @@
 """Schedule tables (docs/schedules.md): the applied schedules and every tick's decision.
 
 ``schedules`` pins, per tenant and definition name, the definition body and its schedule as applied
-(``dataflow schedules apply``), where its runs read and write, and whether it is paused.
+(``dataflow schedules apply``), where its runs read and write, and whether it is paused; its
+``next_due_us`` says when an evaluation next has work for it (NULL: paused or ``enabled: false``), so an
+evaluation reads only the due schedules, by the index on it.
 ``schedule_ticks`` holds one row per tick that an evaluation decided (submitted, skipped by the
 overlap policy, outside the catch-up window, or while paused); its primary key makes the decision
 exactly-once: evaluators insert-or-ignore, and the first decision stays.
@@ -33,7 +35,13 @@ schedules = sa.Table(
     # Ticks after this instant are the schedule's (integer microseconds, UTC).
     sa.Column("applied_at_us", sa.BigInteger, nullable=False),
     sa.Column("updated_at_us", sa.BigInteger, nullable=False),
+    # The instant (integer microseconds, UTC) from which an evaluation has work for this schedule: its
+    # next undecided tick, or sooner when a submitted tick still waits for its run; NULL when paused or
+    # disabled (no evaluation touches it). Kept current by apply, pause, resume and every evaluation.
+    sa.Column("next_due_us", sa.BigInteger, nullable=True),
     sa.PrimaryKeyConstraint("tenant", "name", name="pk_schedules"),
+    # Evaluation pages through the due schedules of every tenant in this order (schedules.evaluate).
+    sa.Index("ix_schedules_next_due", "next_due_us", "tenant", "name"),
 )
 
 schedule_ticks = sa.Table(

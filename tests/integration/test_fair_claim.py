@@ -1,0 +1,54 @@
+"""The fair claim on SQLite and PostgreSQL: a worker takes the oldest queued run of the tenant with the
+fewest running runs, so one tenant's queue cannot hold every worker (issue 29, finding 4)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from durable_dataflow.dataflow.protocol.requests import AccessContext
+from durable_dataflow.platform import Platform
+from faults import harness
+
+FLOOD_RUNS = 8
+
+
+@pytest.fixture
+def platform(db_url: str) -> Iterator[Platform]:
+    with Platform(db_url, lease_ttl_s=30) as opened:
+        yield opened
+
+
+def _queue(platform: Platform, definition: Path, tenant: str, number: int) -> str:
+    request = harness.request_for(definition, {"n": str(number)}, f"{tenant}-{number}")
+    request = dataclasses.replace(request, access=AccessContext.local(tenant))
+    return platform.runs.submit(request).run.run_id
+
+
+def test_a_tenant_with_nothing_running_is_served_before_a_flooding_tenant(
+    platform: Platform, tmp_path: Path
+) -> None:
+    """Proves the claim is fair across tenants: tenant B queues many runs before tenant A queues one;
+    the first claim takes B's oldest (both have nothing running), and with B running one the next claim
+    takes A's run, not B's second (a global FIFO would take B's)."""
+    definition = harness.inline_definition(tmp_path / "defs", "fair")
+    flood = [_queue(platform, definition, "b-flood", n) for n in range(FLOOD_RUNS)]
+    victim = _queue(platform, definition, "a-victim", 0)
+    first = platform.runs.claim_next()
+    assert first is not None and first.run.run_id == flood[0]
+    second = platform.runs.claim_next()
+    assert second is not None and second.run.run_id == victim
+    third = platform.runs.claim_next()  # A runs one, B runs one, only B has queued runs: FIFO within B
+    assert third is not None and third.run.run_id == flood[1]
+
+
+def test_within_one_tenant_the_claim_is_first_in_first_out(platform: Platform, tmp_path: Path) -> None:
+    """Proves one tenant's runs are claimed oldest first, as before: three runs, three claims, in order."""
+    definition = harness.inline_definition(tmp_path / "defs", "fifo")
+    queued = [_queue(platform, definition, "solo", n) for n in range(3)]
+    claimed = [platform.runs.claim_next() for _ in queued]
+    assert [c.run.run_id if c is not None else None for c in claimed] == queued
+    assert platform.runs.claim_next() is None
