@@ -214,7 +214,10 @@ def evidence_of(platform: Platform, caller: Caller, run_id: str) -> views.RunEvi
     """The ledger entries, the verification of the chain (and of success facts), the latest checkpoint:
     ``views.run_evidence``, the same objects as `dataflow show --json` and `dataflow verify --json`."""
     with platform.db.read() as conn:
-        return views.run_evidence(conn, platform.db, run_id, platform.runs.config.evidence_key, caller.tenant)
+        service = platform.runs
+        return views.run_evidence(
+            conn, platform.db, run_id, service.config.evidence_key, caller.tenant, checks=service.result_checks
+        )
 
 
 def reconcile_run(platform: Platform, caller: Caller, run_id: str, resume: bool) -> reconcile.Reconciliation:

@@ -30,7 +30,10 @@ refused: the result schema is declared flat.
 (``results.FORMAT_IPC_DIGEST_V2``). It hashes whole columns in turn after combining chunks, into
 one stream: header ``"v": 2``, then per column the marker, ``V`` and the packed validity bitmap or
 ``N``, then the values inline: booleans one byte per row, strings and binaries their offsets
-rebased to 0 then their data.
+rebased to 0 then their data. Because one stream takes a whole column before the next (and a
+column's ``V``/``N`` marker and validity before its values), v2 cannot be computed in one pass over
+batches: it needs the whole table (or one pass over the stored bytes per column and stream), so a
+result stored under v2 is still verified with its table in memory.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import enum
 import hashlib
 import os
 import struct
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -57,6 +61,8 @@ _NO_NULLS = b"N"
 _ONES_CHUNK_BYTES = 1 << 20  # an all-valid run of validity is fed in pieces of at most this size
 _GROUP_ROWS = 262_144  # small batches are hashed in groups of at least this many rows ...
 _GROUP_BYTES_MAX = 16 << 20  # ... or of at most about this many buffer bytes, whichever comes first
+# A reader's batches are each a fresh allocation, so the group it holds is memory of its own: smaller.
+_STREAM_GROUP_BYTES_MAX = 4 << 20
 DIGEST_THREADS_MAX = 4  # columns hashed at once (never more than the cores): hashlib and Arrow release the GIL
 _PARALLEL_ROWS_MIN = 32_768  # a smaller group is hashed on the caller's thread: dispatch would cost more
 
@@ -278,7 +284,7 @@ class OutputDigester:
     the digester: any later :meth:`update` or :meth:`digest` is a bug and raises InvariantViolation.
 
     Small batches are held (by reference, never copied) until a group of them reaches
-    ``_GROUP_ROWS`` rows or ``_GROUP_BYTES_MAX`` bytes, then hashed together, so the fixed cost of
+    ``_GROUP_ROWS`` rows or ``group_bytes_max`` bytes, then hashed together, so the fixed cost of
     each Arrow kernel call and Python step is paid per group, not per batch. A group's columns are
     hashed by at most ``threads_max`` threads of the digester's own pool (started on the first
     large group, stopped by :meth:`digest` or when the digester is collected). Each column's
@@ -287,7 +293,9 @@ class OutputDigester:
     :meth:`update` raised, discard the digester.
     """
 
-    def __init__(self, schema: pa.Schema, *, threads_max: int = DIGEST_THREADS_MAX) -> None:
+    def __init__(
+        self, schema: pa.Schema, *, threads_max: int = DIGEST_THREADS_MAX, group_bytes_max: int = _GROUP_BYTES_MAX
+    ) -> None:
         for field in schema:
             _check_supported(field)
         self._schema = schema
@@ -297,6 +305,7 @@ class OutputDigester:
         self._group: list[pa.RecordBatch] = []
         self._group_rows = 0
         self._group_bytes = 0
+        self._group_bytes_max = group_bytes_max
         self._rows = 0
         self._done = False
 
@@ -321,7 +330,7 @@ class OutputDigester:
         # An upper bound (a slice counts its whole buffers), so the memory held stays bounded.
         self._group_bytes += batch.get_total_buffer_size()
         self._rows += batch.num_rows
-        if self._group_rows >= _GROUP_ROWS or self._group_bytes >= _GROUP_BYTES_MAX:
+        if self._group_rows >= _GROUP_ROWS or self._group_bytes >= self._group_bytes_max:
             self._hash_group()
 
     def _hash_group(self) -> None:
@@ -365,6 +374,16 @@ def output_digest(table: pa.Table) -> str:
     for batch in table.to_batches():
         digester.update(batch)
     invariant(digester.rows == table.num_rows, "the batches hold every row of the table")
+    return digester.digest()
+
+
+def output_digest_of_batches(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> str:
+    """:func:`output_digest` of the table these batches form, taken one at a time as they arrive (from
+    a stream reader): the digest holds at most one group of them (``_STREAM_GROUP_BYTES_MAX`` and the
+    batch that fills it), never the table."""
+    digester = OutputDigester(schema, group_bytes_max=_STREAM_GROUP_BYTES_MAX)
+    for batch in batches:
+        digester.update(batch)
     return digester.digest()
 
 

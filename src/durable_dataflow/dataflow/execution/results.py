@@ -1,13 +1,23 @@
 """Result bytes: the Arrow IPC stream that is stored (this module owns ``run_results``), and exports
-to CSV, Parquet and JSON."""
+to CSV, Parquet and JSON.
+
+Statements on ``run_results``:
+
+- ``_INSERT``: store a run's result, once (the commit that ends its execution);
+- ``stored``: the format and all the bytes (exports, resumes: they need the whole table anyway);
+- ``open_stored``: the format and a reader that reads the bytes in pieces of ``READ_CHUNK_BYTES``
+  (verification): SQLite's incremental blob I/O on the row's rowid, or PostgreSQL's
+  ``substring(bytes from :start for :n)``, so a reader holds one piece at a time, never the result.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import sqlalchemy as sa
@@ -85,6 +95,104 @@ def stored_bytes(conn: Connection, run_id: str) -> bytes:
     return found[1]
 
 
+READ_CHUNK_BYTES = 4 << 20  # a chunked reader asks the database for at most this many bytes at a time
+
+
+class StoredReader:
+    """A read-only file over one stored result's bytes (``read``, ``seek``, ``tell``, what pyarrow's
+    IPC readers use), fetched from the database ``READ_CHUNK_BYTES`` at a time. ``chunks_read``
+    counts the fetches."""
+
+    def __init__(self, size: int, fetch: Callable[[int, int], bytes]) -> None:
+        self.size = size
+        self._fetch = fetch  # fetch(start, n) -> exactly the n bytes from offset start
+        self._position = 0
+        self.chunks_read = 0
+        self.closed = False
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._position, 2: self.size}[whence]
+        self._position = min(max(0, base + offset), self.size)
+        return self._position
+
+    def read(self, n: int = -1) -> bytes | bytearray:
+        """Up to n bytes (all the rest when n < 0); one Arrow message is read by one call."""
+        end = self.size if n < 0 else min(self.size, self._position + n)
+        if end - self._position <= READ_CHUNK_BYTES:
+            return self._chunk(end - self._position) if end > self._position else b""
+        into = bytearray(end - self._position)  # filled in place: no second copy of a large message
+        filled = 0
+        while filled < len(into):
+            piece = self._chunk(min(READ_CHUNK_BYTES, len(into) - filled))
+            into[filled : filled + len(piece)] = piece
+            filled += len(piece)
+        return into
+
+    def _chunk(self, n: int) -> bytes:
+        data = self._fetch(self._position, n)
+        if len(data) != n:
+            raise InputError(f"the stored result ended after {self._position + len(data)} of {self.size} bytes")
+        self._position += n
+        self.chunks_read += 1
+        return data
+
+    def close(self) -> None:
+        self.closed = True
+
+
+_SIZE = sa.select(run_results.c.format, sa.func.length(run_results.c.bytes).label("size"))  # no bytes read
+_ROWID = sa.literal_column("rowid", sa.Integer)  # SQLite's row id of a run_results row, for its blob I/O
+
+
+def _sqlite_blob(conn: Connection, run_id: str) -> Any:
+    """SQLite's incremental blob I/O on the row (Python 3.11's ``blobopen``), in the caller's transaction."""
+    rowid = conn.execute(sa.select(_ROWID).select_from(run_results).where(run_results.c.run_id == run_id)).scalar_one()
+    return conn.connection.driver_connection.blobopen("run_results", "bytes", rowid, readonly=True)  # type: ignore[union-attr]
+
+
+def _postgres_fetch(conn: Connection, run_id: str) -> Callable[[int, int], bytes]:
+    """``substring(bytes from :start for :n)`` (1-based): PostgreSQL detoasts only the slice asked for
+    when the value is stored uncompressed (a compressed value is decompressed up to the slice's end)."""
+
+    def fetch(start: int, n: int) -> bytes:
+        piece = sa.func.substring(run_results.c.bytes, start + 1, n)
+        return bytes(conn.execute(sa.select(piece).where(run_results.c.run_id == run_id)).scalar_one())
+
+    return fetch
+
+
+@contextlib.contextmanager
+def open_stored(conn: Connection, run_id: str) -> Iterator[tuple[str, StoredReader] | None]:
+    """The stored result's format and a chunked reader over its bytes, in the caller's transaction; None
+    when the run stored none. The reader is valid inside the ``with`` block only."""
+    row = conn.execute(_SIZE.where(run_results.c.run_id == run_id)).one_or_none()
+    if row is None:
+        yield None
+        return
+    if conn.dialect.name != "sqlite":
+        yield str(row.format), StoredReader(int(row.size), _postgres_fetch(conn, run_id))
+        return
+    blob = _sqlite_blob(conn, run_id)
+    try:
+
+        def fetch(start: int, n: int) -> bytes:
+            blob.seek(start)
+            return bytes(blob.read(n))
+
+        yield str(row.format), StoredReader(int(row.size), fetch)
+    finally:
+        blob.close()
+
+
 def encode_ipc(table: pa.Table) -> bytes:
     """One-batch-per-column IPC stream bytes of table (chunks combined first, so stable for equal tables)."""
     import pyarrow as pa
@@ -95,6 +203,21 @@ def encode_ipc(table: pa.Table) -> bytes:
     with ipc.new_stream(sink, combined.schema) as writer:
         writer.write_table(combined)
     return bytes(sink.getvalue().to_pybytes())
+
+
+@contextlib.contextmanager
+def ipc_reader(source: Any) -> Iterator[pa.RecordBatchStreamReader]:
+    """A reader of the record batches of an IPC stream (bytes, a buffer, or a file such as a
+    ``StoredReader``), one at a time; bytes that are not an IPC stream are InputError, when opened or
+    when a batch is read."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    try:
+        with ipc.open_stream(source) as reader:
+            yield reader
+    except pa.ArrowInvalid as exc:
+        raise InputError(f"stored result bytes are not an Arrow IPC stream: {exc}") from None
 
 
 def decode_ipc(data: bytes) -> pa.Table:

@@ -71,6 +71,20 @@ def cast_batch(batch: pa.RecordBatch, declared: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=declared)
 
 
+IPC_BATCH_BYTES_MAX = 4 << 20  # a stored record batch holds about this many bytes at most (unless one row is larger)
+
+
+def _pieces(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    """batch as slices (views, not copies) of about ``IPC_BATCH_BYTES_MAX`` bytes each, so a reader of
+    the stored stream (verification, batch by batch) holds one such piece at a time, however many
+    rows the engine put in one batch. The digest does not depend on how rows are split."""
+    size = batch.nbytes
+    if size <= IPC_BATCH_BYTES_MAX or batch.num_rows <= 1:
+        return [batch]
+    rows = max(1, batch.num_rows * IPC_BATCH_BYTES_MAX // size)
+    return [batch.slice(start, rows) for start in range(0, batch.num_rows, rows)]
+
+
 class ResultCollector:
     """Consumes batches under the bounds; ``rows`` and ``bytes`` may be read from another thread."""
 
@@ -97,10 +111,11 @@ class ResultCollector:
         if self.bytes + typed.nbytes > self.bytes_max:
             self.bytes += typed.nbytes
             self._check_bytes()
-        self._writer.write_batch(typed)
-        self.bytes = self._sink.tell()
-        self._check_bytes()
-        self._digester.update(typed)
+        for piece in _pieces(typed):
+            self._writer.write_batch(piece)
+            self.bytes = self._sink.tell()
+            self._check_bytes()
+            self._digester.update(piece)
 
     def _check_bytes(self) -> None:
         if self.bytes > self.bytes_max:

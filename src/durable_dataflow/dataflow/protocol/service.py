@@ -24,7 +24,7 @@ from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.execution import interruption, limits, progress, results, workspace
 from durable_dataflow.dataflow.execution.compute import ExecutionResult
 from durable_dataflow.dataflow.execution.workspace import Workspace
-from durable_dataflow.dataflow.protocol import attempt, cancel, forward, runs, transitions
+from durable_dataflow.dataflow.protocol import attempt, cancel, evidence, forward, runs, transitions
 from durable_dataflow.dataflow.protocol.attempt import Attempt, Claim
 from durable_dataflow.dataflow.protocol.attempt import context_for as context_for
 from durable_dataflow.dataflow.protocol.requests import AccessContext, RunRequest
@@ -54,6 +54,8 @@ class RunService:
         self._submitter = Submitter(db, self.config, self._definitions, self.holder_lock, db.files())
         self._executing: dict[str, Claim] = {}  # run id -> the attempt this process carries
         self._executing_lock = threading.Lock()
+        # The stored results its readers verify (the API's evidence): cached per ledger head, a few at once.
+        self.result_checks = evidence.ResultChecks()
 
     def close(self) -> None:
         """Stop the heartbeat thread and release the holder lock (``Platform.close``)."""

@@ -450,17 +450,24 @@ def workspace_digest(space: Mapping[str, Any] | None) -> str | None:
     return hashing.digest(dict(space)) if space is not None else None
 
 
-def verify_run(conn: Connection, run: Run, key: Secret | None) -> ledger.Verification:
+def verify_run(
+    conn: Connection, run: Run, key: Secret | None, *, checks: evidence.ResultChecks | None = None
+) -> ledger.Verification:
     """``dataflow verify``: the chain against the latest checkpoint, the facts of the run's state
     (success: digest, evidence and stored bytes), and the projection against what the ledger implies.
-    Every failure is a Verification naming the seq, never an exception."""
+    Every failure is a Verification naming the seq, never an exception. ``checks``: the stored bytes
+    are recomputed through it (cached per ledger head, a few at a time; VerificationBusy when none
+    frees in time); without it, read and digested here."""
 
     def facts(entries: Sequence[ledger.Entry]) -> str:
         problem = projection_problem(entries, run)
         if problem or run.status != RunStatus.SUCCEEDED:
             return problem
         try:
-            digest = evidence.stored_result_digest(conn, run.run_id)
+            if checks is None:
+                digest = evidence.stored_result_digest(conn, run.run_id)
+            else:
+                digest = checks.digest(conn, run.run_id, entries[-1])
         except EvidenceError as error:
             return error.message
         if run.mode == Mode.ATOMIC:

@@ -34,7 +34,7 @@ from durable_dataflow.core.db import Database
 from durable_dataflow.core.invariants import invariant
 from durable_dataflow.core.units import US_PER_S
 from durable_dataflow.dataflow.definitions import catalog
-from durable_dataflow.dataflow.protocol import runs, transitions
+from durable_dataflow.dataflow.protocol import evidence, runs, transitions
 from durable_dataflow.dataflow.protocol.runs import MODULE, RecoveryStatus, Run, RunStatus
 
 if TYPE_CHECKING:
@@ -374,14 +374,29 @@ def run_page(conn: Connection, db: Database, run_id: str, tenant: str | None = N
     return RunPage(found, entries, checkpoints.latest(conn, MODULE, run_id))
 
 
-def verification(conn: Connection, run_id: str, key: Secret | None, tenant: str | None = None) -> RunVerification:
+def verification(
+    conn: Connection,
+    run_id: str,
+    key: Secret | None,
+    tenant: str | None = None,
+    *,
+    checks: evidence.ResultChecks | None = None,
+) -> RunVerification:
     """`dataflow verify`'s read: the chain against the latest checkpoint and the run's facts
-    (``transitions.verify_run``); a failure is a result naming the seq, never an exception."""
-    return RunVerification(run_id, transitions.verify_run(conn, runs.get(conn, run_id, tenant), key))
+    (``transitions.verify_run``); a failure is a result naming the seq, never an exception. A server
+    passes its ``checks`` (cached per ledger head, a few at a time); `dataflow verify` reads afresh."""
+    run = runs.get(conn, run_id, tenant)
+    return RunVerification(run_id, transitions.verify_run(conn, run, key, checks=checks))
 
 
 def run_evidence(
-    conn: Connection, db: Database, run_id: str, key: Secret | None, tenant: str | None = None
+    conn: Connection,
+    db: Database,
+    run_id: str,
+    key: Secret | None,
+    tenant: str | None = None,
+    *,
+    checks: evidence.ResultChecks | None = None,
 ) -> RunEvidence:
     """The evidence of one run in one read transaction: `show`'s page and `verify`'s verification."""
-    return RunEvidence(run_page(conn, db, run_id, tenant), verification(conn, run_id, key, tenant))
+    return RunEvidence(run_page(conn, db, run_id, tenant), verification(conn, run_id, key, tenant, checks=checks))
