@@ -164,4 +164,4 @@ def test_verification_memory_is_bounded_by_a_batch_not_the_result(platform: Plat
     assert verified.result.ok, verified
     assert traced_peak < bound, traced_peak
     assert pool.max_memory() < bound, pool.max_memory()
-    assert resultstream.IPC_BATCH_BYTES_MAX + results.READ_CHUNK_BYTES < bound
+    assert bound > resultstream.IPC_BATCH_BYTES_MAX + results.READ_CHUNK_BYTES
