@@ -1,0 +1,199 @@
+"""Quotas per tenant (issue 29 item 1) on SQLite and PostgreSQL: each quota refused past its limit through
+the API (429, Retry-After, the quota's name and limit, nothing recorded) and the CLI (exit 10); another
+tenant is not limited by the first one's quotas; the quotas file refuses bad values without echoing them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+import yaml
+from fastapi.testclient import TestClient
+
+from durable_dataflow.api.app import create_app
+from durable_dataflow.cli import main as cli_main
+from durable_dataflow.cli.common import EXIT_CODES
+from durable_dataflow.core.errors import InputError
+from durable_dataflow.dataflow.definitions.definitions import Definition
+from durable_dataflow.dataflow.protocol import quotas
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.schema import dataflow_runs
+from durable_dataflow.platform import Platform
+from support import flows
+from support.api_runs import Tokens, make_tokens
+
+DAY = "2026-03-01"
+
+
+@dataclass(frozen=True)
+class Served:
+    platform: Platform
+    client: TestClient
+    tokens: Tokens
+
+    def submit(self, token: str, day: str = DAY, *, queue: bool = True) -> Any:
+        body = {"definition": flows.daily_flow(), "parameters": {"day": day}}
+        url = "/v1/runs?queue=true" if queue else "/v1/runs"
+        return self.client.post(url, json=body, headers={"Authorization": f"Bearer {token}"})
+
+    def runs_of(self, tenant: str) -> int:
+        with self.platform.db.read() as conn:
+            query = sa.select(sa.func.count()).select_from(dataflow_runs).where(dataflow_runs.c.tenant == tenant)
+            return int(conn.execute(query).scalar_one())
+
+
+def write_quotas(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, acme: dict[str, Any]) -> Path:
+    """A quotas file giving tenant acme ``acme``'s limits, named by DATAFLOW_QUOTAS (open the Platform after)."""
+    path = tmp_path / "quotas.yaml"
+    path.write_text(yaml.safe_dump({"tenants": {"acme": acme}}))
+    monkeypatch.setenv(quotas.QUOTAS_ENV, str(path))
+    return path
+
+
+@pytest.fixture
+def serve(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    opened: list[tuple[Platform, TestClient]] = []
+
+    def start(acme: dict[str, Any]) -> Served:
+        write_quotas(tmp_path, monkeypatch, acme)
+        platform = Platform(db_url)
+        client = TestClient(create_app(platform, data_root=tmp_path / "tenants"))
+        client.__enter__()
+        opened.append((platform, client))
+        return Served(platform, client, make_tokens(platform))
+
+    yield start
+    for platform, client in opened:
+        client.__exit__(None, None, None)
+        platform.close()
+
+
+def assert_refused(answer: Any, quota: str, limit: int) -> None:
+    assert answer.status_code == 429, answer.text
+    assert int(answer.headers["Retry-After"]) >= 1
+    error = answer.json()["error"]
+    assert (error["code"], error["quota"], error["limit"]) == ("quota_exceeded", quota, limit)
+    assert quota in error["message"] and "nothing was recorded" in error["message"]
+
+
+def test_queued_runs_past_the_quota_answer_429_and_record_nothing(serve: Any) -> None:
+    """With acme's queued_runs at 2, a third queued submit answers 429 naming the quota and records no run;
+    globex, under the default quota, still queues."""
+    served = serve({"queued_runs": 2})
+    for day in ("2026-03-01", "2026-03-02"):
+        assert served.submit(served.tokens.submitter, day).status_code == 201
+    assert_refused(served.submit(served.tokens.submitter, "2026-03-03"), "queued_runs", 2)
+    assert served.runs_of("acme") == 2
+    assert served.submit(served.tokens.other_operator).status_code == 201
+
+
+def test_a_replay_past_the_quota_is_still_answered(serve: Any) -> None:
+    """A replay records nothing, so a full queue does not refuse it: the same key answers 200 with its run."""
+    served = serve({"queued_runs": 1})
+    headers = {"Authorization": f"Bearer {served.tokens.submitter}", "Idempotency-Key": "k1"}
+    body = {"definition": flows.daily_flow(), "parameters": {"day": DAY}}
+    first = served.client.post("/v1/runs?queue=true", json=body, headers=headers)
+    again = served.client.post("/v1/runs?queue=true", json=body, headers=headers)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["run"]["run_id"] == first.json()["run"]["run_id"]
+
+
+def test_running_runs_past_the_quota_refuse_an_inline_submit(serve: Any) -> None:
+    """With acme's running_runs at 1 and one run claimed (running, its lease held), an inline submit
+    answers 429 running_runs and records nothing."""
+    served = serve({"running_runs": 1})
+    definition = Definition.model_validate(flows.daily_flow())
+    request = RunRequest(
+        definition=definition, base_dir=Path("."), parameters={"day": DAY},
+        access=AccessContext(tenant="acme", principal="test", roles=("operator",), auth_method="test"),
+        provenance=Provenance(actor="test", trigger="cli"),
+    )  # fmt: skip
+    assert served.platform.runs.submit(request, claim=True).run.status == "running"
+    assert_refused(served.submit(served.tokens.submitter, "2026-03-02", queue=False), "running_runs", 1)
+    assert served.runs_of("acme") == 1
+
+
+def test_stored_result_bytes_past_the_quota_refuse_the_next_submit(serve: Any) -> None:
+    """With acme's result_bytes at 100 bytes, an inline run stores its result (more than 100 bytes of Arrow
+    IPC); the next submit, queued or inline, answers 429 result_bytes and records nothing."""
+    served = serve({"result_bytes": "100B"})
+    first = served.submit(served.tokens.submitter, queue=False)
+    assert first.status_code == 201 and first.json()["run"]["status"] == "succeeded", first.text
+    assert_refused(served.submit(served.tokens.submitter, "2026-03-02"), "result_bytes", 100)
+    assert_refused(served.submit(served.tokens.submitter, "2026-03-03", queue=False), "result_bytes", 100)
+    assert served.runs_of("acme") == 1
+
+
+def test_a_backfill_wider_than_the_quota_answers_429_before_any_day_is_submitted(serve: Any) -> None:
+    """With acme's backfill_days at 3, a 4-day backfill answers 429 backfill_days and records no day's run;
+    a 3-day one is accepted."""
+    served = serve({"backfill_days": 3})
+    headers = {"Authorization": f"Bearer {served.tokens.operator}"}
+    wide = {"definition": flows.daily_flow(), "from": "2026-03-01", "to": "2026-03-04"}
+    assert_refused(served.client.post("/v1/backfills", json=wide, headers=headers), "backfill_days", 3)
+    assert served.runs_of("acme") == 0
+    narrow = {**wide, "to": "2026-03-03"}
+    assert served.client.post("/v1/backfills", json=narrow, headers=headers).status_code == 201
+    assert served.runs_of("acme") == 3
+
+
+def test_the_cli_exits_10_past_a_quota(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dataflow submit` of tenant acme with queued_runs at 1, in process through the console script's
+    ``main`` (which maps errors to statuses): the second exits 10 (quota_exceeded, its own status in the
+    error table), says which quota on stderr, and records nothing."""
+    write_quotas(tmp_path, monkeypatch, {"queued_runs": 1})
+    definition = tmp_path / "daily.yaml"
+    definition.write_text(flows.DAILY_YAML)
+    argv = ["--db", db_url, "submit", str(definition), "--tenant", "acme", "-p"]
+    assert cli_main([*argv, f"day={DAY}"]) == 0
+    capsys.readouterr()
+    assert cli_main([*argv, "day=2026-03-02"]) == EXIT_CODES["quota_exceeded"] == 10
+    stderr = capsys.readouterr().err
+    assert "error [quota_exceeded]" in stderr and "queued_runs" in stderr, stderr
+    with Platform(db_url) as platform, platform.db.read() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(dataflow_runs)).scalar_one() == 1
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        "tenants: {acme: {queued_runs: 0}}",
+        "tenants: {acme: {result_bytes: hunter2-secret}}",
+        "tenants: {acme: {queued_runs: 'hunter2-secret'}}",
+        "tenants: {acme: {hunter2: 1}}",
+        "tenants: [hunter2-secret]",
+        "tenants: {acme: {queued_runs: 1",
+    ],
+)
+def test_a_bad_quotas_file_is_refused_without_echoing_its_values(
+    document: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each bad quotas file is an InputError naming the file's variable and never a value from it."""
+    path = tmp_path / "quotas.yaml"
+    path.write_text(document)
+    with pytest.raises(InputError) as refused:
+        quotas.from_env({quotas.QUOTAS_ENV: str(path)})
+    assert quotas.QUOTAS_ENV in refused.value.message
+    assert "hunter2-secret" not in refused.value.message
+
+
+def test_the_defaults_come_from_the_environment_and_overrides_keep_them() -> None:
+    """DATAFLOW_QUOTA_* sets each default; a tenant's override replaces only the quotas it names."""
+    environ = {
+        "DATAFLOW_QUOTA_QUEUED_RUNS": "7",
+        "DATAFLOW_QUOTA_RESULT_BYTES": "2MiB",
+        "DATAFLOW_INLINE_EXECUTIONS_MAX": "3",
+    }
+    configured = quotas.from_env(environ)
+    assert (configured.defaults.queued_runs, configured.defaults.result_bytes) == (7, 2 * 1024 * 1024)
+    assert configured.inline_executions_max == 3
+    overridden = quotas.parse_quotas_file("tenants: {acme: {running_runs: 5}}", "test", configured.defaults)
+    assert (overridden["acme"].running_runs, overridden["acme"].queued_runs) == (5, 7)
+    with pytest.raises(InputError, match="DATAFLOW_QUOTA_QUEUED_RUNS"):
+        quotas.from_env({"DATAFLOW_QUOTA_QUEUED_RUNS": "many"})
