@@ -52,8 +52,9 @@ OWNERS: dict[tuple[str, str], tuple[frozenset[str], str]] = {
         "the DataflowRun projection: insert, update (attempt-guarded), claim, lookups, listings, counts",
     ),
     ("dataflow.schema", "run_results"): (
-        frozenset({"dataflow.execution.results"}),
-        "stored result bytes: written in the atomic terminal commit, read for export",
+        frozenset({"dataflow.execution.results", "dataflow.protocol.quotas"}),
+        "stored result bytes: written in the atomic terminal commit, read for export; the result_bytes "
+        "quota sums their sizes (read-only; a counter kept by results.store would make quotas no owner)",
     ),
     ("dataflow.schema", "partition_tokens"): (
         frozenset({"dataflow.protocol.partition_tokens"}),

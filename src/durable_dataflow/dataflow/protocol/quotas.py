@@ -17,9 +17,10 @@ Where each is checked:
 
 Statements (each reads only; none takes a lock):
 
-- ``_count_in_status``: the tenant's runs in one status, counted through
+- ``runs.count_in_status``: the tenant's runs in one status, counted through
   ``ix_dataflow_runs_tenant_status_pair`` and stopped at the limit, so its cost is bounded by the limit.
-- ``_result_bytes``: the sum of the stored result sizes of the tenant's runs, through
+- ``_result_bytes`` (a read-only co-owner of ``run_results``, tests/unit/test_code_shape.py): the sum of
+  the stored result sizes of the tenant's runs, joined to them by ``runs.join_tenant_runs``, through
   ``ix_dataflow_runs_tenant_created`` and ``run_results``' primary key. ``length()`` reads a value's
   header only (SQLite's record header, PostgreSQL's TOAST header), never the stored bytes, but the
   cost grows with the tenant's stored results: a counter kept by the transaction that stores a result
@@ -46,8 +47,9 @@ from sqlalchemy.engine import Connection
 from durable_dataflow.core import units
 from durable_dataflow.core.errors import InputError, QuotaExceeded
 from durable_dataflow.core.files import read_capped
+from durable_dataflow.dataflow.protocol import runs
 from durable_dataflow.dataflow.protocol.runs import RunStatus
-from durable_dataflow.dataflow.schema import dataflow_runs, run_results
+from durable_dataflow.dataflow.schema import run_results
 
 QUOTAS_ENV = "DATAFLOW_QUOTAS"  # the per-tenant overrides file (YAML)
 INLINE_EXECUTIONS_MAX_ENV = "DATAFLOW_INLINE_EXECUTIONS_MAX"  # the API's inline executions, all tenants
@@ -158,29 +160,14 @@ def check_backfill_days(quotas: Quotas, tenant: str, days: int) -> None:
 
 
 def _check_count(conn: Connection, tenant: str, status: RunStatus, quota: Quota, limit: int) -> None:
-    if _count_in_status(conn, tenant, status, limit) >= limit:
+    if runs.count_in_status(conn, tenant, status, limit) >= limit:
         raise refusal(quota, limit, f"this tenant has {limit} {status.value} runs")
-
-
-def _count_in_status(conn: Connection, tenant: str, status: RunStatus, limit: int) -> int:
-    """The tenant's runs in ``status``, counted up to ``limit`` (the index is read no further)."""
-    found = (
-        sa.select(sa.literal(1))
-        .select_from(dataflow_runs)
-        .where(dataflow_runs.c.tenant == tenant, dataflow_runs.c.status == status.value)
-        .limit(limit)
-        .subquery()
-    )
-    return int(conn.execute(sa.select(sa.func.count()).select_from(found)).scalar_one())
 
 
 def _result_bytes(conn: Connection, tenant: str) -> int:
     """Bytes of every result the tenant's runs stored (results are kept: nothing deletes them)."""
-    statement = (
-        sa.select(sa.func.coalesce(sa.func.sum(sa.func.length(run_results.c.bytes)), 0))
-        .select_from(dataflow_runs.join(run_results, run_results.c.run_id == dataflow_runs.c.run_id))
-        .where(dataflow_runs.c.tenant == tenant)
-    )
+    total = sa.select(sa.func.coalesce(sa.func.sum(sa.func.length(run_results.c.bytes)), 0))
+    statement = runs.join_tenant_runs(total.select_from(run_results), run_results.c.run_id, tenant)
     return int(conn.execute(statement).scalar_one())
 
 

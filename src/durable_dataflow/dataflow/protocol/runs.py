@@ -529,6 +529,19 @@ def join_tenant_runs(query: sa.Select[Any], run_id: sa.ColumnElement[str], tenan
     return query.join(dataflow_runs, dataflow_runs.c.run_id == run_id).where(dataflow_runs.c.tenant == tenant)
 
 
+def count_in_status(conn: Connection, tenant: str, status: RunStatus, count_max: int) -> int:
+    """The tenant's runs in ``status``, counted up to ``count_max`` and no further (a quota's check,
+    dataflow.protocol.quotas): ``ix_dataflow_runs_tenant_status_pair`` serves it, read no further than the limit."""
+    found = (
+        sa.select(sa.literal(1))
+        .select_from(dataflow_runs)
+        .where(dataflow_runs.c.tenant == tenant, dataflow_runs.c.status == status.value)
+        .limit(count_max)
+        .subquery()
+    )
+    return int(conn.execute(sa.select(sa.func.count()).select_from(found)).scalar_one())
+
+
 def count_by(
     conn: Connection, *columns: CountColumn, tenant: str | None = None, ordered: bool = True
 ) -> list[tuple[Any, ...]]:
