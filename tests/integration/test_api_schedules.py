@@ -175,7 +175,7 @@ def test_another_tenant_neither_sees_nor_touches_a_schedule(served: Served) -> N
     makes its own schedule."""
     served.apply(flow(hourly()))
     other = served.tokens.other_operator
-    assert served.call("GET", "/v1/schedules", other).json() == {"schedules": []}
+    assert served.call("GET", "/v1/schedules", other).json() == {"schedules": [], "next_cursor": None}
     missing = served.call("GET", "/v1/schedules/nope", served.tokens.operator)
     assert missing.status_code == 404
     for method, path in (("GET", "/v1/schedules/daily"), ("POST", "/v1/schedules/daily/pause"),
@@ -391,7 +391,9 @@ def test_a_cron_matching_no_date_is_refused_and_never_stops_other_tenants(served
     with served.platform.db.begin() as conn:
         body = json.loads(conn.execute(sa.select(schedules_table.c.definition_json)).scalar_one())
         body["schedule"]["cron"] = IMPOSSIBLE_CRON
-        conn.execute(sa.update(schedules_table).values(definition_json=json.dumps(body)))
+        # Due at its apply instant, as migration 0012 leaves a schedule an older version applied.
+        due = schedules_table.c.applied_at_us
+        conn.execute(sa.update(schedules_table).values(definition_json=json.dumps(body), next_due_us=due))
     listed = served.call("GET", "/v1/schedules", served.tokens.viewer)
     assert listed.status_code == 200, listed.text
     (item,) = listed.json()["schedules"]

@@ -31,6 +31,7 @@ Viewer = Annotated[Caller, Depends(api_caller(Role.VIEWER))]
 Operator = Annotated[Caller, Depends(api_caller(Role.OPERATOR))]
 DAY_CHARS_MAX = 32
 DECISIONS_DEFAULT = 20
+NAME_CHARS_MAX = 200  # a schedule's name is a definition name (schedule_schema.NAME_LENGTH)
 ERROR_RESPONSES = v1.ERROR_RESPONSES
 
 
@@ -71,11 +72,22 @@ BackfillJson = Annotated[BackfillBody, Depends(json_body(BackfillBody))]
 
 
 @router.get("/schedules", responses=ERROR_RESPONSES)
-def list_schedules(request: Request, caller: Viewer) -> dict[str, Any]:
-    """The tenant's applied schedules: next tick, last tick and its decision, the last run's status and
-    recovery status, and its warning when it is unresolved (as ``dataflow schedules list --json``)."""
-    found = schedules.shown(platform_of(request).db, caller.tenant)
-    return {"schedules": [item.as_json() for item in found]}
+def list_schedules(
+    request: Request,
+    caller: Viewer,
+    cursor: str | None = Query(default=None, max_length=NAME_CHARS_MAX),
+    limit: int = Query(default=schedules.LIST_PAGE_DEFAULT, ge=1, le=schedules.LIST_PAGE_MAX),
+) -> dict[str, Any]:
+    """One page of the tenant's applied schedules by name: next tick, last tick and its decision, the
+    last run's status and recovery status, and its warning when it is unresolved (as ``dataflow
+    schedules list --json``); pass ``next_cursor`` back as ``cursor`` for the next page."""
+    after = (caller.tenant, cursor) if cursor else None
+    page = schedules.shown_page(platform_of(request).db, caller.tenant, after=after, limit=limit)
+    next_after = page.next_after
+    return {
+        "schedules": [item.as_json() for item in page.items],
+        "next_cursor": next_after[1] if next_after is not None else None,
+    }
 
 
 @router.post(

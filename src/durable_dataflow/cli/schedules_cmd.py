@@ -123,21 +123,49 @@ def tick_command(
         raise typer.Exit(common.EXIT_ERROR)
 
 
+def parse_after(text: str | None) -> tuple[str, str] | None:
+    """The ``TENANT/NAME`` cursor of ``--after``; InputError for anything else."""
+    if text is None:
+        return None
+    tenant, slash, name = text.partition("/")
+    if not slash or not tenant or not name:
+        raise InputError("--after must be TENANT/NAME, as the previous page's hint names it")
+    return tenant, name
+
+
+def _more_hint(page: schedules.ShownPage) -> str | None:
+    after = page.next_after
+    if after is None:
+        return None
+    return printable(f"more schedules follow: run again with --after {after[0]}/{after[1]}")
+
+
 @schedules_app.command("list")
 def list_command(
     ctx: typer.Context,
     tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant's schedules (default: all).")] = None,
     now: Now = None,
+    limit: Annotated[
+        int, typer.Option("--limit", help=f"At most this many schedules (1 to {schedules.LIST_PAGE_MAX}).")
+    ] = schedules.LIST_PAGE_DEFAULT,
+    after: Annotated[
+        str | None, typer.Option("--after", metavar="TENANT/NAME", help="Start after this schedule (the next page).")
+    ] = None,
     as_json: AsJson = False,
 ) -> None:
-    """Every schedule with its next tick, its last tick and that tick's run (UNRESOLVED when it is)."""
+    """The schedules by tenant and name, a page at a time, each with its next tick, its last tick and
+    that tick's run (UNRESOLVED when it is); a hint names the next page when more follow."""
     moment = schedules.parse_now(now)
+    cursor = parse_after(after)
     with common.open_platform(ctx) as platform:
-        shown = schedules.shown(platform.db, tenant, moment)
+        page = schedules.shown_page(platform.db, tenant, moment, after=cursor, limit=limit)
+    hint = _more_hint(page)
     if as_json:
-        common.emit_json([item.as_json() for item in shown])
+        common.emit_json([item.as_json() for item in page.items])
+        if hint is not None:
+            common.stderr_console().print(Text(hint))
         return
-    items = [(item.status, item.view) for item in shown]
+    items = [(item.status, item.view) for item in page.items]
     console = common.stdout_console()
     if not items:
         console.print("no schedules")
@@ -163,6 +191,8 @@ def list_command(
     for _, view in items:
         if view is not None:
             common.print_warning_block(console, view, ctx)
+    if hint is not None:
+        console.print(Text(hint, style="bold"))
 
 
 DefinitionFile = Annotated[Path, typer.Argument(help="The definition (YAML or JSON).")]

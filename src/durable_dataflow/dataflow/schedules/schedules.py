@@ -1,7 +1,11 @@
 """Applied schedules and exactly-once ticks (docs/schedules.md).
 
 ``apply`` pins a definition with its ``schedule:`` block for a tenant (re-applying an unchanged one
-writes nothing). ``evaluate`` decides every due tick of every active schedule, in tick order:
+writes nothing). ``evaluate`` decides every due tick of every active schedule, in tick order. It reads
+only the schedules that are due, by their ``next_due_us`` (NULL while paused or disabled; kept current
+by apply, pause, resume and each evaluation), in pages of ``EVALUATION_PAGE_SCHEDULES`` ordered by it,
+through every tenant: its cost follows the due schedules, never the applied ones, and no tenant's
+schedules can push another's out of a page. Per schedule:
 
 - a tick older than ``now - catchup_window`` is recorded ``skipped_catchup``;
 - otherwise, when the run of the schedule's previous submitted tick is still queued or running,
@@ -58,7 +62,11 @@ DECISIONS: tuple[Decision, ...] = ("submitted", "skipped_overlap", "skipped_catc
 # Ticks decided per schedule in one evaluation: a long outage of a minutely schedule is worked off
 # over several evaluations, never in one unbounded loop.
 TICKS_PER_EVALUATION_MAX = 1000
-SCHEDULES_PER_EVALUATION_MAX = 10_000
+# Due schedules read per statement of an evaluation; an evaluation reads pages until none is left due.
+EVALUATION_PAGE_SCHEDULES = 100
+# Schedules one listing page shows (`schedules list --limit`, GET /v1/schedules?limit=): the default, the most.
+LIST_PAGE_DEFAULT = 100
+LIST_PAGE_MAX = 1000
 ERROR_CHARS_MAX = 1000
 ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
 DECISIONS_SHOWN_MAX = 200  # the most tick decisions one read returns
@@ -108,6 +116,7 @@ class AppliedSchedule:
     paused: bool
     applied_at_us: int
     updated_at_us: int
+    next_due_us: int | None = None  # as read: when an evaluation next has work for it (None: inactive)
 
     @property
     def active(self) -> bool:
@@ -154,7 +163,17 @@ def _from_row(row: sa.Row[Any]) -> AppliedSchedule:
         paused=bool(row.paused),
         applied_at_us=int(row.applied_at_us),
         updated_at_us=int(row.updated_at_us),
+        next_due_us=None if row.next_due_us is None else int(row.next_due_us),
     )
+
+
+def next_due_us(spec: ScheduleSpec, paused: bool, after_us: int) -> int | None:
+    """When an active schedule next has a tick to decide: its first tick after ``after_us``; None when
+    paused, disabled, or its cron matches no date (no evaluation needs to read it)."""
+    if paused or not spec.enabled:
+        return None
+    tick = _next_tick(spec, from_us(after_us))
+    return None if tick is None else to_us(tick.instant)
 
 
 def _now_us(conn: Connection, db: Database, now: dt.datetime | None) -> int:
@@ -222,6 +241,7 @@ def _write_applied(
     db: Database, key: dict[str, str], d_hash: str, body: str, spec_json: str, space_json: str, by: str,
     now: dt.datetime | None,
 ) -> sa.Row[Any]:
+    spec = ScheduleSpec.model_validate(json.loads(spec_json))
     with db.begin() as conn:
         at_us = _now_us(conn, db, now)
         values = {
@@ -230,6 +250,8 @@ def _write_applied(
             "applied_at_us": at_us, "updated_at_us": at_us,
         }  # fmt: skip
         current = conn.execute(sa.select(schedules).filter_by(**key)).first()
+        paused = current is not None and bool(current.paused)
+        values["next_due_us"] = next_due_us(spec, paused, at_us)
         if current is None:
             conn.execute(sa.insert(schedules).values(**key, **values, paused=False))
         else:
@@ -250,12 +272,52 @@ def get(db: Database, tenant: str, name: str) -> AppliedSchedule:
     return _from_row(row)
 
 
-def list_applied(db: Database, tenant: str | None = None) -> list[AppliedSchedule]:
-    query = sa.select(schedules).order_by(schedules.c.tenant, schedules.c.name).limit(SCHEDULES_PER_EVALUATION_MAX)
+def list_applied(
+    db: Database, tenant: str | None = None, *, after: tuple[str, str] | None = None, limit: int = LIST_PAGE_MAX
+) -> list[AppliedSchedule]:
+    """One page of applied schedules (of ``tenant``, or all), by tenant and name, after the ``(tenant,
+    name)`` cursor ``after``: the primary key's order, so each page is one index range."""
+    invariant(1 <= limit <= LIST_PAGE_MAX + 1, "a listing page is bounded")
+    query = sa.select(schedules).order_by(schedules.c.tenant, schedules.c.name).limit(limit)
     if tenant is not None:
         query = query.where(schedules.c.tenant == tenant)
+    if after is not None:
+        query = query.where(sa.tuple_(schedules.c.tenant, schedules.c.name) > sa.tuple_(*after))
     with db.read() as conn:
         return [_from_row(row) for row in conn.execute(query)]
+
+
+def _due_page(
+    db: Database, now_us: int, tenant: str | None, after: tuple[int, str, str] | None
+) -> list[AppliedSchedule]:
+    """The next page of schedules due at ``now_us``, by (next due, tenant, name) after ``after``."""
+    due = schedules.c.next_due_us
+    query = (
+        sa.select(schedules)
+        .where(due.is_not(None), due <= now_us)
+        .order_by(due, schedules.c.tenant, schedules.c.name)
+        .limit(EVALUATION_PAGE_SCHEDULES)
+    )
+    if tenant is not None:
+        query = query.where(schedules.c.tenant == tenant)
+    if after is not None:
+        query = query.where(sa.tuple_(due, schedules.c.tenant, schedules.c.name) > sa.tuple_(*after))
+    with db.read() as conn:
+        return [_from_row(row) for row in conn.execute(query)]
+
+
+def _store_next_due(db: Database, applied: AppliedSchedule, due_us: int | None) -> None:
+    """Store the schedule's next-due instant, guarded on the one this evaluation read: an apply, pause or
+    resume (or another evaluator) that changed it since is newer and stays."""
+    if due_us == applied.next_due_us:
+        return
+    seen = schedules.c.next_due_us
+    guard = seen.is_(None) if applied.next_due_us is None else seen == applied.next_due_us
+    with db.begin() as conn:
+        conn.execute(
+            sa.update(schedules).filter_by(tenant=applied.tenant, name=applied.name).where(guard)
+            .values(next_due_us=due_us)
+        )  # fmt: skip
 
 
 def set_paused(
@@ -269,6 +331,7 @@ def set_paused(
     with db.begin() as conn:
         at_us = _now_us(conn, db, now)
         values: dict[str, Any] = {"paused": paused, "updated_at_us": at_us}
+        values["next_due_us"] = next_due_us(current.spec, paused, at_us)
         if not paused:
             values["applied_at_us"] = at_us
         conn.execute(sa.update(schedules).filter_by(tenant=tenant, name=name).values(**values))
@@ -412,8 +475,18 @@ def _last_decided_us(db: Database, applied: AppliedSchedule) -> int | None:
 
 def evaluate_one(service: RunService, applied: AppliedSchedule, now: dt.datetime) -> list[TickDecision]:
     """Decide the due ticks of one schedule (see the module text); the decisions touched, in tick order."""
+    return _evaluate_due(service, applied, now)[0]
+
+
+def _evaluate_due(
+    service: RunService, applied: AppliedSchedule, now: dt.datetime
+) -> tuple[list[TickDecision], int | None]:
+    """The decisions touched, in tick order, and the schedule's next-due instant after them: the tick
+    after the last one decided (still due when the evaluation stopped early: a waiting ``buffer_one``
+    tick or ``TICKS_PER_EVALUATION_MAX``), and ``now`` while a submitted tick has no run (retried on the
+    next evaluation, inside the catch-up window)."""
     if not applied.active:
-        return []
+        return [], None
     db = service.db
     window_start_us = to_us(now) - applied.spec.catchup_window_s * US_PER_S
     touched: list[TickDecision] = []
@@ -423,6 +496,7 @@ def evaluate_one(service: RunService, applied: AppliedSchedule, now: dt.datetime
     start_us = max(applied.applied_at_us, last_us if last_us is not None else applied.applied_at_us)
     due = applied.spec.ticks(from_us(start_us), now, TICKS_PER_EVALUATION_MAX)
     previous_active = _previous_active(service, applied)
+    decided_up_to_us = start_us
     for index, tick in enumerate(due):
         decision: Decision
         if to_us(tick.instant) < window_start_us:
@@ -434,6 +508,7 @@ def evaluate_one(service: RunService, applied: AppliedSchedule, now: dt.datetime
         else:
             decision = "skipped_overlap"
         decided = _decide(db, applied, tick, decision)
+        decided_up_to_us = decided.tick_us
         if decided.decision == "submitted":
             run: Run | None = None
             if decided.run_id is None:
@@ -442,7 +517,10 @@ def evaluate_one(service: RunService, applied: AppliedSchedule, now: dt.datetime
                 run = service.get(decided.run_id)
             previous_active = run is not None and run.status in ACTIVE_STATUSES
         touched.append(decided)
-    return touched
+    due_us = next_due_us(applied.spec, applied.paused, decided_up_to_us)
+    if any(d.decision == "submitted" and d.run_id is None for d in touched):
+        due_us = to_us(now) if due_us is None else min(due_us, to_us(now))
+    return touched, due_us
 
 
 @dataclass(frozen=True)
@@ -457,27 +535,49 @@ class Evaluation:
 def evaluate(
     db: Database, service: RunService, now: dt.datetime | None = None, *, tenant: str | None = None
 ) -> Evaluation:
-    """One evaluation of every active schedule (of ``tenant``, or all) at ``now`` (else the database clock)."""
+    """One evaluation of every due schedule (of ``tenant``, or all) at ``now`` (else the database clock):
+    page after page of ``EVALUATION_PAGE_SCHEDULES``, by next-due instant, until none is left due."""
     moment = _now_or_db(db, now)
-    found: list[TickDecision] = []
-    errors: list[dict[str, str]] = []
-    for applied in list_applied(db, tenant):
-        try:
-            found.extend(_evaluate_checked(service, applied, moment))
-        except DataflowError as error:
-            errors.append(
-                {"tenant": applied.tenant, "name": applied.name, "code": error.code, "message": error.message}
-            )
-            _log.warning("schedule.evaluation_failed", tenant=applied.tenant, schedule=applied.name,
-                         error_code=error.code, error=error.message)  # fmt: skip
-    return Evaluation(found, errors)
+    evaluation = Evaluation([], [])
+    evaluated: set[tuple[str, str]] = set()
+    after: tuple[int, str, str] | None = None
+    while True:  # bounded: each page moves the cursor past its rows, and only due rows are read
+        page = _due_page(db, to_us(moment), tenant, after)
+        for applied in page:
+            # A schedule still due after its evaluation (a waiting tick) may be met again further on.
+            if (applied.tenant, applied.name) not in evaluated:
+                evaluated.add((applied.tenant, applied.name))
+                _evaluate_into(evaluation, service, applied, moment)
+        if len(page) < EVALUATION_PAGE_SCHEDULES:
+            return evaluation
+        last = page[-1]
+        invariant(last.next_due_us is not None, "a due schedule has a next-due instant")
+        after = (cast(int, last.next_due_us), last.tenant, last.name)
 
 
-def _evaluate_checked(service: RunService, applied: AppliedSchedule, now: dt.datetime) -> list[TickDecision]:
-    """``evaluate_one``, where a stored cron that matches no date (applied before apply refused it) is
+def _evaluate_into(evaluation: Evaluation, service: RunService, applied: AppliedSchedule, now: dt.datetime) -> None:
+    """Evaluate one schedule and store its next-due instant; its error is the evaluation's entry (it
+    stays due, so each evaluation reports it) and never stops the other schedules."""
+    try:
+        touched, due_us = _evaluate_checked(service, applied, now)
+    except DataflowError as error:
+        evaluation.errors.append(
+            {"tenant": applied.tenant, "name": applied.name, "code": error.code, "message": error.message}
+        )
+        _log.warning("schedule.evaluation_failed", tenant=applied.tenant, schedule=applied.name,
+                     error_code=error.code, error=error.message)  # fmt: skip
+        return
+    evaluation.decisions.extend(touched)
+    _store_next_due(service.db, applied, due_us)
+
+
+def _evaluate_checked(
+    service: RunService, applied: AppliedSchedule, now: dt.datetime
+) -> tuple[list[TickDecision], int | None]:
+    """``_evaluate_due``, where a stored cron that matches no date (applied before apply refused it) is
     that schedule's InputError: it never stops the evaluation of the other schedules."""
     try:
-        return evaluate_one(service, applied, now)
+        return _evaluate_due(service, applied, now)
     except CroniterError:
         raise no_date_refusal(applied.spec) from None
 
@@ -517,10 +617,14 @@ class ScheduleStatus:
         }
 
 
-def statuses(db: Database, tenant: str | None, now: dt.datetime | None = None) -> Iterator[ScheduleStatus]:
-    """Each applied schedule with its next tick, its newest decision and that decision's run."""
+def statuses(
+    db: Database, tenant: str | None, now: dt.datetime | None = None, *,
+    after: tuple[str, str] | None = None, limit: int = LIST_PAGE_MAX,
+) -> Iterator[ScheduleStatus]:  # fmt: skip
+    """Each applied schedule of one page (``list_applied``) with its next tick, its newest decision and
+    that decision's run."""
     moment = _now_or_db(db, now)
-    for applied in list_applied(db, tenant):
+    for applied in list_applied(db, tenant, after=after, limit=limit):
         yield status_of(db, applied, moment)
 
 
@@ -554,17 +658,48 @@ class ShownSchedule:
         return self.status.as_json(self.view.warning if self.view is not None else None, self.unresolved)
 
 
+@dataclass(frozen=True)
+class ShownPage:
+    """One page of ``schedules list`` and GET /v1/schedules, by tenant and name."""
+
+    items: list[ShownSchedule]
+    more: bool  # schedules follow the last one shown: ask again after it
+
+    @property
+    def next_after(self) -> tuple[str, str] | None:
+        """The ``(tenant, name)`` to list after for the next page; None on the last page."""
+        if not self.more or not self.items:
+            return None
+        applied = self.items[-1].status.applied
+        return applied.tenant, applied.name
+
+
+def shown_page(
+    db: Database, tenant: str | None, now: dt.datetime | None = None, *,
+    after: tuple[str, str] | None = None, limit: int = LIST_PAGE_DEFAULT,
+) -> ShownPage:  # fmt: skip
+    """At most ``limit`` schedules of ``tenant`` (None: all) after the ``(tenant, name)`` cursor, with
+    their last runs' views, and whether more follow."""
+    if not 1 <= limit <= LIST_PAGE_MAX:
+        raise InputError(f"the page size must be between 1 and {LIST_PAGE_MAX}, got {limit}")
+    if after is not None and (_NAME.fullmatch(after[1]) is None or not after[0].isprintable()):
+        raise InputError("the cursor names no schedule: give the tenant and name the previous page named")
+    found = list(statuses(db, tenant, now, after=after, limit=limit + 1))
+    return ShownPage(_with_views(db, found[:limit]), more=len(found) > limit)
+
+
 def shown(
     db: Database, tenant: str | None, now: dt.datetime | None = None, *, name: str | None = None
 ) -> list[ShownSchedule]:
-    """What the CLI, the API and the web view list: every schedule of ``tenant`` (None: all), or only
-    the one called ``name`` (NotFound when the tenant has none), with its last run's view."""
-    moment = _now_or_db(db, now)
+    """The first ``LIST_PAGE_MAX`` schedules of ``tenant`` (None: all; the web view), or only the one
+    called ``name`` (NotFound when the tenant has none), with its last run's view."""
     if name is None:
-        found = list(statuses(db, tenant, moment))
-    else:
-        invariant(tenant is not None, "a schedule is named within its tenant")
-        found = [status_of(db, get(db, str(tenant), name), moment)]
+        return shown_page(db, tenant, now, limit=LIST_PAGE_MAX).items
+    invariant(tenant is not None, "a schedule is named within its tenant")
+    return _with_views(db, [status_of(db, get(db, str(tenant), name), _now_or_db(db, now))])
+
+
+def _with_views(db: Database, found: list[ScheduleStatus]) -> list[ShownSchedule]:
     with db.read() as conn:
         loaded = views.load(conn, db, [s.last_run for s in found if s.last_run is not None])
     by_run = {view.run.run_id: view for view in loaded}
