@@ -63,7 +63,7 @@ class ExecutionResult:
 
     row_count: int
     output_digest: str
-    ipc_bytes: bytes
+    ipc_bytes: memoryview  # the stored IPC stream, a view of the collector's Arrow buffer (never copied)
     source_fingerprint_digest: str
     sources: tuple[tuple[str, str, str], ...]  # (name, kind, fingerprint) in definition order
 

@@ -47,7 +47,7 @@ class Computed(Protocol):
     @property
     def output_digest(self) -> str: ...
     @property
-    def ipc_bytes(self) -> bytes: ...
+    def ipc_bytes(self) -> memoryview: ...
     @property
     def source_fingerprint_digest(self) -> str: ...
     @property
@@ -220,7 +220,7 @@ def ipc_reader(source: Any) -> Iterator[pa.RecordBatchStreamReader]:
         raise InputError(f"stored result bytes are not an Arrow IPC stream: {exc}") from None
 
 
-def decode_ipc(data: bytes) -> pa.Table:
+def decode_ipc(data: bytes | memoryview) -> pa.Table:
     """The table stored as IPC stream bytes."""
     import pyarrow as pa
     import pyarrow.ipc as ipc

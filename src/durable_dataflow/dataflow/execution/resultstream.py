@@ -23,7 +23,7 @@ from durable_dataflow.dataflow.execution import arrowdigest
 class BoundedResult:
     """The stored bytes of a result and what describes them."""
 
-    ipc_bytes: bytes
+    ipc_bytes: memoryview  # a view of the IPC stream's one Arrow buffer: no copy into a Python bytes object
     row_count: int
     output_digest: str
 
@@ -132,5 +132,7 @@ class ResultCollector:
         self._writer.close()
         self.bytes = self._sink.tell()
         self._check_bytes()
-        data = self._sink.getvalue().to_pybytes()
+        # The sink's buffer itself (a view keeps it alive), handed down to the driver that stores it:
+        # to_pybytes() would hold a second copy of the result while the first is still referenced.
+        data = memoryview(self._sink.getvalue()).cast("B")
         return BoundedResult(ipc_bytes=data, row_count=self.rows, output_digest=self._digester.digest())

@@ -75,7 +75,9 @@ def _check_verifiable(run_id: str, stored_format: str) -> None:
         )
 
 
-def stored_result_digest(conn: Connection, run_id: str, *, written: tuple[str, bytes] | None = None) -> str | None:
+def stored_result_digest(
+    conn: Connection, run_id: str, *, written: tuple[str, bytes | memoryview] | None = None
+) -> str | None:
     """The digest recomputed from the stored result bytes (not the digest stored beside them), in the
     digest format named by the stored format; EvidenceError when this version cannot verify that format.
     The bytes are read from the database in chunks (``results.open_stored``) and digested batch by batch.

@@ -206,7 +206,7 @@ def apply(
     new_subject_at_us: int | None = None,
     row_attempt: int | None = None,
     held: ledger.HeldChain | None = None,
-    stored_result: bytes | None = None,
+    stored_result: bytes | memoryview | None = None,
 ) -> Run:
     """Write one transition in the caller's transaction: append → checkpoint → projection → release.
 
@@ -277,7 +277,7 @@ def _checkpoint(
     transition: Transition,
     evidence_key: Secret | None,
     held: ledger.HeldChain | None,
-    written: tuple[str, bytes] | None,
+    written: tuple[str, bytes | memoryview] | None,
 ) -> None:
     """A verified checkpoint of the state this transition projects (``after``): the chain verifies,
     the ledger implies exactly that state, and a success shows its facts (digest, evidence, bytes)."""
