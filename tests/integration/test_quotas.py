@@ -141,6 +141,24 @@ def test_a_backfill_wider_than_the_quota_answers_429_before_any_day_is_submitted
     assert served.runs_of("acme") == 3
 
 
+def test_applying_more_schedules_than_the_quota_answers_429(serve: Any) -> None:
+    """With acme's applied_schedules at 2, a third schedule name answers 429 applied_schedules and writes no
+    schedule; re-applying an existing name (a change) is still accepted."""
+    served = serve({"applied_schedules": 2})
+    headers = {"Authorization": f"Bearer {served.tokens.operator}"}
+    cron = {"cron": "0 * * * *", "parameters": {"day": "{{ tick.date }}"}}
+
+    def apply(name: str, **changes: Any) -> Any:
+        document = flows.daily_flow({**cron, **changes}, name=name)
+        return served.client.post("/v1/schedules", json={"definition": document}, headers=headers)
+
+    assert apply("first").status_code == 201 and apply("second").status_code == 201
+    assert_refused(apply("third"), "applied_schedules", 2)
+    listed = served.client.get("/v1/schedules", headers=headers).json()["schedules"]
+    assert sorted(s["name"] for s in listed) == ["first", "second"]
+    assert apply("second", cron="30 * * * *").status_code in (200, 201)
+
+
 def test_the_cli_exits_10_past_a_quota(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

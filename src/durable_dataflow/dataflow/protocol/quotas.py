@@ -12,6 +12,8 @@ Where each is checked:
   that records a run (``Submitter._record``), before its first write. A queued submit counts queued
   runs, an inline one (it starts running at once) running runs; both sum stored result bytes.
 - ``backfill_days``: by :func:`check_backfill_days`, before a backfill submits its first day.
+- ``applied_schedules``: by ``schedules.apply`` (:func:`check_applied_schedules`), before a new name is
+  written; re-applying an existing name is never refused.
 - ``inline_executions``: by the API's inline executor (``api.inline``), with the platform-wide
   ``inline_executions_max`` beside it.
 
@@ -64,6 +66,7 @@ class Quota(enum.StrEnum):
     RUNNING_RUNS = "running_runs"  # runs executing now (checked when an inline submit starts one)
     INLINE_EXECUTIONS = "inline_executions"  # API submits executing inline at once (per server process)
     BACKFILL_DAYS = "backfill_days"  # days one backfill may cover
+    APPLIED_SCHEDULES = "applied_schedules"  # schedules applied (paused ones included)
     RESULT_BYTES = "result_bytes"  # bytes of every result the tenant's runs have stored
 
 
@@ -83,6 +86,7 @@ SETTINGS: tuple[QuotaSetting, ...] = (
     QuotaSetting(Quota.RUNNING_RUNS, "DATAFLOW_QUOTA_RUNNING_RUNS", 100, False, 30),
     QuotaSetting(Quota.INLINE_EXECUTIONS, "DATAFLOW_QUOTA_INLINE_EXECUTIONS", 4, False, 5),
     QuotaSetting(Quota.BACKFILL_DAYS, "DATAFLOW_QUOTA_BACKFILL_DAYS", 366, False, 3600),
+    QuotaSetting(Quota.APPLIED_SCHEDULES, "DATAFLOW_QUOTA_APPLIED_SCHEDULES", 1000, False, 3600),
     QuotaSetting(Quota.RESULT_BYTES, "DATAFLOW_QUOTA_RESULT_BYTES", 100 * 1024**3, True, 3600),
 )
 SETTING_BY_QUOTA: Mapping[Quota, QuotaSetting] = {s.quota: s for s in SETTINGS}
@@ -96,6 +100,7 @@ class TenantQuotas:
     running_runs: int = SETTING_BY_QUOTA[Quota.RUNNING_RUNS].default
     inline_executions: int = SETTING_BY_QUOTA[Quota.INLINE_EXECUTIONS].default
     backfill_days: int = SETTING_BY_QUOTA[Quota.BACKFILL_DAYS].default
+    applied_schedules: int = SETTING_BY_QUOTA[Quota.APPLIED_SCHEDULES].default
     result_bytes: int = SETTING_BY_QUOTA[Quota.RESULT_BYTES].default
 
     def limit(self, quota: Quota) -> int:
@@ -159,6 +164,14 @@ def check_backfill_days(quotas: Quotas, tenant: str, days: int) -> None:
         raise refusal(Quota.BACKFILL_DAYS, limit, f"this backfill covers {days} days; split it into smaller ranges")
 
 
+def check_applied_schedules(limit: int, applied: int) -> None:
+    """Refuse applying one more schedule (a new name) when the tenant has ``limit`` applied already
+    (counted by ``schedules``, the table's owner, in the same read)."""
+    if applied >= limit:
+        detail = f"this tenant has {applied} applied schedules (paused ones count)"
+        raise refusal(Quota.APPLIED_SCHEDULES, limit, detail)
+
+
 def _check_count(conn: Connection, tenant: str, status: RunStatus, quota: Quota, limit: int) -> None:
     if runs.count_in_status(conn, tenant, status, limit) >= limit:
         raise refusal(quota, limit, f"this tenant has {limit} {status.value} runs")
@@ -184,6 +197,7 @@ class _TenantModel(BaseModel):
     running_runs: QuotaValue | None = None
     inline_executions: QuotaValue | None = None
     backfill_days: QuotaValue | None = None
+    applied_schedules: QuotaValue | None = None
     result_bytes: QuotaValue | None = None
 
 

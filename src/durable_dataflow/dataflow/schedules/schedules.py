@@ -51,7 +51,7 @@ from durable_dataflow.dataflow.definitions.definitions import (
 )
 from durable_dataflow.dataflow.definitions.schedule_spec import ScheduleSpec, Tick, iso_utc
 from durable_dataflow.dataflow.execution.workspace import Workspace
-from durable_dataflow.dataflow.protocol import runs, views
+from durable_dataflow.dataflow.protocol import quotas, runs, views
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.protocol.runs import Run, RunStatus
 from durable_dataflow.dataflow.protocol.service import RunService
@@ -212,6 +212,9 @@ def apply(
     key = {"tenant": access.tenant, "name": definition.name}
     with db.read() as conn:
         existing = conn.execute(sa.select(schedules).filter_by(**key)).first()
+        if existing is None:  # a new name: the tenant's applied_schedules quota, before anything is written
+            limit = service.config.quotas.of(access.tenant).applied_schedules
+            quotas.check_applied_schedules(limit, _count_applied(conn, access.tenant, limit))
     if existing is not None and (existing.definition_hash, existing.workspace_json) == (d_hash, space_json):
         return ApplyResult(_from_row(existing), created=False, changed=False)
     try:
@@ -219,6 +222,13 @@ def apply(
     except sa.exc.IntegrityError:  # another apply of the same name committed first: apply over it
         stored = _write_applied(db, key, d_hash, body, spec_json, space_json, access.principal, now)
     return ApplyResult(_from_row(stored), created=existing is None, changed=True)
+
+
+def _count_applied(conn: Connection, tenant: str, count_max: int) -> int:
+    """The tenant's applied schedules (paused ones included), counted up to ``count_max`` on the primary
+    key's tenant prefix and no further."""
+    found = sa.select(sa.literal(1)).select_from(schedules).where(schedules.c.tenant == tenant).limit(count_max)
+    return int(conn.execute(sa.select(sa.func.count()).select_from(found.subquery())).scalar_one())
 
 
 def no_date_refusal(spec: ScheduleSpec) -> InputError:
