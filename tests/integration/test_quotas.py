@@ -215,3 +215,19 @@ def test_the_defaults_come_from_the_environment_and_overrides_keep_them() -> Non
     assert (overridden["acme"].running_runs, overridden["acme"].queued_runs) == (5, 7)
     with pytest.raises(InputError, match="DATAFLOW_QUOTA_QUEUED_RUNS"):
         quotas.from_env({"DATAFLOW_QUOTA_QUEUED_RUNS": "many"})
+
+
+def test_deployment_md_documents_every_quota_with_its_default() -> None:
+    """docs/deployment.md's Quotas section names every quota, its variable and its default, and the
+    platform-wide inline setting; docs/api.md names every quota a 429 can carry."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    section = (docs / "deployment.md").read_text().split("## Quotas", 1)[1].split("\n## ", 1)[0]
+    api = (docs / "api.md").read_text()
+    for setting in quotas.SETTINGS:
+        assert not setting.is_size or setting.default == 100 * 1024**3  # the one size quota, shown as 100GiB
+        default = "`100GiB`" if setting.is_size else str(setting.default)
+        row = f"| `{setting.quota.value}` | `{setting.variable}` | {default} |"
+        assert row in section, setting.quota
+        assert f"| `{setting.quota.value}` |" in api, setting.quota
+    assert f"`{quotas.INLINE_EXECUTIONS_MAX_ENV}` | {quotas.INLINE_EXECUTIONS_MAX_DEFAULT} |" in section
+    assert "`inline_executions_max`" in api
