@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from durable_dataflow.core import crashpoints
-from durable_dataflow.dataflow.protocol import forward, transitions
+from durable_dataflow.dataflow.protocol import derivation, forward
 from durable_dataflow.dataflow.protocol.runs import RunStatus
 from durable_dataflow.dataflow.protocol.service import RunService
 from durable_dataflow.platform import Platform
@@ -71,7 +71,7 @@ def test_a_forward_attempt_publishes_without_calling_back_into_the_service(
     assert len(flows.manifests(tmp_path / "sink")) == 1
     assert flows.verify(platform, run.run_id).ok
     with platform.db.read() as conn:
-        assert transitions.verify_run(conn, run, None).ok
+        assert derivation.verify_run(conn, run, None).ok
 
 
 def test_a_worker_style_execution_calls_the_service_only_before_and_after_the_forward_steps(

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from durable_dataflow.core import checkpoints, crashpoints, ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.schema import ledger_entries
-from durable_dataflow.dataflow.protocol import forward, reconcile, sweeper, transitions
+from durable_dataflow.dataflow.protocol import derivation, forward, reconcile, sweeper
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
 from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.datasources import contract, registry
@@ -288,7 +288,7 @@ def test_runs_recorded_with_absolute_refs_still_verify_and_reconcile(platform: P
     with platform.db.read() as conn:
         for run in (platform.runs.get(old.run_id), settled.run):
             key = platform.runs.config.evidence_key
-            verification = transitions.verify_run(conn, run, key)
+            verification = derivation.verify_run(conn, run, key)
             assert verification.ok, verification.reason
 
 

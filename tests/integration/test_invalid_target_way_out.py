@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from durable_dataflow.dataflow.protocol import evidence, reconcile, runs, transitions
+from durable_dataflow.dataflow.protocol import derivation, evidence, reconcile, runs
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
 from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.datasources import registry
@@ -74,7 +74,7 @@ def test_a_run_stuck_on_an_invalid_table_name_fails_with_no_external_output(plat
     kinds = flows.kinds(platform, stuck.run_id)
     assert kinds[-2:] == [evidence.RECONCILE_INVALID_TARGET, evidence.RUN_FAILED]
     with platform.db.read() as conn:
-        assert transitions.verify_run(conn, runs.get(conn, stuck.run_id), None).ok
+        assert derivation.verify_run(conn, runs.get(conn, stuck.run_id), None).ok
 
 
 def test_a_refusal_that_is_not_structural_proves_nothing(

@@ -137,6 +137,7 @@ COMPOSED_READS = {
     "ledger.read",
     "checkpoints.latest",
     "transitions.verify_run",
+    "derivation.verify_run",
     "runs.list_page",
     "views.load",
     "views.load_one",
@@ -145,7 +146,8 @@ COMPOSED_READS = {
 # Storage modules the read-only modules no longer import (cli/runs.py still imports core.ledger: `run`
 # checks the evidence-key setting before it writes).
 STORAGE_IMPORTS = {"durable_dataflow.core.ledger", "durable_dataflow.core.checkpoints",
-                   "durable_dataflow.dataflow.protocol.transitions"}  # fmt: skip
+                   "durable_dataflow.dataflow.protocol.transitions",
+                   "durable_dataflow.dataflow.protocol.derivation"}  # fmt: skip
 
 
 def _tree(module: str) -> ast.Module:
@@ -187,5 +189,5 @@ def test_the_read_commands_import_views(module: str) -> None:
 
 @pytest.mark.parametrize("module", ("cli/show.py", "api/operations.py", "api/v1.py", "api/web.py"))
 def test_the_read_only_modules_import_no_storage_module_they_composed_from(module: str) -> None:
-    """`show`/`verify` and the API's run reads no longer import the ledger, checkpoints or transitions."""
+    """`show`/`verify` and the API's run reads no longer import the ledger, checkpoints, transitions or derivation."""
     assert _imports(_tree(module)) & STORAGE_IMPORTS == set(), module

@@ -41,7 +41,7 @@ from durable_dataflow.core.errors import Conflict, LeaseUnavailable, StaleAttemp
 from durable_dataflow.dataflow.execution import results
 from durable_dataflow.dataflow.execution.compute import ExecutionResult
 from durable_dataflow.dataflow.protocol import attempt as attempts
-from durable_dataflow.dataflow.protocol import evidence, forward, sweeper, transitions
+from durable_dataflow.dataflow.protocol import derivation, evidence, forward, sweeper
 from durable_dataflow.dataflow.protocol import reconcile as reconciliation
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.protocol.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
@@ -671,7 +671,7 @@ def check_chains(bench: Bench, world: World, verified: dict[str, tuple[int, str]
             head = (len(world.ledgers[run.run_id]), str(run.status))
             if verified.get(run.run_id) == head:
                 continue
-            verification = transitions.verify_run(conn, run, platform.runs.config.evidence_key)
+            verification = derivation.verify_run(conn, run, platform.runs.config.evidence_key)
             assert verification.ok, f"evidence of run {run.run_id} ({run.status}) fails: {verification.reason}"
             verified[run.run_id] = head
 

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import ledger
 from durable_dataflow.dataflow.execution import arrowdigest, results, resultstream
-from durable_dataflow.dataflow.protocol import evidence, transitions, views
+from durable_dataflow.dataflow.protocol import derivation, evidence, views
 from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.dataflow.schema import run_results
 from durable_dataflow.platform import Platform
@@ -101,8 +101,8 @@ def test_the_outcome_is_cached_per_ledger_head(platform: Platform, tmp_path: Pat
     counted = _Counted()
     checks = evidence.ResultChecks(recompute=counted)
     with platform.db.read() as conn:
-        first = transitions.verify_run(conn, run, None, checks=checks)
-        second = transitions.verify_run(conn, run, None, checks=checks)
+        first = derivation.verify_run(conn, run, None, checks=checks)
+        second = derivation.verify_run(conn, run, None, checks=checks)
     assert first.ok and second.ok and counted.calls == 1
     with platform.db.begin() as conn:
         moved = ledger.append(conn, platform.db, "dataflow", run.run_id, run.attempt, "test.moved", {})

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from durable_dataflow.core import checkpoints, crashpoints, ledger
 from durable_dataflow.core.errors import Conflict
 from durable_dataflow.core.schema import ledger_entries
-from durable_dataflow.dataflow.protocol import evidence, runs, sweeper, transitions
+from durable_dataflow.dataflow.protocol import derivation, evidence, runs, sweeper
 from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.dataflow.protocol.transitions import TABLE, Outcome
 from durable_dataflow.dataflow.schema import dataflow_runs
@@ -204,19 +204,19 @@ def test_the_table_and_its_reading_backwards_agree() -> None:
     for outcome, transition in TABLE.items():
         path: list[Outcome] = [*prefix.get(outcome, forward), outcome] if outcome != Outcome.RECORDED else [outcome]
         entries = _fake_entries(path)
-        derived = transitions.derive(entries)
+        derived = derivation.derive(entries)
         assert not derived.problem, (outcome, derived.problem)
         if transition.status is not None:
             assert derived.values["status"] == transition.status, outcome
         if transition.recovery is not None:
             assert derived.values["recovery_status"] == transition.recovery, outcome
     late_cancel = _fake_entries([*forward, Outcome.CANCELLED])
-    assert transitions.derive(late_cancel).problem_seq == 4, "a cancel after dispatch authorization"
+    assert derivation.derive(late_cancel).problem_seq == 4, "a cancel after dispatch authorization"
     after_cancel = _fake_entries([Outcome.RECORDED, Outcome.STARTED, Outcome.CANCELLED, Outcome.DISPATCH_AUTHORIZED])
-    assert transitions.derive(after_cancel).problem_seq == 4, "an entry after the cancellation"
+    assert derivation.derive(after_cancel).problem_seq == 4, "an entry after the cancellation"
     stray = _fake_entries([Outcome.RECORDED])
     stray.append(ledger.Entry("dataflow", "r", 2, 1, evidence.RUN_SUCCEEDED, {}, "", "", None, 0))
-    assert transitions.derive(stray).problem_seq == 2
+    assert derivation.derive(stray).problem_seq == 2
 
 
 def _fake_entries(path: list[Outcome]) -> list[ledger.Entry]:
@@ -428,7 +428,7 @@ def test_h4_derive_never_raises_on_a_payload() -> None:
         ledger.Entry("dataflow", "r", 2, 1, "attempt.started", {}, "", "", None, 0),
         ledger.Entry("dataflow", "r", 3, 1, "dispatch.authorized", {"row_count": "²"}, "", "", None, 0),
     ]
-    transitions.derive(entries)
+    derivation.derive(entries)
 
 
 # ---- held: legitimate long chains derive and verify ---------------------------------------------

@@ -11,7 +11,7 @@ import yaml
 
 from durable_dataflow.core import ledger
 from durable_dataflow.dataflow.definitions.definitions import Definition, parse_definition
-from durable_dataflow.dataflow.protocol import reconcile, runs, transitions
+from durable_dataflow.dataflow.protocol import derivation, reconcile, runs
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.datasources import registry
@@ -238,4 +238,4 @@ def reconcile_as_operator(platform: Platform, run_id: str, *, resume: bool = Fal
 def verify(platform: Platform, run_id: str) -> ledger.Verification:
     """What `dataflow verify` says of the run as stored now."""
     with platform.db.read() as conn:
-        return transitions.verify_run(conn, runs.get(conn, run_id), platform.runs.config.evidence_key)
+        return derivation.verify_run(conn, runs.get(conn, run_id), platform.runs.config.evidence_key)

@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 from durable_dataflow.core import crashpoints, ledger
 from durable_dataflow.core.errors import Conflict, DataflowError, EvidenceError, StaleAttempt
 from durable_dataflow.dataflow.protocol import attempt as attempts
-from durable_dataflow.dataflow.protocol import evidence, forward, requests, sweeper, transitions
+from durable_dataflow.dataflow.protocol import derivation, evidence, forward, requests, sweeper, transitions
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
 from durable_dataflow.dataflow.protocol.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
 from durable_dataflow.dataflow.protocol.service import RunService
@@ -124,9 +124,9 @@ def reconcile(
 
 
 def _evidence_problem(service: RunService, run: Run) -> str:
-    """Why the run's chain, facts or projection do not verify (transitions.verify_run), or ""."""
+    """Why the run's chain, facts or projection do not verify (derivation.verify_run), or ""."""
     with service.db.read() as conn:
-        verification = transitions.verify_run(conn, run, service.evidence_key)
+        verification = derivation.verify_run(conn, run, service.evidence_key)
     if verification.ok:
         return ""
     where = f" at seq {verification.broken_seq}" if verification.broken_seq is not None else ""

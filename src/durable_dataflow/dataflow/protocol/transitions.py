@@ -1,23 +1,17 @@
-"""The protocol's transitions as data (DESIGN §6; docs/model.md maps each one to the spin model).
+"""The protocol's transitions written (DESIGN §6): one named function per family in front of the table.
 
-Every state change of a dataflow run is one row of :data:`TABLE`: the ledger entries it appends,
-the run status and recovery status it projects, whether it writes a verified checkpoint, whether it
-releases the lease, and which warning the run then carries. :func:`apply` is the one function that
-writes a transition, inside the caller's fenced (or sweep-guarded) transaction, always in the same
-order: append → checkpoint → projection (guarded by the expected attempt) → lease release.
-
-The same table read backwards is :func:`derive`: the state a verified ledger implies, which
-``dataflow verify`` compares with the run projection, so a flipped projection field is caught.
+Every state change of a dataflow run is one row of ``transition_table.TABLE``. :func:`apply` is the
+one function that writes a row, inside the caller's fenced (or sweep-guarded) transaction, always in
+the same order: append → checkpoint → projection (guarded by the expected attempt) → lease release;
+the named functions below (``record``, ``start_attempt``, ``authorize_dispatch``, …) alone build its
+ledger payloads and projection columns. The table read backwards (the state a verified ledger
+implies) is ``derivation``.
 """
 
 from __future__ import annotations
 
-import enum
 import json
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -30,167 +24,18 @@ from durable_dataflow.core.secrets import Secret
 from durable_dataflow.dataflow.execution import results
 from durable_dataflow.dataflow.execution.compute import ExecutionResult
 from durable_dataflow.dataflow.protocol import evidence, partition_tokens, runs
-from durable_dataflow.dataflow.protocol.runs import MODULE, Mode, RecoveryStatus, Run, RunStatus
+from durable_dataflow.dataflow.protocol.derivation import projection_problem, workspace_digest
+from durable_dataflow.dataflow.protocol.runs import MODULE, Run
+from durable_dataflow.dataflow.protocol.transition_table import TABLE as TABLE
+from durable_dataflow.dataflow.protocol.transition_table import Outcome as Outcome
+from durable_dataflow.dataflow.protocol.transition_table import Success as Success
+from durable_dataflow.dataflow.protocol.transition_table import Transition as Transition
+from durable_dataflow.dataflow.protocol.transition_table import Warning as Warning
+from durable_dataflow.dataflow.protocol.transition_table import warning_text
 from durable_dataflow.datasources.contract import AlreadyPublished, Inconclusive, Present, Published
 
 MESSAGE_CHARS_MAX = 2000
 Item = tuple[int, str, Mapping[str, Any]]  # (attempt, kind, payload), as core.ledger.append_many takes them
-
-
-class Outcome(enum.StrEnum):
-    """Each transition of a run; the terminal ones end an attempt."""
-
-    RECORDED = "recorded"  # run.recorded: queued
-    STARTED = "started"  # attempt.started: a worker holds the lease
-    DISPATCH_AUTHORIZED = "dispatch_authorized"  # the pre-dispatch commit
-    RECONCILE_STARTED = "reconcile_started"  # an operator's inspection holds the lease
-    RESUME_AUTHORIZED = "resume_authorized"  # an operator's re-dispatch of the stored result
-    ATOMIC_SUCCEEDED = "atomic_succeeded"
-    PUBLISHED = "published"  # the sink confirmed the publication with the recorded digest
-    RECONCILED_PRESENT = "reconciled_present"
-    FAILED_BEFORE_DISPATCH = "failed_before_dispatch"
-    REJECTED = "rejected"  # the sink proved nothing was created
-    PUBLICATION_MISMATCH = "publication_mismatch"
-    RECONCILE_MISMATCH = "reconcile_mismatch"
-    PUBLICATION_UNKNOWN = "publication_unknown"
-    EVIDENCE_FAILED = "evidence_failed"
-    RECONCILED_ABSENT = "reconciled_absent"
-    RECONCILE_UNDECIDED = "reconcile_undecided"
-    RECONCILED_INVALID_TARGET = "reconciled_invalid_target"  # no publish could ever write to the target
-    SWEPT_RECOVERED = "swept_recovered"  # an expired attempt proven absent; queued again
-    SWEPT_EXHAUSTED = "swept_exhausted"  # the same, with no attempt left
-    SWEPT_UNKNOWN = "swept_unknown"  # an expired attempt after dispatch authorization
-    CANCELLED = "cancelled"  # an operator's cancel, queued or before dispatch authorization
-
-
-class Warning(enum.Enum):
-    """Which warning the run carries after a transition."""
-
-    KEEP = "keep"  # unchanged
-    CLEAR = "clear"
-    UNRESOLVED = "unresolved"  # runs.unresolved_warning
-    MISMATCH = "mismatch"
-    ABSENT = "absent"
-
-
-class Success(enum.Enum):
-    """The facts a success must show before its checkpoint is written."""
-
-    NONE = "none"
-    ATOMIC = "atomic"
-    FORWARD = "forward"
-
-
-@dataclass(frozen=True)
-class Transition:
-    kinds: tuple[str, ...]  # the ledger entries it appends, in order, all under the attempt
-    status: RunStatus | None  # None: unchanged
-    recovery: RecoveryStatus | None
-    terminal: bool  # ends the attempt
-    checkpoint: bool  # writes a verified checkpoint (every terminal state but a requeue)
-    releases_lease: bool  # the sweeper's transitions find the lease already closed
-    warning: Warning = Warning.KEEP
-    success: Success = Success.NONE
-
-
-_T = Transition
-TABLE: Mapping[Outcome, Transition] = MappingProxyType({
-    Outcome.RECORDED: _T((evidence.RUN_RECORDED,), RunStatus.QUEUED, RecoveryStatus.RECORDED, False, False, False),
-    Outcome.STARTED: _T((evidence.ATTEMPT_STARTED,), RunStatus.RUNNING, RecoveryStatus.LEASED, False, False, False),
-    Outcome.DISPATCH_AUTHORIZED: _T(
-        (evidence.DISPATCH_AUTHORIZED,), None, RecoveryStatus.DISPATCH_AUTHORIZED, False, False, False
-    ),
-    Outcome.RECONCILE_STARTED: _T((evidence.RECONCILE_STARTED,), None, None, False, False, False),
-    Outcome.RESUME_AUTHORIZED: _T(
-        (evidence.RESUME_STARTED, evidence.DISPATCH_AUTHORIZED), RunStatus.RUNNING,
-        RecoveryStatus.DISPATCH_AUTHORIZED, False, False, False, Warning.CLEAR,
-    ),
-    Outcome.ATOMIC_SUCCEEDED: _T(
-        (evidence.RESULT_COMMITTED, evidence.RUN_SUCCEEDED), RunStatus.SUCCEEDED, RecoveryStatus.VERIFIED,
-        True, True, True, Warning.CLEAR, Success.ATOMIC,
-    ),
-    Outcome.PUBLISHED: _T(
-        (evidence.PUBLICATION_CONFIRMED, evidence.RUN_SUCCEEDED), RunStatus.SUCCEEDED, RecoveryStatus.VERIFIED,
-        True, True, True, Warning.CLEAR, Success.FORWARD,
-    ),
-    Outcome.RECONCILED_PRESENT: _T(
-        (evidence.RECONCILE_PRESENT, evidence.RUN_SUCCEEDED), RunStatus.SUCCEEDED,
-        RecoveryStatus.RECONCILED_PRESENT, True, True, True, Warning.CLEAR, Success.FORWARD,
-    ),
-    Outcome.FAILED_BEFORE_DISPATCH: _T(
-        (evidence.RUN_FAILED,), RunStatus.FAILED, RecoveryStatus.NO_EXTERNAL_OUTPUT, True, True, True
-    ),
-    Outcome.REJECTED: _T(
-        (evidence.PUBLICATION_REJECTED, evidence.RUN_FAILED), RunStatus.FAILED, RecoveryStatus.NO_EXTERNAL_OUTPUT,
-        True, True, True,
-    ),
-    Outcome.PUBLICATION_MISMATCH: _T(
-        (evidence.PUBLICATION_MISMATCH,), RunStatus.OUTCOME_UNKNOWN, RecoveryStatus.OUTCOME_UNKNOWN,
-        True, True, True, Warning.MISMATCH,
-    ),
-    Outcome.RECONCILE_MISMATCH: _T(
-        (evidence.RECONCILE_MISMATCH,), RunStatus.OUTCOME_UNKNOWN, RecoveryStatus.OUTCOME_UNKNOWN,
-        True, True, True, Warning.MISMATCH,
-    ),
-    Outcome.PUBLICATION_UNKNOWN: _T(
-        (evidence.PUBLICATION_UNKNOWN,), RunStatus.OUTCOME_UNKNOWN, RecoveryStatus.OUTCOME_UNKNOWN,
-        True, True, True, Warning.UNRESOLVED,
-    ),
-    # Checkpointed only when the chain itself verifies (the failure may be of the facts, or of the chain).
-    Outcome.EVIDENCE_FAILED: _T(
-        (evidence.EVIDENCE_FAILED,), RunStatus.EVIDENCE_FAILED, RecoveryStatus.EVIDENCE_FAILED,
-        True, True, True, Warning.UNRESOLVED,
-    ),
-    Outcome.RECONCILED_ABSENT: _T(
-        (evidence.RECONCILE_ABSENT,), RunStatus.FAILED, RecoveryStatus.RECONCILED_ABSENT, True, True, True,
-        Warning.ABSENT,
-    ),
-    Outcome.RECONCILE_UNDECIDED: _T((evidence.RECONCILE_UNDECIDED,), None, None, True, True, True),
-    # The target is invalid by its recorded text alone (contract.InvalidTarget): nothing can exist there.
-    Outcome.RECONCILED_INVALID_TARGET: _T(
-        (evidence.RECONCILE_INVALID_TARGET, evidence.RUN_FAILED), RunStatus.FAILED,
-        RecoveryStatus.NO_EXTERNAL_OUTPUT, True, True, True, Warning.CLEAR,
-    ),
-    Outcome.SWEPT_RECOVERED: _T(
-        (evidence.ATTEMPT_RECOVERED,), RunStatus.QUEUED, RecoveryStatus.RECOVERED, True, False, False
-    ),
-    Outcome.SWEPT_EXHAUSTED: _T(
-        (evidence.ATTEMPT_RECOVERED, evidence.RUN_FAILED), RunStatus.FAILED, RecoveryStatus.NO_EXTERNAL_OUTPUT,
-        True, True, False,
-    ),
-    Outcome.SWEPT_UNKNOWN: _T(
-        (evidence.ATTEMPT_OUTCOME_UNKNOWN,), RunStatus.OUTCOME_UNKNOWN, RecoveryStatus.OUTCOME_UNKNOWN,
-        True, True, False, Warning.UNRESOLVED,
-    ),
-    # dataflow.protocol.cancel closes the lease itself, first: the attempt it ends is fenced off before the
-    # ledger is read for an authorization, so none can commit after that read.
-    Outcome.CANCELLED: _T(
-        (evidence.RUN_CANCELLED,), RunStatus.CANCELLED, RecoveryStatus.NO_EXTERNAL_OUTPUT, True, True, False,
-        Warning.CLEAR,
-    ),
-})  # fmt: skip
-# Longest first, so that derive() reads (attempt.recovered, run.failed) as one exhausted sweep.
-_BY_LENGTH = sorted(TABLE.items(), key=lambda item: -len(item[1].kinds))
-
-
-def warning_text(kind: Warning, run: Run, payloads: Sequence[Mapping[str, Any]]) -> str | None:
-    """The warning a run carries after a transition (``run`` already holds the new projection)."""
-    if kind == Warning.UNRESOLVED:
-        return runs.unresolved_warning(run)
-    if kind == Warning.MISMATCH:
-        return (
-            "UNRESOLVED: the sink holds a publication under idempotency key "
-            f"{run.publication_idempotency_key} whose digest {payloads[0].get('digest')} differs from the recorded "
-            f"output digest {run.output_digest}. External output exists but is not this run's result; "
-            "investigate the sink before acting. Nothing was re-published."
-        )
-    if kind == Warning.ABSENT:
-        return (
-            f"No external output: the sink proved key {run.publication_idempotency_key} absent and fenced it at "
-            f"attempt {payloads[0].get('fenced_at')}, so no earlier attempt can publish. Resume to publish the "
-            f"stored result: `dataflow reconcile {run.run_id} --resume`."
-        )
-    return None
 
 
 def apply(
@@ -317,170 +162,6 @@ def checkpoint_facts(run: Run) -> dict[str, Any]:
     if run.row_count is not None:
         facts["row_count"] = str(run.row_count)
     return facts
-
-
-# ---- the table read backwards -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Derived:
-    """The projection a ledger implies; ``problem`` names the first entry that follows no transition."""
-
-    values: Mapping[str, Any]
-    problem: str = ""
-    problem_seq: int | None = None
-
-
-# The projection columns the ledger determines, compared by ``dataflow verify``.
-DERIVED_FIELDS = (
-    "status", "recovery_status", "attempt", "output_digest", "row_count", "source_fingerprint_digest",
-    "publication_idempotency_key", "publication_idempotency_digest",
-    "publication_ref", "datasource_ref", "materialization_ref",
-)  # fmt: skip
-_DIGEST_FIELDS = ("output_digest", "source_fingerprint_digest")
-_DIGITS = re.compile(r"[0-9]+")
-# The run's identity as run.recorded holds it: a row edited to another tenant, key or hash would make
-# the platform publish, inspect or fence under another publication key.
-IDENTITY_FIELDS = (
-    "run_id", "tenant", "idempotency_key", "definition_hash", "request_hash", "mode", "max_attempts", "principal",
-)  # fmt: skip
-_REF_FIELDS = ("publication_ref", "datasource_ref", "materialization_ref")
-
-
-def derive(entries: Sequence[ledger.Entry]) -> Derived:
-    """Fold the entries through :data:`TABLE`: the state a chain implies, or where it stops making sense."""
-    values: dict[str, Any] = dict.fromkeys(DERIVED_FIELDS)
-    authorized = cancelled = False
-    i = 0
-    while i < len(entries):
-        match = _match(entries, i)
-        if match is None:
-            entry = entries[i]
-            return Derived(values, f"entry {entry.seq} ({entry.kind}) follows no transition of the protocol", entry.seq)
-        outcome, transition = match
-        group = entries[i : i + len(transition.kinds)]
-        if outcome == Outcome.CANCELLED and authorized:  # a publication may exist: only reconcile settles it
-            return Derived(values, f"entry {group[0].seq} cancels a run whose dispatch was authorized", group[0].seq)
-        if cancelled:  # cancelled is final: nothing of any attempt may follow it
-            return Derived(values, f"entry {group[0].seq} ({group[0].kind}) follows the cancellation", group[0].seq)
-        problem = _fold(values, outcome, transition, group)
-        if problem:
-            return Derived(values, problem, group[0].seq)
-        authorized = authorized or evidence.DISPATCH_AUTHORIZED in transition.kinds
-        cancelled = outcome == Outcome.CANCELLED
-        i += len(transition.kinds)
-    return Derived(values)
-
-
-def _match(entries: Sequence[ledger.Entry], i: int) -> tuple[Outcome, Transition] | None:
-    for outcome, transition in _BY_LENGTH:
-        group = entries[i : i + len(transition.kinds)]
-        if tuple(e.kind for e in group) == transition.kinds and len({e.attempt for e in group}) == 1:
-            return outcome, transition
-    return None
-
-
-def _text(payload: Mapping[str, Any], name: str) -> str | None:
-    value = payload.get(name) if isinstance(payload, Mapping) else None
-    return value if isinstance(value, str) else None
-
-
-def _fold(values: dict[str, Any], outcome: Outcome, transition: Transition, group: Sequence[ledger.Entry]) -> str:
-    first = group[0]
-    if outcome == Outcome.RECORDED:
-        if first.seq != 1 or values["status"] is not None:
-            return f"entry {first.seq} records the run again"
-    elif values["status"] is None:
-        return f"entry {first.seq} ({first.kind}) comes before run.recorded"
-    values["attempt"] = first.attempt
-    if transition.status is not None:
-        values["status"] = str(transition.status)
-    if transition.recovery is not None:
-        values["recovery_status"] = str(transition.recovery)
-    for entry in group:
-        if entry.kind in (evidence.RESULT_COMMITTED, evidence.DISPATCH_AUTHORIZED):
-            for name in _DIGEST_FIELDS:
-                values[name] = _text(entry.payload, name)
-            row_count = _text(entry.payload, "row_count")
-            digits = row_count is not None and _DIGITS.fullmatch(row_count) is not None
-            values["row_count"] = int(row_count) if digits and row_count is not None else row_count
-        if entry.kind == evidence.DISPATCH_AUTHORIZED:
-            values["publication_idempotency_key"] = _text(entry.payload, "publication_idempotency_key")
-            values["publication_idempotency_digest"] = _text(entry.payload, "publication_idempotency_digest")
-        if entry.kind in (
-            evidence.PUBLICATION_CONFIRMED, evidence.RECONCILE_PRESENT,
-            evidence.PUBLICATION_MISMATCH, evidence.RECONCILE_MISMATCH,
-        ):  # fmt: skip
-            for name in _REF_FIELDS:
-                values[name] = _text(entry.payload, name)
-    return ""
-
-
-def projection_problem(entries: Sequence[ledger.Entry], run: Run) -> str:
-    """The empty string when the run projection equals what the entries imply, else the first difference:
-    the state columns (derive), the identity run.recorded holds, the workspace it was recorded with, and
-    the target every dispatch authorization was given."""
-    derived = derive(entries)
-    if derived.problem:
-        return derived.problem
-    recorded = entries[0].payload
-    for name in IDENTITY_FIELDS:
-        if name not in recorded:
-            continue  # an older version did not record it
-        projected = getattr(run, name, None)
-        projected = str(projected) if name == "mode" and projected is not None else projected
-        if recorded.get(name) != projected:
-            return f"the run projection says {name}={projected!r} but run.recorded holds {recorded.get(name)!r}"
-    if "workspace_digest" in recorded and recorded["workspace_digest"] != workspace_digest(run.workspace):
-        return "the run projection's workspace is not the one run.recorded holds"
-    for entry in entries:
-        if entry.kind == evidence.DISPATCH_AUTHORIZED and entry.payload.get("target") != run.target:
-            return f"the run projection's target is not the one authorized at entry {entry.seq}"
-    for name in DERIVED_FIELDS:
-        implied, projected = derived.values[name], getattr(run, name, None)
-        if name in ("status", "recovery_status") and projected is not None:
-            projected = str(projected)
-        if implied != projected:
-            return f"the run projection says {name}={projected!r} but its ledger implies {implied!r}"
-    return ""
-
-
-def workspace_digest(space: Mapping[str, Any] | None) -> str | None:
-    """The digest of a run's recorded workspace (its roots and rules), as run.recorded holds it."""
-    return hashing.digest(dict(space)) if space is not None else None
-
-
-def verify_run(
-    conn: Connection, run: Run, key: Secret | None, *, checks: evidence.ResultChecks | None = None
-) -> ledger.Verification:
-    """``dataflow verify``: the chain against the latest checkpoint, the facts of the run's state
-    (success: digest, evidence and stored bytes), and the projection against what the ledger implies.
-    Every failure is a Verification naming the seq, never an exception. ``checks``: the stored bytes
-    are recomputed through it (cached per ledger head, a few at a time; VerificationBusy when none
-    frees in time); without it, read and digested here."""
-
-    def facts(entries: Sequence[ledger.Entry]) -> str:
-        problem = projection_problem(entries, run)
-        if problem or run.status != RunStatus.SUCCEEDED:
-            return problem
-        try:
-            if checks is None:
-                digest = evidence.stored_result_digest(conn, run.run_id)
-            else:
-                digest = checks.digest(conn, run.run_id, entries[-1])
-        except EvidenceError as error:
-            return error.message
-        if run.mode == Mode.ATOMIC:
-            return evidence.atomic_success_problem(entries, run.attempt, digest)
-        return evidence.forward_success_problem(entries, run.attempt, digest)
-
-    result = checkpoints.verify_subject(conn, MODULE, run.run_id, evidence_key=key, facts_check=facts)
-    if result.ok or result.broken_seq is not None or result.reason == ledger.KEYED_UNCHECKED_REASON:
-        return result  # unchecked MACs are about the whole chain, not an entry: no seq to name
-    # A facts problem: name the entry it is about (or the head).
-    seq = derive(ledger.read(conn, MODULE, run.run_id)).problem_seq or result.head_seq
-    return ledger.Verification(False, result.head_seq, result.head_hash, result.entry_count, result.keyed, seq,
-                               result.reason)  # fmt: skip
 
 
 def items(outcome: Outcome, attempt: int, payloads: Sequence[Mapping[str, Any]]) -> list[Item]:

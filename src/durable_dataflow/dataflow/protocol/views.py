@@ -34,7 +34,7 @@ from durable_dataflow.core.db import Database
 from durable_dataflow.core.invariants import invariant
 from durable_dataflow.core.units import US_PER_S
 from durable_dataflow.dataflow.definitions import catalog
-from durable_dataflow.dataflow.protocol import evidence, runs, transitions
+from durable_dataflow.dataflow.protocol import derivation, evidence, runs
 from durable_dataflow.dataflow.protocol.runs import MODULE, RecoveryStatus, Run, RunStatus
 
 if TYPE_CHECKING:
@@ -383,10 +383,10 @@ def verification(
     checks: evidence.ResultChecks | None = None,
 ) -> RunVerification:
     """`dataflow verify`'s read: the chain against the latest checkpoint and the run's facts
-    (``transitions.verify_run``); a failure is a result naming the seq, never an exception. A server
+    (``derivation.verify_run``); a failure is a result naming the seq, never an exception. A server
     passes its ``checks`` (cached per ledger head, a few at a time); `dataflow verify` reads afresh."""
     run = runs.get(conn, run_id, tenant)
-    return RunVerification(run_id, transitions.verify_run(conn, run, key, checks=checks))
+    return RunVerification(run_id, derivation.verify_run(conn, run, key, checks=checks))
 
 
 def run_evidence(
