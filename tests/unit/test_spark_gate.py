@@ -500,3 +500,47 @@ def test_a_refused_statement_is_never_quoted_to_a_log_or_stderr(
     captured = capsys.readouterr()
     assert canary not in captured.out + captured.err
     assert canary not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "select array_sort(collect_list(a), (l, r) -> 0) from t",
+        "select array_sort(collect_set(a), (l, r) -> case when l < r then -1 when l > r then 1 else 0 end) from t",
+        "select array_sort(array(1), collect_list(a)) from t",
+    ],
+)
+def test_order_dependent_aggregates_need_the_one_argument_array_sort(sql: str) -> None:
+    """collect_list/collect_set pass only as the one argument of array_sort or sort_array: a comparator
+    (here one that calls every pair equal) keeps the row order, so the step and the rule are named in
+    the refusal; the one-argument forms, and a comparator over a deterministic array, pass."""
+    message = _refused(sql, "collect_", "only as the one argument of array_sort", "without a comparator")
+    assert "deterministic" in message
+    gate("select array_sort(collect_list(a)), sort_array(collect_set(a), false), sort_array(collect_list(a)) from t")
+    gate("select array_sort(array(3, 1, 2), (l, r) -> r - l) from t")
+
+
+@pytest.mark.parametrize(
+    ("sql", "aliases"),
+    [
+        ("select `x--`.`y--` from t lateral view explode(array(1)) `x--` as `y--`", ["`x--`", "`y--`"]),
+        ("select `c--` from t lateral view outer posexplode(array(1)) `p q` as `i/*`, `c--`", ["`p q`", "`i/*`"]),
+        ("select e.v from t lateral view explode(array(1)) e as v", ["`e` AS `v`"]),
+        ("select * from t as `a--`, (select 1 as `b--`) as `s--`(`c--`)", ["`a--`", "`b--`", "`s--`", "`c--`"]),
+    ],
+)
+def test_every_alias_is_rendered_quoted(sql: str, aliases: list[str]) -> None:
+    """Table and column aliases, LATERAL VIEW's included, are printed quoted, so `x--` cannot become x
+    plus a comment: the rendered text holds each quoted alias and sqlglot reads every identifier back."""
+    text = render(gate(sql), {})
+    for alias in aliases:
+        assert alias in text, text
+    names = sorted(node.name for node in sqlglot.parse_one(text, read="spark").find_all(exp.Identifier))
+    assert names == sorted(node.name for node in sqlglot.parse_one(sql, read="spark").find_all(exp.Identifier))
+
+
+def test_a_rendering_that_loses_a_name_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second line behind the quoting: with sqlglot's own Spark printer (which prints LATERAL VIEW's
+    table alias bare), the gate sees that the printed text reads back without `x--` and refuses it."""
+    monkeypatch.setattr(spark_gate, "_DIALECT", sqlglot.Dialect.get_or_raise("spark"))
+    _refused("select 1 from t lateral view explode(array(1)) `x--` as `y--`", "does not print as Spark SQL")

@@ -23,7 +23,8 @@ Rules, in brief:
 - parameters are ``$name`` only (not ``${name}``, ``$1``, ``?`` or ``:name``);
 - optimizer hints (``/*+ … */``) and comments are dropped from the tree: they never reach Spark;
 - no ``${`` anywhere in the rendered text, and the rendering must be a fixed point of
-  parse-and-print (sqlglot reads back exactly what it printed).
+  parse-and-print (sqlglot reads back exactly what it printed) that keeps every identifier and holds
+  no comment; every identifier and alias is printed quoted (LATERAL VIEW's too, see _GateGenerator).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any
 from sqlglot import exp
 from sqlglot.dialects.spark import Spark
 from sqlglot.errors import ErrorLevel, SqlglotError
+from sqlglot.generators.spark import SparkGenerator
 from sqlglot.tokenizer_core import TokenType
 
 from durable_dataflow.core.errors import InputError
@@ -54,7 +56,30 @@ STEP_NODES_MAX = 20_000  # syntax nodes per step; a larger tree is refused
 QUOTED_CHARS_MAX = 80  # an identifier quoted in a message is cut to this length
 DECIMAL_PRECISION_MAX = 38  # Spark's widest decimal
 RENDER_PASSES_MAX = 2  # print/parse passes until the rendered text is a fixed point
-_DIALECT = Spark()
+
+
+class _GateGenerator(SparkGenerator):
+    """Spark's generator with LATERAL VIEW's aliases printed through identifier_sql, so quoted:
+    sqlglot prints the table alias by its bare name, and `x--` came out as x plus a comment."""
+
+    def lateral_sql(self, expression: exp.Lateral) -> str:
+        alias = expression.args.get("alias")
+        if not expression.args.get("view") or not isinstance(alias, exp.TableAlias):
+            return super().lateral_sql(expression)
+        table = f" {self.sql(alias, 'this')}" if alias.this else ""
+        columns = self.expressions(alias, key="columns", flat=True)
+        columns = f" AS {columns}" if columns else ""
+        op_sql = self.seg(f"LATERAL VIEW{' OUTER' if expression.args.get('outer') else ''}")
+        return f"{op_sql}{self.sep()}{self.sql(expression, 'this')}{table}{columns}"
+
+
+class _GateSpark(Spark):
+    """The Spark dialect, printing with _GateGenerator."""
+
+    Generator = _GateGenerator
+
+
+_DIALECT = _GateSpark()
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _UNIT = re.compile(r"^[A-Za-z_]{1,24}$")
 _TOKEN = re.compile(r"<Token token_type: [^,]*, text: (.{0,40}?), line: [^>]*>")  # sqlglot's token repr
@@ -134,6 +159,7 @@ _SYNTAX_RULES = {
     "TableSample": "TABLESAMPLE is not allowed on the Spark engine (sampling is not deterministic)",
 }
 _SUBSTITUTION_RULE = "the SQL contains '${', which Spark would replace with configuration or environment values"
+_MEANING_RULE = "the SQL does not print as Spark SQL that reads back the same; rewrite it"
 _TABLE_ARGS = {"sample": "TABLESAMPLE", "pivots": "PIVOT", "version": "time travel"}
 # Where VALUES is a relation for Spark too (its own rendering, checked against Spark's parser).
 _VALUES_PARENTS = (exp.From, exp.Join, exp.Subquery, exp.Lateral, exp.CTE, exp.Union, exp.Intersect, exp.Except,
@@ -215,16 +241,28 @@ def _function_label(node: exp.Expr) -> str:
     return head if _NAME.match(head) else (node.sql_name() if isinstance(node, exp.Func) else node.key).lower()
 
 
+def _sorted_aggregate_refusal(aggregate: exp.Expr, sort: exp.ArraySort) -> str | None:
+    """None when an order-dependent aggregate is the array array_sort (or sort_array) sorts by its natural
+    order; else the rule. A comparator can call two elements equal, and those stay in row order."""
+    if aggregate.arg_key == "this" and sort.args.get("expression") is None:
+        return None
+    return (
+        f"function {_function_label(aggregate)} is allowed on the Spark engine only as the one argument of "
+        "array_sort (or sort_array) without a comparator: its order depends on the row order, and steps "
+        "must be deterministic"
+    )
+
+
 def _refusal(node: exp.Expr) -> str | None:
     """Why a node that is not plain allowed syntax is refused, or None when it is fine (no context)."""
     if isinstance(node, exp.Anonymous):
         name = node.name
         if name.isascii() and name.lower() in _ANONYMOUS_FUNCTIONS:
             return None
-    elif type(node) in _FUNCTIONS or (
-        isinstance(node, _ORDER_DEPENDENT_AGGREGATES) and isinstance(node.parent, exp.ArraySort)
-    ):
+    elif type(node) in _FUNCTIONS:
         return None
+    elif isinstance(node, _ORDER_DEPENDENT_AGGREGATES) and isinstance(node.parent, exp.ArraySort):
+        return _sorted_aggregate_refusal(node, node.parent)
     if isinstance(node, exp.Func):
         label = _function_label(node)
         rule = f"function {_quote(label)[1:-1]} is not allowed on the Spark engine"
@@ -345,15 +383,27 @@ def _check_tree(step: str, tree: exp.Expr, relations: frozenset[str]) -> frozens
     return frozenset(parameters)
 
 
+def _identifier_names(tree: exp.Expr) -> list[str]:
+    """The names of the identifiers in tree, sorted (a rendering must keep each one); a function's name
+    lowercased, as sqlglot prints `pmod`(…) as `PMOD`(…) and Spark matches function names in any case."""
+    nodes = tree.find_all(exp.Identifier)
+    return sorted(node.name.lower() if isinstance(node.parent, exp.Anonymous) else node.name for node in nodes)
+
+
 def _check_rendering(step: str, tree: exp.Expr, relations: frozenset[str]) -> tuple[str, frozenset[str]]:
     """Print tree and prove that sqlglot reads the text back to a tree that passes the gate again and
     prints the same text (after at most one normalizing pass, e.g. INTERVAL 5 DAY -> INTERVAL '5' DAY);
     refuse ``${`` anywhere in it. The text and the parameter names it still holds."""
     text = _sql(step, tree)
+    names = _identifier_names(tree)
     for _ in range(RENDER_PASSES_MAX):
         if "${" in text:
             raise _fail(step, _SUBSTITUTION_RULE)
+        if any(token.comments for token in _DIALECT.tokenize(text)):
+            raise _fail(step, _MEANING_RULE)  # every comment was dropped before printing
         again = _parse(step, text)
+        if _identifier_names(again) != names:
+            raise _fail(step, _MEANING_RULE)  # a name printed unquoted read back as another name
         parameters = _check_tree(step, again, relations)
         printed = _sql(step, again)
         if printed == text:
