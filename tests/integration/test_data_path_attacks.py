@@ -128,11 +128,14 @@ def test_no_table_function_or_path_spelling_reaches_an_undeclared_file(folder: P
     "select coalesce(max(name), 'none') as s from duckdb_secrets()",
     "select coalesce(max(name), 'none') as s from which_secret('s3://bucket/key', 's3')",
 ])
-def test_duckdbs_secret_manager_is_empty_and_names_no_home_folder(folder: Path, sql: str) -> None:
-    """Proves DuckDB's secret manager holds nothing a step could read: persistent secrets are off, so
-    duckdb_secrets() and which_secret() answer nothing instead of failing on ~/.duckdb/stored_secrets."""
+def test_duckdbs_secret_manager_is_out_of_a_steps_reach(folder: Path, sql: str) -> None:
+    """Proves a step cannot ask DuckDB's secret manager anything: duckdb_secrets() and which_secret()
+    are refused as invalid_input, naming the function (issue 29, finding 6), and the refusal names no
+    home folder. (Persistent secrets are off as well, so the manager holds nothing to show.)"""
     d = _definition({**DECLARED, "mine": {"kind": "csv", "path": NFC_NAME}}, sql, {"s": "string"})
-    assert execute(d, {}, _ctx(folder)).table.column("s").to_pylist() == ["none"]
+    error = _refused(d, _ctx(folder))
+    assert isinstance(error, InputError), error.message
+    assert "shows the server's configuration" in error.message and str(Path.home()) not in error.message
 
 
 @pytest.mark.parametrize("sql", [

@@ -396,7 +396,7 @@ class DuckDBEngine:
         resolved = list(job.resolved)
         with _engine(job.limits, resolved) as (con, confined):
             for step in steps:  # a step reads its sources by name, never their files (typed_sources)
-                sandbox.refuse_file_reads(con, step)
+                sandbox.refuse_server_reads(con, step)
             return _run_steps(con, d, steps, bound, resolved, job.limits, job.deadline_at, job.progress_sink,
                               confined, job.interruption)
 

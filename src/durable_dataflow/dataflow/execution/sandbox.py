@@ -174,13 +174,20 @@ _FILE_READING_FUNCTION = re.compile(
     r"read_.*|parquet_.*|.*_scan|sniff_csv|glob|query|query_table|json_execute_serialized_sql|iceberg_.*|delta_.*"
 )
 _FILE_LIKE_NAME = re.compile(r"[./\\:~]")
+# Functions and catalog views that show the server's configuration to a step: its settings (the spill
+# folder, the allowed paths, the memory limit), secrets, extensions, databases, temporary files and
+# logs. Settings are locked, so a step can read them but never change them; reading them still hands
+# the server's folders to a tenant, so a step may not name them at all (docs/security.md).
+_SERVER_CONFIG_FUNCTION = re.compile(r"current_setting|duckdb_.*|pragma_.*|which_secret")
+_SERVER_CONFIG_VIEW = re.compile(r"duckdb_.*|pragma_.*|pg_settings")
 STEP_TREE_NODES_MAX = 1_000_000  # nodes of a step's parse tree walked (the SQL text is bounded too)
 
 
-def refuse_file_reads(cursor: duckdb.DuckDBPyConnection, step: GatedStep) -> None:
-    """A step reads its sources by name: refuse a table function that reads a file and a relation named
-    like a file, anywhere in its parse tree (DuckDB's own, as json_serialize_sql gives it). Checked as the
-    execution starts, so such a run ends failed with invalid_input like any file the sandbox refuses."""
+def refuse_server_reads(cursor: duckdb.DuckDBPyConnection, step: GatedStep) -> None:
+    """A step reads its sources by name: refuse a table function that reads a file, a relation named
+    like a file, and a function or view that shows the server's configuration, anywhere in its parse
+    tree (DuckDB's own, as json_serialize_sql gives it). Checked as the execution starts, before any
+    source is bound, so such a run ends failed with invalid_input like any file the sandbox refuses."""
     step_name = step.name
     tree = json.loads(str(cursor.execute("SELECT json_serialize_sql(?)", [step.sql]).fetchall()[0][0]))
     if tree.get("error"):
@@ -195,13 +202,23 @@ def refuse_file_reads(cursor: duckdb.DuckDBPyConnection, step: GatedStep) -> Non
         if isinstance(node, list):
             pending.extend(node)
         elif isinstance(node, dict):
-            refused = _file_read(node)
-            if refused is not None:
-                raise InputError(
-                    f"step {step_name!r} tried to reach files, the network or extensions, which the sandbox "
-                    f"forbids: it reads files itself ({refused}); a step reads its sources and earlier steps by name"
-                )
+            _refuse_node(step_name, node)
             pending.extend(node.values())
+
+
+def _refuse_node(step_name: str, node: dict[str, object]) -> None:
+    refused = _file_read(node)
+    if refused is not None:
+        raise InputError(
+            f"step {step_name!r} tried to reach files, the network or extensions, which the sandbox "
+            f"forbids: it reads files itself ({refused}); a step reads its sources and earlier steps by name"
+        )
+    shown = _server_config_read(node)
+    if shown is not None:
+        raise InputError(
+            f"step {step_name!r} uses {shown}, which shows the server's configuration; the sandbox forbids it: "
+            "a step reads its sources and earlier steps by name"
+        )
 
 
 def _file_read(node: dict[str, object]) -> str | None:
@@ -211,6 +228,18 @@ def _file_read(node: dict[str, object]) -> str | None:
         return f"table function {name}" if _FILE_READING_FUNCTION.fullmatch(name) else None
     if kind == "BASE_TABLE" and _FILE_LIKE_NAME.search(str(node.get("table_name", ""))):
         return "a relation named like a file"
+    return None
+
+
+def _server_config_read(node: dict[str, object]) -> str | None:
+    """The function (scalar or table: both are FUNCTION nodes) or catalog view a node names that shows
+    the server's configuration, or None."""
+    if node.get("class") == "FUNCTION":
+        name = str(node.get("function_name", "")).lower()
+        return f"the function {name}()" if _SERVER_CONFIG_FUNCTION.fullmatch(name) else None
+    if node.get("type") == "BASE_TABLE":
+        name = str(node.get("table_name", "")).lower()
+        return f"the catalog view {name}" if _SERVER_CONFIG_VIEW.fullmatch(name) else None
     return None
 
 
