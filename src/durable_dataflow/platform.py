@@ -15,7 +15,7 @@ from durable_dataflow.core import secrets
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.secrets import Secret
 from durable_dataflow.dataflow.execution import workspace
-from durable_dataflow.dataflow.execution.limits import ExecutionLimits
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits, with_data_dir
 from durable_dataflow.dataflow.execution.limits import from_env as limits_from_env
 from durable_dataflow.dataflow.protocol import quotas
 from durable_dataflow.dataflow.protocol.service_config import ServiceConfig, lease_ttl_from_env
@@ -55,7 +55,8 @@ class Platform:
             migrations.upgrade(self.db)
         config = ServiceConfig(
             lease_ttl_s=lease_ttl_from_env(lease_ttl_s),
-            limits=limits if limits is not None else limits_from_env(),
+            # Executions spill under the platform's data directory (the SQLite file's folder), if it has one.
+            limits=with_data_dir(limits if limits is not None else limits_from_env(), self.db.files()),
             evidence_key=evidence_key_from_env(),
             grants=workspace.grants_from_env(),
             quotas=quotas.from_env(),

@@ -213,6 +213,8 @@ def test_settings_cover_every_field_and_their_default_texts_are_true() -> None:
         assert setting.variable.startswith("DATAFLOW_") and setting.option.startswith("--")
         if setting.kind is limits.SettingKind.DURATION:
             assert definitions.parse_duration(setting.default_text) == getattr(defaults, setting.field)
+        elif setting.kind is limits.SettingKind.SIZE and getattr(defaults, setting.field) is None:
+            assert "free disk space" in setting.default_text  # sized as each execution starts
         elif setting.kind is limits.SettingKind.SIZE:
             assert definitions.parse_size(setting.default_text) == getattr(defaults, setting.field)
     assert defaults.threads in range(1, limits.THREADS_MAX_DEFAULT + 1)

@@ -10,6 +10,7 @@ engine when the time is up, or the process is interrupted, and reports progress 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 import weakref
@@ -53,7 +54,8 @@ class _Watch:
         self.streams = streams  # queries the engine may be waiting on: cancelled with it
         self.time_limit_s = limits.time_limit_s
         self.memory_limit = limits.memory_limit
-        self.temp_limit = format_size(limits.temp_bytes_max)
+        # The shared database never spills; a confined one's limits carry the spill limit it was opened with.
+        self.temp_limit = "no spilling" if limits.temp_bytes_max is None else format_size(limits.temp_bytes_max)
         self.sink = sink
         self.reports_percent = reports_percent
         self.collector: resultstream.ResultCollector | None = None
@@ -367,15 +369,16 @@ def _needs_own_database(resolved: list[ResolvedSource]) -> bool:
 @contextlib.contextmanager
 def _engine(
     limits: ExecutionLimits, resolved: list[ResolvedSource]
-) -> Iterator[tuple[duckdb.DuckDBPyConnection, bool]]:
-    """The connection an execution runs on: its own confined database (True), or a shared cursor."""
+) -> Iterator[tuple[duckdb.DuckDBPyConnection, bool, ExecutionLimits]]:
+    """The connection an execution runs on: its own confined database (True), or a shared cursor, with
+    the limits it runs under (a confined database's with the spill limit it was opened with)."""
     if _needs_own_database(resolved):
-        with sandbox.open_confined(limits, _allowed_paths(resolved)) as con:
-            yield con, True
+        with sandbox.open_confined(limits, _allowed_paths(resolved)) as confined:
+            yield confined.database, True, dataclasses.replace(limits, temp_bytes_max=confined.spill_bytes_max)
         return
     cursor = sandbox.open_cursor(limits)
     try:
-        yield cursor, False
+        yield cursor, False, limits
     finally:
         cursor.close()  # drops this execution's registered views and TEMP tables
 
@@ -394,10 +397,10 @@ class DuckDBEngine:
         d = job.definition
         bound = {name: parameters.to_python(d.parameters[name].type, value) for name, value in job.params.items()}
         resolved = list(job.resolved)
-        with _engine(job.limits, resolved) as (con, confined):
+        with _engine(job.limits, resolved) as (con, confined, bounds):
             for step in steps:  # a step reads its sources by name, never their files (typed_sources)
                 sandbox.refuse_server_reads(con, step)
-            return _run_steps(con, d, steps, bound, resolved, job.limits, job.deadline_at, job.progress_sink,
+            return _run_steps(con, d, steps, bound, resolved, bounds, job.deadline_at, job.progress_sink,
                               confined, job.interruption)
 
 

@@ -3,7 +3,7 @@
 The platform (``dataflow run``, ``worker`` and ``serve``, through options or ``DATAFLOW_*``
 variables) sets the ceiling; a definition's ``limits:`` block may ask for less, never more. The
 defaults are sized for real tables on a shared server: the engine streams sources and spills to a
-private temporary directory, so memory bounds the working set, not the data.
+private folder of each execution, so memory bounds the working set, not the data.
 """
 
 from __future__ import annotations
@@ -35,7 +35,13 @@ SPARK_CONF_ENV = "DATAFLOW_SPARK_CONF"  # key=value pairs separated by ';' or ne
 TIME_LIMIT_S_DEFAULT = 3600.0
 MEMORY_BYTES_MAX_DEFAULT = 4 * GiB
 THREADS_MAX_DEFAULT = 8
-TEMP_BYTES_MAX_DEFAULT = 100 * GiB
+TEMP_BYTES_MAX_DEFAULT = 100 * GiB  # the most an execution may spill unless the operator sets --temp-max
+# Without --temp-max, an execution may spill at most this share of the free space its spill folder's
+# file system has when it starts (and never more than TEMP_BYTES_MAX_DEFAULT): a default that fits the
+# disk, so that a few executions spilling at once leave room for the platform database beside them.
+TEMP_FREE_SPACE_DIVISOR = 4
+# The folder executions spill into (each in a private folder of its own) under the platform's data directory.
+SPILL_FOLDER_NAME = "spill"
 SOURCE_BYTES_MAX_DEFAULT = 1024 * GiB
 RESULT_BYTES_MAX_DEFAULT = 1 * GiB
 
@@ -49,8 +55,10 @@ class ExecutionLimits:
     """Bounds of one execution.
 
     ``memory_bytes_max`` and ``threads`` configure the engine; ``temp_dir`` is where the engine
-    spills (each execution gets a private folder inside it, removed afterwards; None means the
-    system temporary directory) and ``temp_bytes_max`` bounds what it may spill.
+    spills (each execution gets a private folder inside it, removed afterwards; a platform without
+    --temp-dir uses spill/ in its data directory, ``with_data_dir``; None means the system temporary
+    directory) and ``temp_bytes_max`` bounds what it may spill (None: a quarter of the free space of
+    the spill folder's file system when the execution starts, at most 100 GiB; ``spill_bytes_max``).
     ``source_bytes_max`` bounds the bytes each source may read (the sizes of its files on disk, or
     the Arrow bytes streamed from PostgreSQL); ``result_bytes_max`` is the ceiling of ``output.max_bytes``.
     """
@@ -59,7 +67,7 @@ class ExecutionLimits:
     memory_bytes_max: int = MEMORY_BYTES_MAX_DEFAULT
     threads: int = field(default_factory=_threads_default)
     temp_dir: Path | None = None
-    temp_bytes_max: int = TEMP_BYTES_MAX_DEFAULT
+    temp_bytes_max: int | None = None
     source_bytes_max: int = SOURCE_BYTES_MAX_DEFAULT
     result_bytes_max: int = RESULT_BYTES_MAX_DEFAULT
 
@@ -120,9 +128,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("threads", "--threads", "DATAFLOW_THREADS", SettingKind.COUNT,
             "engine threads of one execution", "the CPU count, at most 8", 1, units.THREADS_CEILING),
     Setting("temp_dir", "--temp-dir", "DATAFLOW_TEMP_DIR", SettingKind.DIRECTORY,
-            "folder executions spill to (each in a private subfolder)", "the system temporary directory"),
+            "folder executions spill to (each in a private subfolder)",
+            "spill/ in the platform's data directory, else the system temporary directory"),
     Setting("temp_bytes_max", "--temp-max", "DATAFLOW_TEMP_MAX", SettingKind.SIZE,
-            "spilled bytes of one execution", "100GiB", TEMP_BYTES_MIN, units.SIZE_CEILING),
+            "spilled bytes of one execution", "a quarter of the free disk space, at most 100GiB", TEMP_BYTES_MIN,
+            units.SIZE_CEILING),
     Setting("source_bytes_max", "--source-bytes-max", "DATAFLOW_SOURCE_BYTES_MAX", SettingKind.SIZE,
             "bytes one source may read", "1TiB", 1, units.SIZE_CEILING),
     Setting("result_bytes_max", "--result-bytes-max", "DATAFLOW_RESULT_BYTES_MAX", SettingKind.SIZE,
@@ -244,6 +254,36 @@ def _typed(setting: Setting, raw: Raw) -> float | int | Path:
 def _shown_raw(raw: Raw) -> str:
     text = repr(str(raw))
     return text if len(text) <= RAW_VALUE_CHARS_SHOWN_MAX else text[: RAW_VALUE_CHARS_SHOWN_MAX - 1] + "…"
+
+
+# ---- where one execution spills, and how much ----------------------------------------------------
+
+
+def with_data_dir(platform: ExecutionLimits, database_files: tuple[Path, ...]) -> ExecutionLimits:
+    """The platform's limits spilling under its data directory: without --temp-dir, ``spill/`` in the
+    folder of its database's first file (a SQLite file), made private (mode 0700) when missing.
+    Unchanged when --temp-dir is set, when the database has no file on this host (PostgreSQL) and when
+    the folder cannot be made (a read-only data directory): executions then spill where they did."""
+    if platform.temp_dir is not None or not database_files:
+        return platform
+    folder = database_files[0].parent / SPILL_FOLDER_NAME
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return platform
+    return dataclasses.replace(platform, temp_dir=folder)
+
+
+def spill_bytes_max(bounds: ExecutionLimits, free_bytes: int) -> int:
+    """What one execution may spill: --temp-max when set, else a quarter of ``free_bytes`` (the free
+    space of the spill folder's file system as the execution starts), at most 100 GiB and at least
+    the engine's 1 MiB granularity."""
+    if bounds.temp_bytes_max is not None:
+        return bounds.temp_bytes_max
+    invariant(free_bytes >= 0, "free disk space is never negative")
+    sized = max(TEMP_BYTES_MIN, min(TEMP_BYTES_MAX_DEFAULT, free_bytes // TEMP_FREE_SPACE_DIVISOR))
+    invariant(TEMP_BYTES_MIN <= sized <= TEMP_BYTES_MAX_DEFAULT, "the default spill cap stays in its range")
+    return sized
 
 
 # ---- what one execution may use ------------------------------------------------------------------

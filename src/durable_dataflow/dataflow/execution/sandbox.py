@@ -8,9 +8,12 @@ off and then locked, so no user statement can change a setting:
   false`` and ``lock_configuration = true`` (the only order DuckDB accepts: the setting cannot be
   passed to ``connect()``). DuckDB then streams those files itself (projection and filter pushdown,
   out-of-core execution) and refuses every other file, a glob, a second file in the same folder, a
-  symlink leading out, a URL. It spills to a private temporary folder of its own (DuckDB allow-lists
-  its temp directory, so the folder is per execution, mode 0700, and removed afterwards), bounded
-  by ``max_temp_directory_size``. Settings are global to a database, so each execution's limits are
+  symlink leading out, a URL. It spills to a private folder of its own (DuckDB allow-lists its temp
+  directory, so the folder is per execution, mode 0700, and removed afterwards) in ``limits.temp_dir``
+  (a platform's is ``spill/`` in its data directory, ``limits.with_data_dir``), bounded by
+  ``max_temp_directory_size``: the operator's ``--temp-max``, else a quarter of that file system's free
+  space as the execution starts (``limits.spill_bytes_max``).
+  Settings are global to a database, so each execution's limits are
   its own.
 * **Shared** (``open_cursor``): executions whose sources are all inline use a cursor on one
   database per process and per (memory limit, threads) pair, opened lazily, because opening a
@@ -35,6 +38,8 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.invariants import invariant
+from durable_dataflow.dataflow.execution import limits as limits_mod
 
 if TYPE_CHECKING:
     from durable_dataflow.dataflow.execution.limits import ExecutionLimits
@@ -109,8 +114,17 @@ def open_cursor(limits: ExecutionLimits) -> duckdb.DuckDBPyConnection:
         return database.cursor()
 
 
+@dataclass(frozen=True)
+class Confined:
+    """An execution's own database, its private spill folder and the bytes it may spill there."""
+
+    database: duckdb.DuckDBPyConnection
+    spill_folder: str
+    spill_bytes_max: int
+
+
 @contextlib.contextmanager
-def open_confined(limits: ExecutionLimits, allowed_paths: Sequence[str]) -> Iterator[duckdb.DuckDBPyConnection]:
+def open_confined(limits: ExecutionLimits, allowed_paths: Sequence[str]) -> Iterator[Confined]:
     """A database of its own that may read exactly ``allowed_paths`` (absolute, resolved file paths).
 
     The connection reports query progress (``query_progress()``) and is closed, and its spill
@@ -118,14 +132,15 @@ def open_confined(limits: ExecutionLimits, allowed_paths: Sequence[str]) -> Iter
     """
     if len(allowed_paths) > ALLOWED_PATHS_MAX:
         raise InputError(f"the sources name more than {ALLOWED_PATHS_MAX} files")
-    spill = tempfile.mkdtemp(prefix=SPILL_FOLDER_PREFIX, dir=limits.temp_dir)  # mode 0700
+    spill = _make_spill_folder(limits)
     try:
+        spill_bytes_max = limits_mod.spill_bytes_max(limits, free_disk_bytes(spill))
         config: dict[str, str | bool | int | float | list[str]] = {
             **_BASE_CONFIG,
             "memory_limit": limits.memory_limit,
             "threads": limits.threads,
             "temp_directory": spill,
-            "max_temp_directory_size": f"{max(1, limits.temp_bytes_max // 1024**2)}MiB",
+            "max_temp_directory_size": f"{max(1, spill_bytes_max // 1024**2)}MiB",
         }
         database = duckdb.connect(":memory:", config=config)
         try:
@@ -135,11 +150,24 @@ def open_confined(limits: ExecutionLimits, allowed_paths: Sequence[str]) -> Iter
             database.execute("SET enable_progress_bar = true")
             database.execute("SET enable_progress_bar_print = false")
             _lock(database)
-            yield database
+            yield Confined(database, spill, spill_bytes_max)
         finally:
             database.close()
     finally:
         shutil.rmtree(spill, ignore_errors=True)
+
+
+def _make_spill_folder(limits: ExecutionLimits) -> str:
+    """A new private folder (mode 0700) for one execution's spill files, in ``limits.temp_dir`` (None:
+    the system temporary directory)."""
+    spill = tempfile.mkdtemp(prefix=SPILL_FOLDER_PREFIX, dir=limits.temp_dir)  # mode 0700
+    invariant(os.stat(spill).st_mode & 0o077 == 0, "a spill folder is private to the service user")
+    return spill
+
+
+def free_disk_bytes(folder: str) -> int:
+    """The bytes free on the file system that holds ``folder`` (for the service user)."""
+    return shutil.disk_usage(folder).free
 
 
 def spill_folders_left(temp_dir: str | os.PathLike[str] | None = None) -> list[str]:
