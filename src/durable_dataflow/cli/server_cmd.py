@@ -30,6 +30,7 @@ from durable_dataflow.cli import common
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError, StorageUnavailable
 from durable_dataflow.core.text import printable
+from durable_dataflow.dataflow.execution.interruption import Interruption
 from durable_dataflow.dataflow.protocol import sweeper
 from durable_dataflow.dataflow.worker import SWEEP_INTERVAL_S_DEFAULT
 from durable_dataflow.platform import Platform
@@ -37,6 +38,7 @@ from durable_dataflow.platform import Platform
 DEFAULT_PORT = 8080
 PORT_MAX = 65_535
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
+SHUTDOWN_GRACE_S = 3  # after SIGTERM, uvicorn waits this long for open requests (interrupted ones answer sooner)
 SWEEP_INTERVAL_S_MAX = 86_400.0  # a day: longer leaves crashed runs undecided for no reason
 SWEEPER_STOP_WAIT_S = 60.0  # a batch in progress finishes its decisions (one transaction each) first
 logger = logging.getLogger("durable_dataflow.serve")
@@ -121,8 +123,6 @@ def serve(
 ) -> None:
     """Serve the JSON API (/v1), the web operator view (/ui), /metrics and /healthz; sweep expired leases."""
     _check_serve_options(host, port, log_level, sweep_interval)
-    import uvicorn
-
     from durable_dataflow.api.app import create_app
 
     with common.open_platform(ctx) as platform:
@@ -134,7 +134,7 @@ def serve(
             sweeping.start()
         previous = signal.signal(signal.SIGTERM, _stop_serving)
         try:
-            uvicorn.run(application, host=host, port=port, log_level=log_level)
+            _run_uvicorn(application, host, port, log_level, platform.runs.interruption)
         finally:
             signal.signal(signal.SIGTERM, previous)
             if sweeping is not None:
@@ -157,6 +157,28 @@ def _check_serve_options(host: str, port: int, log_level: str, sweep_interval: f
         raise InputError(
             f"--sweep-interval must be 0 (never sweep) or a number of seconds up to {SWEEP_INTERVAL_S_MAX:.0f}"
         )
+
+
+def _run_uvicorn(application: Any, host: str, port: int, log_level: str, executions: Interruption) -> None:
+    """uvicorn.run, except that SIGTERM/SIGINT also interrupt the inline executions in flight, and open
+    requests get SHUTDOWN_GRACE_S. uvicorn waits for every open request before it stops, and an inline
+    submit holds one until its execution ends (a Spark job: minutes): now the execution stops as at its
+    time limit and its run ends cancelled (interrupted), as in a worker (docs/deployment.md)."""
+    import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            executions.request(signal.Signals(sig).name, "api")  # two attribute writes: safe in a handler
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        application, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=SHUTDOWN_GRACE_S
+    )
+    server = Server(config)
+    server.run()
+    if not server.started:  # as uvicorn.run: a port it could not bind
+        raise SystemExit(STARTUP_FAILURE)
 
 
 def _stop_serving(signum: int, frame: FrameType | None) -> None:
