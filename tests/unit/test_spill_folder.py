@@ -102,3 +102,27 @@ def test_an_execution_spills_in_its_own_private_folder_capped_by_the_free_space(
     assert seen["cap"] == 10 * MiB
     assert seen["duckdb"][0] == str(folder) and seen["duckdb"][1].replace(" ", "") in ("10.0MiB", "10MiB")
     assert not folder.exists() and sandbox.spill_folders_left(folder.parent) == []
+
+
+def test_no_source_may_read_the_spill_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Proves a source path into the platform's spill folder (where every tenant's executions spill) is
+    refused before anything is recorded, even when the definition's folder contains it: the spill folder
+    is among the files no source may read, like the database file beside it."""
+    from durable_dataflow.core.errors import InputError
+    from durable_dataflow.dataflow.protocol import runs
+    from support import flows
+
+    monkeypatch.delenv("DATAFLOW_TEMP_DIR", raising=False)
+    with Platform(f"sqlite:///{tmp_path / 'dataflow.db'}") as platform:
+        spill_root = platform.config.limits.temp_dir
+        assert spill_root is not None and spill_root.parent == tmp_path
+        (spill_root / "leak.csv").write_text("n\n1\n")
+        defn = Definition.model_validate({
+            "name": "peek", "version": 1, "sources": {"t": {"kind": "csv", "path": "spill/leak.csv"}},
+            "steps": [{"name": "s0", "sql": "select n from t"}],
+            "output": {"schema": {"n": "int64"}, "max_rows": 10, "max_bytes": "1MiB"},
+        })  # fmt: skip
+        with pytest.raises(InputError):
+            platform.runs.run_inline(flows.request(defn, tmp_path))
+        with platform.db.read() as conn:
+            assert runs.list_page(conn) == []

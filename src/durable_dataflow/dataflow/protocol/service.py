@@ -51,7 +51,11 @@ class RunService:
         # Requested by the process's signal handlers (dataflow run, worker): every execution of this
         # service stops, and an attempt not yet authorized to dispatch is cancelled (attempt.fail_run).
         self.interruption = interruption.Interruption()
-        self._submitter = Submitter(db, self.config, self._definitions, self.holder_lock, db.files())
+        # No source may read the database's files, nor the spill folder where executions (any tenant's)
+        # spill their intermediate data.
+        spill = self.config.limits.temp_dir
+        platform_files = (*db.files(), *((spill.resolve(),) if spill is not None else ()))
+        self._submitter = Submitter(db, self.config, self._definitions, self.holder_lock, platform_files)
         self._executing: dict[str, Claim] = {}  # run id -> the attempt this process carries
         self._executing_lock = threading.Lock()
         # The stored results its readers verify (the API's evidence): cached per ledger head, a few at once.
