@@ -137,3 +137,16 @@ def test_spark_accepts_every_allow_listed_function_as_rendered(spark: Any) -> No
         samples = [s for k, s in FUNCTION_SAMPLES if k == kind]
         columns = spark.sql(render(gate(sample_query(kind, samples)), {})).columns
         assert len(columns) >= len(samples), kind
+
+
+@pytest.mark.spark
+def test_spark_reads_quoted_lateral_view_aliases_as_written(spark: Any) -> None:
+    """The gate prints LATERAL VIEW's table and column aliases quoted, and Spark reads them as written:
+    `x--` and `p q` name their views (before, `x--` reached Spark as x plus a comment, an error here)."""
+    sql = (
+        "select `x--`.`y--`, `p q`.`i/*`, `p q`.`c--` from f lateral view explode(arr) `x--` as `y--`"
+        " lateral view outer posexplode(array(5)) `p q` as `i/*`, `c--` order by 1"
+    )
+    rows = spark.sql(render(gate(sql), {})).collect()
+    assert [tuple(row) for row in rows] == [(1, 0, 5), (2, 0, 5), (3, 0, 5)]
+    assert rows[0].__fields__ == ["y--", "i/*", "c--"]
