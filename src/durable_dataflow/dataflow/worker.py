@@ -34,7 +34,7 @@ import structlog
 
 from durable_dataflow.core.errors import DataflowError, InputError, StaleAttempt, StorageUnavailable
 from durable_dataflow.dataflow.protocol import runs, sweeper
-from durable_dataflow.dataflow.protocol.runs import RunStatus
+from durable_dataflow.dataflow.protocol.runs import Run, RunStatus
 from durable_dataflow.dataflow.protocol.service import Claim, RunService
 from durable_dataflow.dataflow.schedules import schedules
 
@@ -84,8 +84,9 @@ class WorkerSummary:
     """What one worker did, for its last log line and for tests."""
 
     claimed: int = 0
-    outcomes: dict[str, int] = field(default_factory=dict)  # final run status -> count
-    abandoned: int = 0  # attempts left to the sweeper (database lost, unexpected error)
+    # Each attempt once, under its own outcome: the status it ended the run with, or "fenced" / "abandoned".
+    outcomes: dict[str, int] = field(default_factory=dict)
+    abandoned: int = 0  # attempts left to the sweeper (fenced off, database lost, unexpected error)
     swept: dict[str, int] = field(default_factory=dict)  # sweeper decision -> count
     storage_failures: int = 0
     stopped_by_request: bool = False
@@ -293,6 +294,13 @@ class Worker:
         except Exception as error:  # a bug must not take the worker down; the lease decides the attempt
             self._abandoned(log, "unexpected_error", type(error).__name__)
             return
+        if not ended_by(run, claim.attempt):
+            # The protocol returns quietly when a step is fenced off (forward's authorization, a sink's
+            # fence, a terminal commit after the lease was lost): the run's state then belongs to the
+            # sweeper or to a newer attempt, never to this one, whose own outcome is "fenced".
+            note = "fenced off: this attempt wrote no end of its own; the run's state is another's"
+            self._abandoned(log, StaleAttempt.code, "the attempt was fenced off", note, run=run)
+            return
         with self._summary_lock:
             self.summary.outcomes[str(run.status)] = self.summary.outcomes.get(str(run.status), 0) + 1
         log.info(
@@ -300,12 +308,26 @@ class Worker:
             unresolved=run.unresolved, error_code=run.error_code,
         )  # fmt: skip
 
-    def _abandoned(self, log: Any, reason: str, detail: str, note: str = ABANDONED_NOTE) -> None:
+    def _abandoned(
+        self, log: Any, reason: str, detail: str, note: str = ABANDONED_NOTE, run: Run | None = None
+    ) -> None:
+        """Count and log an attempt that ended without a result of its own, once, under its reason;
+        ``run`` is the run as another left it (logged as ``run_status``/``run_attempt``, never as ours)."""
+        outcome = "fenced" if reason == StaleAttempt.code else "abandoned"
         with self._summary_lock:
             self.summary.abandoned += 1
+            self.summary.outcomes[outcome] = self.summary.outcomes.get(outcome, 0) + 1
+        current = {} if run is None else {"run_status": str(run.status), "run_attempt": run.attempt}
         log.warning(
-            "attempt.abandoned", outcome="abandoned", reason=reason, error=detail, note=note,
+            "attempt.abandoned", outcome=outcome, reason=reason, error=detail, note=note, **current,
         )  # fmt: skip
+
+
+def ended_by(run: Run, attempt: int) -> bool:
+    """Whether ``run`` (as read after attempt ``attempt`` returned) shows that attempt's own end: it
+    still names that attempt and is terminal. A newer attempt, or a run queued or running again, means
+    the attempt was fenced off and its state is another's to report."""
+    return run.attempt == attempt and run.status not in (RunStatus.QUEUED, RunStatus.RUNNING)
 
 
 SignalHandler = Callable[[int, FrameType | None], Any] | int | None
