@@ -23,8 +23,10 @@ from typing import Annotated
 
 import typer
 
-from durable_dataflow.cli import common
+from durable_dataflow.cli import common, metavars
 from durable_dataflow.core.errors import DataflowError, InputError
+
+metavars.install()  # plain FILE / RUN / N in every help, no Python types
 
 _app = typer.Typer(
     name="dataflow",

@@ -15,6 +15,7 @@ IdempotencyKey = Annotated[
     typer.Option(
         "--idempotency-key",
         "-k",
+        metavar="KEY",
         help="Replays of this key (in the tenant) return the existing run; nothing is executed or recorded again.",
     ),
 ]
@@ -22,5 +23,10 @@ IdempotencyKey = Annotated[
 # `run` and `submit`: one parameter of the run, typed by the definition's declaration.
 Params = Annotated[
     list[str] | None,
-    typer.Option("--param", "-p", help="A parameter of the run, NAME=VALUE, typed by the definition (repeatable)."),
+    typer.Option(
+        "--param",
+        "-p",
+        metavar="NAME=VALUE",
+        help="A parameter of the run, NAME=VALUE, typed by the definition (repeatable).",
+    ),
 ]

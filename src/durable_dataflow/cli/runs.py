@@ -158,7 +158,8 @@ def runs_command(
     tenant: Annotated[str | None, typer.Option("--tenant", help="Only runs of this tenant (default: all).")] = None,
     param: Annotated[
         list[str] | None,
-        typer.Option("--param", "-p", help="NAME=VALUE: only runs with this parameter value (repeatable, all match)."),
+        typer.Option("--param", "-p", metavar="NAME=VALUE",
+                     help="NAME=VALUE: only runs with this parameter value (repeatable, all match)."),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", help=f"At most this many runs (1 to {runs.PAGE_SIZE_MAX}).")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print the runs as a JSON list.")] = False,

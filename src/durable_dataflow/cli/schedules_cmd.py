@@ -198,7 +198,8 @@ def list_command(
 DefinitionFile = Annotated[Path, typer.Argument(help="The definition (YAML or JSON).")]
 FirstDay = Annotated[str, typer.Option("--from", metavar="DATE", help="The first day, YYYY-MM-DD.")]
 LastDay = Annotated[str, typer.Option("--to", metavar="DATE", help="The last day (included), YYYY-MM-DD.")]
-Params = Annotated[list[str] | None, typer.Option("--param", help="NAME=VALUE, may use {{ tick.date }} (repeatable).")]
+Params = Annotated[list[str] | None, typer.Option("--param", metavar="NAME=VALUE",
+                                                       help="NAME=VALUE, may use {{ tick.date }} (repeatable).")]
 
 
 class _BackfillGroup(TyperGroup):

@@ -101,8 +101,9 @@ def verify_command(
 def result_command(
     ctx: typer.Context,
     run_id: RunArgument,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="csv, parquet or json.")] = "csv",
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file instead of stdout.")] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", metavar="FORMAT", help="csv, parquet or json.")] = "csv",
+    output: Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE",
+                                                    help="Write to this file instead of stdout.")] = None,
 ) -> None:
     """The run's stored result (the committed bytes), exported as CSV, Parquet or JSON."""
     if fmt not in EXPORT_FORMATS:
