@@ -73,7 +73,7 @@ def _alive(pid: int) -> bool:
 # The other suites' hostile lists, where they are module constants (imported, not copied).
 from test_hostile_tenant import REFUSED_QUERIES, STEP_READS  # noqa: E402
 
-from unit.test_spark_gate import FUNCTION_SAMPLES, Q1, Q3, Q6, Q_CTE, TPCH_VALUES, _sample_query  # noqa: E402
+from support.spark_gate_cases import FUNCTION_SAMPLES, Q1, Q3, Q6, Q_CTE, TPCH_VALUES, sample_query  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -401,7 +401,7 @@ def test_spark_reads_every_rendering_as_declared_relations_and_allowed_functions
     lambda corners, Spark's own parser reads the rendered text as relations that are declared (or CTEs of
     the query), functions of the reviewed allow-list and range() only, and no script, hint or command."""
     relations = ("lineitem", "orders", "customer", "t", "u", "f")
-    corpus = [_sample_query(kind, [s for k, s in FUNCTION_SAMPLES if k == kind])
+    corpus = [sample_query(kind, [s for k, s in FUNCTION_SAMPLES if k == kind])
               for kind in ("scalar", "aggregate", "window", "generator")]  # fmt: skip
     parser = spark._jsparkSession.sessionState().sqlParser()
     bound = {**TPCH_VALUES, "p": ("string", "it's ${env:HOME} \\ \n"), "q": ("int", 5)}
