@@ -60,7 +60,8 @@ EXIT_CODES: Mapping[str, int] = {
     "quota_exceeded": 10,  # a tenant's quota refused the request; nothing was recorded (9: EXIT_NOT_FINISHED)
 }
 EXIT_INTERRUPTED = 130
-# Rich wraps at 80 columns when stdout is not a terminal; run ids and digests read better unwrapped.
+# Rich wraps at 80 columns when stdout or stderr is not a terminal; run ids, digests and one-line
+# messages read (and grep) better unwrapped: soft wrap, and this width for what must be laid out.
 PIPE_WIDTH_COLUMNS = 200
 PAYLOAD_CHARS_SHOWN_MAX = 100
 RUN_ID_TAIL_CHARS = 12
@@ -234,7 +235,9 @@ def stdout_console() -> Console:
 
 
 def stderr_console() -> Console:
-    return Console(stderr=True, highlight=False)
+    # Not a terminal (a pipe, a log file): never wrap, so `grep 'run failed'` finds the whole message.
+    terminal = sys.stderr.isatty()
+    return Console(stderr=True, highlight=False, width=None if terminal else PIPE_WIDTH_COLUMNS, soft_wrap=not terminal)
 
 
 @contextlib.contextmanager
