@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from durable_dataflow.core.errors import StorageUnavailable
 from durable_dataflow.dataflow.protocol import forward, sweeper
 from durable_dataflow.dataflow.worker import Worker, WorkerOptions
 from durable_dataflow.platform import Platform
@@ -79,3 +80,26 @@ def test_every_attempt_is_counted_once_under_its_own_outcome(
     [stopped] = [e for e in logs if e["event"] == "worker.stopped"]
     assert stopped["outcomes"] == {"fenced": 1, "succeeded": 1}, stopped
     assert sum(summary.outcomes.values()) == summary.claimed == 2
+
+
+def test_a_worker_logs_the_end_of_a_database_outage_once(platform: Platform, tmp_path: Path) -> None:
+    """Claims raise StorageUnavailable three times (a wrapper we control), then work: the worker logs
+    each failed try with the outage's age and failures so far, then `storage.recovered` once, with
+    the failures and a duration at least the back-off it waited (0.01 + 0.02 + 0.04 s)."""
+    definition = harness.inline_definition(tmp_path / "defs", "outage")
+    platform.runs.submit(harness.request_for(definition, {"n": "1"}, "k-1"))
+    real_claim = platform.runs.claim_next
+    failures = iter(range(3))
+
+    def flaky_claim() -> Any:
+        if next(failures, None) is not None:
+            raise StorageUnavailable("the platform database is unavailable: connection refused")
+        return real_claim()
+
+    platform.runs.claim_next = flaky_claim  # type: ignore[method-assign]
+    with capture_logs() as logs:
+        Worker(platform.runs, WorkerOptions(until_idle=True, **FAST)).run()
+    down = [e for e in logs if e["event"] == "storage.unavailable"]
+    assert [e["failures"] for e in down] == [1, 2, 3] and down[0]["outage_s"] == 0.0
+    [recovered] = [e for e in logs if e["event"] == "storage.recovered"]
+    assert recovered["failures"] == 3 and recovered["outage_s"] >= 0.07  # the first guarded step that worked

@@ -109,6 +109,36 @@ class Backoff:
         self._next_s = self._initial_s
 
 
+class StorageOutage:
+    """One outage of the platform database as the logs tell it: ``storage.unavailable`` at each failed
+    try the caller reports (it retries after a Backoff, so the repeats thin out up to the back-off's
+    maximum), each with the outage's age and failures so far, then ``storage.recovered`` once, with
+    the outage's duration, at the first success after it. ``clock`` is injected for tests."""
+
+    def __init__(self, log: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = log
+        self._clock = clock
+        self._started_s: float | None = None
+        self._failures = 0
+
+    def failed(self, operation: str, error: StorageUnavailable, retry_in_s: float) -> None:
+        now_s = self._clock()
+        if self._started_s is None:
+            self._started_s, self._failures = now_s, 0
+        self._failures += 1
+        self._log.warning(
+            "storage.unavailable", operation=operation, retry_in_s=round(retry_in_s, 3), failures=self._failures,
+            outage_s=round(now_s - self._started_s, 3), error=error.message,
+        )  # fmt: skip
+
+    def succeeded(self, operation: str) -> None:
+        if self._started_s is None:
+            return
+        outage_s = round(self._clock() - self._started_s, 3)
+        self._log.info("storage.recovered", operation=operation, outage_s=outage_s, failures=self._failures)
+        self._started_s = None
+
+
 class Worker:
     """Sweeps, claims and executes runs of one platform database until stopped or idle."""
 
@@ -121,6 +151,7 @@ class Worker:
         self._stop_reason: str | None = None
         self._inflight: dict[futures.Future[None], Claim] = {}
         self._backoff = Backoff(self.options.backoff_initial_s, self.options.backoff_max_s)
+        self._outage = StorageOutage(self._log)
         self._last_sweep_s: float | None = None
         self._last_schedules_s: float | None = None
         self._summary_lock = threading.Lock()
@@ -246,12 +277,11 @@ class Worker:
         except StorageUnavailable as error:
             self.summary.storage_failures += 1
             delay_s = self._backoff.next_delay_s()
-            self._log.warning(
-                "storage.unavailable", operation=operation, retry_in_s=round(delay_s, 3), error=error.message
-            )
+            self._outage.failed(operation, error, delay_s)
             self._stop.wait(delay_s)
             return False, None
         self._backoff.reset()
+        self._outage.succeeded(operation)
         return True, value
 
     def _wait_for_room(self) -> None:
