@@ -300,7 +300,8 @@ def test_serve_sweeps_an_expired_authorized_run_to_outcome_unknown_and_stops_cle
     seen: list[str] = []
     try:
         deadline = time.monotonic() + SERVE_WAIT_S
-        wanted = (f"sweep.decided run_id={crashed.run_id} attempt=1 outcome=outcome_unknown", "Uvicorn running on")
+        decided = f'"attempt": 1, "event": "sweep.decided", "level": "warning", "outcome": "outcome_unknown", "run_id": "{crashed.run_id}"'  # noqa: E501
+        wanted = (decided, "Uvicorn running on")  # serve logs JSON lines, sorted keys, as a worker does
         while not all(any(w in line for line in seen) for w in wanted):  # swept, and serving (its signals set)
             line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
             assert line is not None, "".join(seen)

@@ -12,24 +12,27 @@ terminal's cursor nor be read as Rich markup.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import signal
 import socket
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import structlog
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from durable_dataflow.api import tokens as api_tokens
-from durable_dataflow.cli import common
+from durable_dataflow.cli import common, worker_cmd
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError, StorageUnavailable
 from durable_dataflow.core.text import printable
+from durable_dataflow.dataflow import worker as worker_loop
 from durable_dataflow.dataflow.execution.interruption import Interruption
 from durable_dataflow.dataflow.protocol import sweeper
 from durable_dataflow.dataflow.worker import SWEEP_INTERVAL_S_DEFAULT
@@ -41,7 +44,9 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvico
 SHUTDOWN_GRACE_S = 3  # after SIGTERM, uvicorn waits this long for open requests (interrupted ones answer sooner)
 SWEEP_INTERVAL_S_MAX = 86_400.0  # a day: longer leaves crashed runs undecided for no reason
 SWEEPER_STOP_WAIT_S = 60.0  # a batch in progress finishes its decisions (one transaction each) first
-logger = logging.getLogger("durable_dataflow.serve")
+# The longest wait between two tries of the sweep while the platform database is down.
+SWEEP_RETRY_S_MAX = worker_loop.BACKOFF_MAX_S
+log = structlog.get_logger("dataflow.serve")
 
 tokens_app = typer.Typer(help="Create, list and revoke API tokens (stored as hashes only).", no_args_is_help=True)
 ops_app = typer.Typer(help="Ops: the read-only, platform-wide ledger projection.", no_args_is_help=True)
@@ -52,13 +57,26 @@ class ServeSweeper:
     platform database (``dataflow.protocol.sweeper.sweep``), as every worker does, so an embedded deployment
     with no worker still turns a crashed attempt into ``outcome_unknown`` or a retry. Many sweepers at
     once are safe (exactly one decides each attempt). A background thread; :meth:`stop` ends it
-    between two sweeps and waits for it."""
+    between two sweeps and waits for it. While the database is down it retries after a back-off that
+    doubles from ``interval_s`` up to SWEEP_RETRY_S_MAX, logging each failed try (so the repeats thin out)
+    and ``storage.recovered`` once it answers again. ``wait`` and ``clock`` are injected for tests."""
 
-    def __init__(self, platform: Platform, interval_s: float) -> None:
+    def __init__(
+        self,
+        platform: Platform,
+        interval_s: float,
+        *,
+        wait: Callable[[float], object] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.platform = platform
         self.interval_s = interval_s
         self._stop = threading.Event()
+        self._wait = wait if wait is not None else self._stop.wait
         self._thread = threading.Thread(target=self._loop, name="dataflow-serve-sweeper", daemon=True)
+        self._backoff = worker_loop.Backoff(interval_s, max(interval_s, SWEEP_RETRY_S_MAX))
+        self._outage = worker_loop.StorageOutage(log, clock)
+        self._retry_in_s: float | None = None  # set while the database is down: the next try's delay
 
     def start(self) -> None:
         self._thread.start()
@@ -69,10 +87,13 @@ class ServeSweeper:
             self._thread.join(timeout_s)
 
     def _loop(self) -> None:
+        """Runs until stopped: this loop is meant to run for the server's whole life."""
         while not self._stop.is_set():
             full = self.sweep_once() >= sweeper.SWEEP_BATCH_MAX
-            if not full:  # a full batch: more expired leases may wait, sweep again at once
-                self._stop.wait(self.interval_s)
+            if self._retry_in_s is not None:
+                self._wait(self._retry_in_s)
+            elif not full:  # a full batch: more expired leases may wait, sweep again at once
+                self._wait(self.interval_s)
 
     def sweep_once(self) -> int:
         """One sweep; never raises (a down database or a bug is logged, the next sweep tries again)."""
@@ -80,17 +101,20 @@ class ServeSweeper:
         try:
             decisions = sweeper.sweep(self.platform.db, evidence_key=key, batch=sweeper.SWEEP_BATCH_MAX)
         except StorageUnavailable as error:
-            logger.warning("sweep skipped, the platform database is unavailable: %s", error.message)
+            self._retry_in_s = self._backoff.next_delay_s()
+            self._outage.failed("sweep", error, self._retry_in_s)
             return 0
-        except Exception:
-            logger.exception("sweep failed unexpectedly; the next sweep tries again")
+        except Exception as error:
+            log.error("sweep.failed", error_type=type(error).__name__, note="the next sweep tries again")
             return 0
+        self._retry_in_s = None
+        self._backoff.reset()
+        self._outage.succeeded("sweep")
         for decision in decisions:
             if decision.decision != sweeper.Decision.SKIPPED:
-                logger.warning(
-                    "sweep.decided run_id=%s attempt=%d outcome=%s",
-                    decision.run_id, decision.attempt, decision.decision,
-                )  # fmt: skip
+                log.warning(
+                    "sweep.decided", run_id=decision.run_id, attempt=decision.attempt, outcome=decision.decision
+                )
         return len(decisions)
 
 
@@ -123,6 +147,8 @@ def serve(
 ) -> None:
     """Serve the JSON API (/v1), the web operator view (/ui), /metrics and /healthz; sweep expired leases."""
     _check_serve_options(host, port, log_level, sweep_interval)
+    worker_cmd.configure_logging()
+    worker_cmd.route_stdlib_logging()
     from durable_dataflow.api.app import create_app
 
     with common.open_platform(ctx) as platform:
@@ -173,8 +199,9 @@ def _run_uvicorn(application: Any, host: str, port: int, log_level: str, executi
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(
-        application, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=SHUTDOWN_GRACE_S
-    )
+        application, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        log_config=None,  # uvicorn's records go through the JSON lines route_stdlib_logging set up
+    )  # fmt: skip
     server = Server(config)
     server.run()
     if not server.started:  # as uvicorn.run: a port it could not bind

@@ -32,6 +32,11 @@ from durable_dataflow.platform import Platform
 OPEN_TRIES_MAX = 12  # with the back-off doubling from 0.1 s to 10 s: about a minute of outage
 
 
+def _stamped() -> list[structlog.typing.Processor]:
+    """What every line carries besides its event: the level and an ISO timestamp (UTC)."""
+    return [structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True)]
+
+
 def configure_logging() -> None:
     """JSON lines on stderr, one per event, with an ISO timestamp and the level.
 
@@ -41,14 +46,35 @@ def configure_logging() -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            *_stamped(),
             structlog.processors.JSONRenderer(sort_keys=True),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
         logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+def route_stdlib_logging(level: int = logging.INFO) -> None:
+    """Render the standard library's records (uvicorn's loggers, libraries') as the same JSON lines on
+    stderr, with the logger's name: `dataflow serve` then logs one format, as a worker does. A record's
+    message becomes the ``event``; StreamHandler writes each line in one call."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *_stamped()],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.JSONRenderer(sort_keys=True),
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(level)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):  # uvicorn's own, when it set them up
+        logging.getLogger(name).handlers = []
+        logging.getLogger(name).propagate = True
 
 
 def _describe(shown: RunView, created: bool) -> str:
