@@ -33,6 +33,13 @@ from durable_dataflow.platform import Platform
 STATIC_DIR = Path(__file__).parent / "static"
 CSRF_KEY_BYTES = 32
 HEALTH_UNREACHABLE = "the platform database is unreachable; the server log has the details"
+# What /docs answers: FastAPI's interactive pages are off (they load scripts from a CDN), so a visitor
+# who tries the usual address learns where the reference is instead of meeting a bare 404.
+API_DOCS_ELSEWHERE = (
+    "the interactive API pages are disabled (they would load scripts from a CDN); the OpenAPI 3.1 document "
+    "is GET /openapi.json (with a viewer token: Authorization: Bearer ddf_...), and docs/api.md describes "
+    "every endpoint"
+)
 logger = logging.getLogger(__name__)
 
 
@@ -145,6 +152,12 @@ def _add_platform_routes(app: FastAPI) -> None:
     @app.get("/openapi.json", include_in_schema=False)
     def openapi(caller: Caller = Depends(api_caller(Role.VIEWER))) -> dict[str, Any]:
         return app.openapi()
+
+    @app.get("/docs", include_in_schema=False)
+    @app.get("/redoc", include_in_schema=False)
+    def api_docs() -> JSONResponse:
+        """Not here: 404 ``not_found``, with a message naming where the API reference is."""
+        return errors.error_response("not_found", API_DOCS_ELSEWHERE)
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:

@@ -11,6 +11,7 @@ operator, whose token opens no other page). POST forms carry a CSRF token.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,14 @@ def parameters_cell(parameters: dict[str, Any]) -> str:
     return runs.parameters_text(parameters, PARAMETERS_CELL_CHARS_MAX)
 
 
+def json_value(value: Any) -> str:
+    """A ledger fact as the JSON value it is stored as (``null``, ``"text"``, ``true``), not a Python repr.
+    Returned as text, so ``finalize`` (below) and autoescaping still apply to it."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+
+
 TEMPLATES.env.globals.update(age_text=age_text, time_text=time_text, parameters_cell=parameters_cell)
+TEMPLATES.env.filters["json_value"] = json_value
 # The templates compare a run's mode, recovery status and a partition's state with these members, never
 # with string literals (a renamed member then fails where it is compared, not silently in a page).
 TEMPLATES.env.globals.update(Mode=runs.Mode, RecoveryStatus=RecoveryStatus, PartitionState=partitions.PartitionState)
