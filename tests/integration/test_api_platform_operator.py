@@ -220,3 +220,16 @@ def test_cli_creates_and_lists_a_platform_token_that_the_api_accepts(world: Plat
     by_role = cli("tokens", "create", "--tenant", "acme", "--role", "platform_operator")
     assert by_role.code == 2 and "--platform" in by_role.stderr, by_role.output
     assert cli("tokens", "create").code == 2
+
+
+def test_tokens_create_names_an_unnamed_token_once(world: Platforms, tmp_path: Path) -> None:
+    """`dataflow tokens create` without --name says `created tok_x for …` (not `tok_x (tok_x)`), with --name
+    `created tok_x (NAME) for …`, each message one whole line ending in a newline."""
+    cli = make_cli(world.db_url, tmp_path)
+    unnamed = cli("tokens", "create", "--tenant", "acme", "--role", "viewer")
+    assert unnamed.code == 0, unnamed.output
+    assert unnamed.stderr.startswith("created tok_") and "(" not in unnamed.stderr.split(" for ")[0]
+    assert unnamed.stderr.endswith("\n")
+    named = cli("tokens", "create", "--tenant", "acme", "--role", "viewer", "--name", "ci-reader")
+    assert named.code == 0, named.output
+    assert " (ci-reader) for tenant acme" in named.stderr and named.stderr.endswith("\n")

@@ -237,8 +237,9 @@ def tokens_create(
         else:
             token, info = api_tokens.create_token(platform.db, tenant, role, name)
     typer.echo(token)
+    named = f" ({info.name})" if name is not None else ""  # unnamed, the name is the id: say it once
     typer.echo(
-        f"created {info.token_id} ({info.name}) for {_scope_text(info)}, role {info.role.value}; "
+        f"created {info.token_id}{named} for {_scope_text(info)}, role {info.role.value}; "
         "this is the only time the token is shown",
         err=True,
     )
