@@ -73,7 +73,7 @@ pytest: venv sysdeps
 
 # The unit tier: pure and fast, so it needs no system deps (tests/unit/conftest.py keeps it so).
 test-unit: venv
-	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n 2 -p no:schemathesis tests/unit $(PYTEST_ARGS)
 
 test: venv sysdeps
 	$(BIN)/ruff check src tests
