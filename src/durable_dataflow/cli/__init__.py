@@ -41,7 +41,7 @@ _app = typer.Typer(
 CORE_MODULES: Mapping[str, tuple[str, ...]] = {
     "durable_dataflow.cli.runs": ("run", "runs", "reconcile", "cancel"),
     "durable_dataflow.cli.show": ("show", "verify", "result"),
-    "durable_dataflow.cli.definitions": ("definitions", "schema"),
+    "durable_dataflow.cli.definitions": ("definitions", "schema", "validate"),
     "durable_dataflow.cli.db": ("db", "version"),
 }
 _MODULE_OF = {command: module for module, commands in CORE_MODULES.items() for command in commands}

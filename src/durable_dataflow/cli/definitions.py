@@ -1,4 +1,5 @@
-"""``dataflow definitions list|show`` and ``dataflow schema``: the pinned definitions and their format.
+"""``dataflow definitions list|show``, ``dataflow schema`` and ``dataflow validate``: the pinned
+definitions, their format, and a check of a definition file that reads no data and records nothing.
 
 A stored body is a submitter's document: ``show`` passes it through ``printable`` before Rich's JSON
 highlighting, so its SQL's control or bidirectional characters are shown as escapes.
@@ -7,15 +8,19 @@ highlighting, so its SQL's control or bidirectional characters are shown as esca
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.highlighter import JSONHighlighter
 from rich.table import Table
 from rich.text import Text
 
-from durable_dataflow.cli import common
+from durable_dataflow.cli import common, options
 from durable_dataflow.core.text import printable
+
+if TYPE_CHECKING:
+    from durable_dataflow.dataflow.execution.validate import Report
 
 # The catalogue and the definition models (pydantic, PyYAML, pyarrow) are imported by the commands
 # that use them, so that registering these commands costs every other command nothing.
@@ -78,6 +83,54 @@ def schema_command() -> None:
     common.emit_json(json_schema())
 
 
+@common.with_limit_options
+def validate_command(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Argument(help="The definition file (YAML or JSON).")],
+    param: options.Params = None,
+    tenant: Annotated[str, typer.Option("--tenant", help="The tenant a run would belong to.")] = "default",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Check a definition without reading its data or recording anything; exit 0 when valid, 2 when not.
+
+    Parses it, checks the parameters, reads only the sources' schemas, binds every step over empty
+    tables of them, checks the output's columns and types and runs the target's preflight."""
+    from durable_dataflow.cli.runs import build_request
+    from durable_dataflow.dataflow.definitions.definitions import load_definition
+    from durable_dataflow.dataflow.execution import workspace
+    from durable_dataflow.dataflow.protocol.validation import validate_definition
+
+    loaded = load_definition(file)
+    request = build_request(loaded, param, None, tenant, 1)
+    with common.open_platform(ctx) as platform:
+        space = workspace.local(request.base_dir)
+        report = validate_definition(platform.runs, loaded.definition, request.parameters, space, request.access)
+    if as_json:
+        common.emit_json(report.as_json())
+    else:
+        _print_report(report)
+    if not report.valid:
+        raise typer.Exit(common.EXIT_CODES["invalid_input"])
+
+
+def _print_report(report: Report) -> None:
+    console = common.stdout_console()
+    head = f"{report.name} version {report.version} (engine {report.engine})"
+    if report.valid:
+        console.print(Text(printable(f"valid: {head}"), style="bold green"))
+    else:
+        console.print(Text(printable(f"invalid: {head}: {len(report.problems)} problem(s)"), style="bold red"))
+    for problem in report.problems:
+        where = ", ".join(f"{k} {v!r}" for k, v in problem.as_json().items() if k != "message" and v is not None)
+        console.print(Text(printable(f"  - {where + ': ' if where else ''}{problem.message}")))
+    for note in report.notes:
+        console.print(Text(printable(f"  note: {note}"), style="yellow"))
+    if report.result_columns:
+        columns = ", ".join(f"{name} {type_name}" for name, type_name in report.result_columns)
+        console.print(Text(printable(f"  result columns: {columns}")))
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(definitions_app, name="definitions")
     app.command("schema")(schema_command)
+    app.command("validate")(validate_command)

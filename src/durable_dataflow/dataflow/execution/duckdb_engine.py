@@ -392,7 +392,8 @@ class DuckDBEngine:
         return _gate(d, limits)
 
     def run(self, job: EngineRun, gated: Sequence[object]) -> resultstream.BoundedResult:
-        crashpoints.reach(crashpoints.DURING_EXECUTION)  # sources resolved, no step run yet
+        if job.crashpoints_reached:
+            crashpoints.reach(crashpoints.DURING_EXECUTION)  # sources resolved, no step run yet
         steps = [step for step in gated if isinstance(step, sandbox.GatedStep)]
         d = job.definition
         bound = {name: parameters.to_python(d.parameters[name].type, value) for name, value in job.params.items()}
@@ -405,3 +406,70 @@ class DuckDBEngine:
 
 
 ENGINE = DuckDBEngine()
+
+
+# ---- validation without data (``dataflow validate``, execution/validate.py) ------------------------
+
+
+class StepBindError(InputError):
+    """A step that does not bind over its sources' schemas; ``step`` names it."""
+
+    def __init__(self, step: str, message: str) -> None:
+        super().__init__(f"step {step!r}: {message}")
+        self.step = step
+
+
+def describe_sources(
+    resolved: Sequence[ResolvedSource], limits: ExecutionLimits
+) -> dict[str, pa.Schema | DataflowError]:
+    """The schema each source presents to the steps, or why it cannot be bound. File sources are bound
+    exactly as a run binds them (declared types, checked casts) in a confined database and read with
+    ``LIMIT 0``: DuckDB reads a Parquet footer, and a CSV's header and sniffing sample, never the data
+    pages. In-memory bindings (inline rows, a Delta snapshot) give their Arrow schema."""
+    found: dict[str, pa.Schema | DataflowError] = {}
+    files = [s for s in resolved if isinstance(s.binding, FileScan)]
+    for source in resolved:
+        if isinstance(source.binding, ArrowTable):
+            found[source.name] = source.binding.table.schema
+        elif isinstance(source.binding, ArrowDataset):
+            found[source.name] = source.binding.dataset.schema
+    if not files:
+        return found
+    with sandbox.open_confined(limits, _allowed_paths(files)) as confined:
+        con = confined.database
+        for source in files:
+            try:
+                _bind_one(con, source, typed_sources.TypeChecks())
+                found[source.name] = con.sql(f'SELECT * FROM "{source.name}" LIMIT 0').to_arrow_table().schema
+            except (duckdb.Error, pa.ArrowException, OSError) as exc:
+                found[source.name] = InputError(f"source {source.name!r} cannot be read: {sandbox.engine_message(exc)}")
+            except DataflowError as error:
+                found[source.name] = error
+    return found
+
+
+def bind_steps(
+    d: Definition, schemas: dict[str, pa.Schema], bound: dict[str, Any], limits: ExecutionLimits
+) -> pa.Schema:
+    """The last step's result schema, every step bound over EMPTY tables of the sources' schemas on a
+    cursor of the engine's own sandbox (same settings, same gate, same refusals): nothing is read.
+    StepBindError names the first step that does not bind."""
+    gated = _gate(d, limits)
+    own_text = "\n".join([*(s.sql for s in d.steps), *d.sources, *(s.name for s in d.steps), *d.output.columns])
+    cursor = sandbox.open_cursor(limits)
+    try:
+        for step in gated:
+            sandbox.refuse_server_reads(cursor, step)
+        for name, schema in schemas.items():
+            cursor.register(name, schema.empty_table())
+        for step in gated:
+            params = {name: bound[name] for name in step.parameter_names}
+            try:
+                if step is gated[-1]:
+                    return cursor.sql(step.sql, params=params).to_arrow_table().schema
+                cursor.execute(sandbox.materialize_statement(cursor, step), params)
+            except (duckdb.Error, pa.ArrowException) as exc:
+                raise StepBindError(step.name, sandbox.engine_message(exc, own_text=own_text)) from None
+    finally:
+        cursor.close()
+    raise InputError("a definition has at least one step")  # unreachable: steps has min_length 1

@@ -266,7 +266,7 @@ def _parquet_footer_fingerprint(source: str, stamp: FileStamp) -> str:
     return hashing.digest({"size": str(stamp.size), "footer": hashing.sha256_bytes(footer)})
 
 
-def _resolve_csv(name: str, spec: CsvSource, ctx: ExecutionContext) -> ResolvedSource:
+def _resolve_csv(name: str, spec: CsvSource, ctx: ExecutionContext, fingerprinted: bool = True) -> ResolvedSource:
     path = confine_path(name, spec.path, ctx)
     stamp = FileStamp.of(name, path)
     _check_size(name, (stamp,), ctx.limits.source_bytes_max)
@@ -275,7 +275,7 @@ def _resolve_csv(name: str, spec: CsvSource, ctx: ExecutionContext) -> ResolvedS
     options = [("header", "true" if spec.header else "false"), ("delim", sandbox.string_literal(spec.delimiter))]
     scan = FileScan("read_csv", (stamp,), tuple(options), dict(spec.columns) if spec.columns else None)
     folders = _dir_stamps(scan.stamps, ctx.allowed_roots)
-    return ResolvedSource(name, "csv", scan, _sha256_of_file(name, stamp, ctx), folders)
+    return ResolvedSource(name, "csv", scan, _sha256_of_file(name, stamp, ctx) if fingerprinted else None, folders)
 
 
 def _parquet_files(name: str, root: Path, ctx: ExecutionContext) -> list[tuple[str, Path]]:
@@ -414,9 +414,9 @@ def _resolve_delta(name: str, spec: DeltaSource, ctx: ExecutionContext) -> Resol
     return ResolvedSource(name, "delta", ArrowDataset(dataset, stamps), fingerprint, folders)
 
 
-def _resolve_one(name: str, spec: SourceSpec, ctx: ExecutionContext) -> ResolvedSource:
+def _resolve_one(name: str, spec: SourceSpec, ctx: ExecutionContext, fingerprinted: bool = True) -> ResolvedSource:
     if isinstance(spec, CsvSource):
-        return _resolve_csv(name, spec, ctx)
+        return _resolve_csv(name, spec, ctx, fingerprinted)
     if isinstance(spec, ParquetSource):
         return _resolve_parquet(name, spec, ctx)
     if isinstance(spec, InlineSource):
@@ -430,6 +430,13 @@ def _resolve_one(name: str, spec: SourceSpec, ctx: ExecutionContext) -> Resolved
 def resolve_sources(d: Definition, ctx: ExecutionContext) -> list[ResolvedSource]:
     """Every source of d, confined, stamped and (but for streamed queries) fingerprinted, in order."""
     return [_resolve_one(name, spec, ctx) for name, spec in d.sources.items()]
+
+
+def resolve_for_schemas(name: str, spec: SourceSpec, ctx: ExecutionContext) -> ResolvedSource:
+    """One source resolved as a run resolves it (confined, stamped), except that a CSV is not hashed:
+    ``dataflow validate`` reads only schemas, and a CSV's fingerprint is a hash of all its bytes. A
+    postgres source's stream is never started here."""
+    return _resolve_one(name, spec, ctx, fingerprinted=False)
 
 
 def check_unchanged(resolved: list[ResolvedSource]) -> None:

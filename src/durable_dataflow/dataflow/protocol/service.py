@@ -23,6 +23,7 @@ from durable_dataflow.core.secrets import Secret, SecretScope
 from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.execution import interruption, limits, progress, results, workspace
 from durable_dataflow.dataflow.execution.compute import ExecutionResult
+from durable_dataflow.dataflow.execution.context import ExecutionContext
 from durable_dataflow.dataflow.execution.workspace import Workspace
 from durable_dataflow.dataflow.protocol import attempt, cancel, evidence, forward, runs, transitions
 from durable_dataflow.dataflow.protocol.attempt import Attempt, Claim
@@ -96,6 +97,12 @@ class RunService:
     def check_placement(self, defn: Definition, space: Workspace, access: AccessContext) -> None:
         """What ``submit`` refuses before recording a run (submit.Submitter.check_placement)."""
         self._submitter.check_placement(defn, space, access)
+
+    def context_of(self, defn: Definition, space: Workspace, tenant: str) -> ExecutionContext:
+        """The execution context a run of ``defn`` in ``space`` would get (roots, limits, files no source
+        may read, secrets): ``dataflow validate`` reads the sources' schemas through it."""
+        scope = self.secret_scope(space, tenant)
+        return context_for(space, self.limits_for(defn), self._submitter.platform_files, scope)
 
     def secret_scope(self, space: Workspace, tenant: str) -> SecretScope:
         """A tenant run names only its tenant's granted secrets; a local run uses the operator's scope."""
