@@ -33,6 +33,7 @@ from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError, StorageUnavailable
 from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow import worker as worker_loop
+from durable_dataflow.dataflow.execution import isolation
 from durable_dataflow.dataflow.execution.interruption import Interruption
 from durable_dataflow.dataflow.protocol import sweeper
 from durable_dataflow.dataflow.worker import SWEEP_INTERVAL_S_DEFAULT
@@ -149,6 +150,8 @@ def serve(
     _check_serve_options(host, port, log_level, sweep_interval)
     worker_cmd.configure_logging()
     worker_cmd.route_stdlib_logging()
+    # A shared process: each DuckDB execution in an executor process the OS bounds ($DATAFLOW_ISOLATION).
+    isolation.configure(isolation.isolation_from_env(isolation.Isolation.PROCESS))
     from durable_dataflow.api.app import create_app
 
     with common.open_platform(ctx) as platform:

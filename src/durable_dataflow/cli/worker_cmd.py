@@ -25,6 +25,7 @@ from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError, StorageUnavailable
 from durable_dataflow.dataflow import worker as worker_loop
 from durable_dataflow.dataflow.definitions.definitions import load_definition
+from durable_dataflow.dataflow.execution import isolation
 from durable_dataflow.dataflow.protocol.requests import MAX_ATTEMPTS_DEFAULT
 from durable_dataflow.dataflow.protocol.views import RunView
 from durable_dataflow.platform import Platform
@@ -144,6 +145,8 @@ def worker(
     """Sweep expired leases, claim queued runs and execute them. Without --once/--until-idle it runs
     until SIGTERM/SIGINT, which stops claiming and lets in-flight runs finish."""
     configure_logging()
+    # A shared process: each DuckDB execution in an executor process the OS bounds ($DATAFLOW_ISOLATION).
+    isolation.configure(isolation.isolation_from_env(isolation.Isolation.PROCESS))
     options = worker_loop.WorkerOptions(
         concurrency=concurrency, once=once, until_idle=until_idle,
         sweep_interval_s=sweep_interval, poll_interval_s=poll_interval,

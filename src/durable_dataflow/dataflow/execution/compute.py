@@ -15,19 +15,21 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import pyarrow as pa
 
+from durable_dataflow.core import crashpoints
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.dataflow.definitions import parameters
 from durable_dataflow.dataflow.definitions.definitions import Definition
-from durable_dataflow.dataflow.execution import progress, results
+from durable_dataflow.dataflow.execution import isolation, progress, results
 from durable_dataflow.dataflow.execution.context import ExecutionContext
 from durable_dataflow.dataflow.execution.engine import Engine, EngineRun
 from durable_dataflow.dataflow.execution.postgres_source import check_query
+from durable_dataflow.dataflow.execution.resultstream import BoundedResult
 from durable_dataflow.dataflow.execution.sources import (
     ResolvedSource,
     check_unchanged,
@@ -109,7 +111,7 @@ def execute(
     check_interrupted(ctx)  # resolution (hashing, listing) is not interrupted midway: look once it is done
     job = EngineRun(d, canonical, resolved, ctx.limits, deadline_at, progress_sink, ctx.interruption)
     try:
-        result = engine.run(job, gated)
+        result = _run(engine, job, gated)
     except Exception:
         # A file swapped while the engine read it may have made the engine fail on (and quote) other
         # bytes than were fingerprinted: that is reported as the change, never with the engine's text.
@@ -124,3 +126,14 @@ def execute(
         source_fingerprint_digest=source_fingerprint_digest(recorded),
         sources=recorded,
     )
+
+
+def _run(engine: Engine, job: EngineRun, gated: Sequence[object]) -> BoundedResult:
+    """The engine's run here, or, for DuckDB in a process that isolates (``isolation.configure``: `dataflow
+    worker` and `dataflow serve`), in an executor process the operating system bounds. Spark runs in its
+    own JVM, bounded by spark.driver.memory, and stays here."""
+    pool = isolation.current()
+    if pool is None or engine.name != "duckdb":
+        return engine.run(job, gated)
+    crashpoints.reach(crashpoints.DURING_EXECUTION)  # the executor does not: a fault test stops this process
+    return pool.run(job, gated, job.definition.output.max_bytes_int)

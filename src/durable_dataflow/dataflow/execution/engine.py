@@ -37,6 +37,9 @@ class EngineRun:
     # The process's interruption (SIGINT, SIGTERM): the engine stops as if its time were up, and raises
     # core.errors.Interrupted instead of LimitExceeded.
     interruption: interruption.Interruption | None = None
+    # False in an executor process (execution/isolation.py): the parent reached crashpoints.DURING_EXECUTION
+    # itself, so a fault test's crash or pause stops the worker, not its executor.
+    crashpoints_reached: bool = True
 
 
 class Engine(Protocol):
