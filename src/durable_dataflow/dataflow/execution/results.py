@@ -3,7 +3,9 @@ to CSV, Parquet and JSON.
 
 Statements on ``run_results``:
 
-- ``_INSERT``: store a run's result, once (the commit that ends its execution);
+- ``store``: store a run's result, once (the commit that ends its execution), its bytes handed to the
+  database ``WRITE_CHUNK_BYTES`` at a time: SQLite's insert of a ``zeroblob`` then blob writes,
+  PostgreSQL's binary ``COPY`` with the ``bytea`` streamed, so no driver holds a copy of the result;
 - ``stored``: the format and all the bytes (exports, resumes: they need the whole table anyway);
 - ``open_stored``: the format and a reader that reads the bytes in pieces of ``READ_CHUNK_BYTES``
   (verification): SQLite's incremental blob I/O on the row's rowid, or PostgreSQL's
@@ -17,6 +19,7 @@ import datetime as dt
 import decimal
 import json
 import math
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -54,19 +57,68 @@ class Computed(Protocol):
     def sources(self) -> Sequence[tuple[str, str, str]]: ...
 
 
-_INSERT = run_results.insert()  # built once: every run that ends its execution stores through it
+WRITE_CHUNK_BYTES = 4 << 20  # a stored result is handed to the database at most this many bytes at a time
+# SQLite: the row is inserted with a zero-filled blob of the result's size, then the bytes are written
+# into it through incremental blob I/O, in the same transaction.
+_INSERT_ZEROBLOB = run_results.insert().values(bytes=sa.func.zeroblob(sa.bindparam("size")))
+# PostgreSQL: the row is sent as one binary COPY whose bytea is streamed in pieces (psycopg's copy.write).
+_COPY_COLUMNS = ("run_id", "attempt", "output_digest", "format", "row_count", "bytes")
+_COPY = f"COPY run_results ({', '.join(_COPY_COLUMNS)}) FROM STDIN (FORMAT binary)"
+_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)  # no OIDs, no header extension
+_COPY_TRAILER = struct.pack("!h", -1)
 
 
 def store(conn: Connection, run_id: str, attempt: int, result: Computed) -> None:
     """Store the bounded result, once per run: it is stored only by the commit that ends execution
-    (atomic terminal or forward pre-dispatch), which never happens twice for a run."""
-    conn.execute(
-        _INSERT,
-        {
-            "run_id": run_id, "attempt": attempt, "output_digest": result.output_digest, "format": STORED_FORMAT,
-            "row_count": result.row_count, "bytes": result.ipc_bytes,
-        },
-    )  # fmt: skip
+    (atomic terminal or forward pre-dispatch), which never happens twice for a run.
+
+    The bytes reach the database ``WRITE_CHUNK_BYTES`` at a time, inside the caller's transaction (its
+    fence check and all-or-nothing commit unchanged): binding the whole value as one parameter made the
+    driver copy it whole (SQLite binds a blob with SQLITE_TRANSIENT, libpq copies each parameter into
+    its output buffer), so storing cost twice the result (issue 29, finding 3)."""
+    data = memoryview(result.ipc_bytes).cast("B")  # a flat byte view: slices of it are never copies
+    row = {
+        "run_id": run_id, "attempt": attempt, "output_digest": result.output_digest, "format": STORED_FORMAT,
+        "row_count": result.row_count,
+    }  # fmt: skip
+    dbapi_error: type[Exception] = conn.dialect.loaded_dbapi.Error
+    try:
+        if conn.dialect.name == "sqlite":
+            _store_sqlite(conn, row, data)
+        else:
+            _store_postgres(conn, row, data)
+    except dbapi_error as error:  # raised by the driver's own calls: translated as SQLAlchemy's are
+        raise sa.exc.DBAPIError.instance(_COPY, None, error, dbapi_error, dialect=conn.dialect) from error
+
+
+def _store_sqlite(conn: Connection, row: dict[str, Any], data: memoryview) -> None:
+    rowid = conn.execute(_INSERT_ZEROBLOB, {**row, "size": len(data)}).lastrowid
+    if len(data) == 0:
+        return
+    blob = conn.connection.driver_connection.blobopen("run_results", "bytes", rowid)  # type: ignore[union-attr]
+    try:
+        for start in range(0, len(data), WRITE_CHUNK_BYTES):
+            blob.write(data[start : start + WRITE_CHUNK_BYTES])
+    finally:
+        blob.close()
+
+
+def _copy_text(value: str) -> bytes:
+    encoded = value.encode("utf-8")
+    return struct.pack("!i", len(encoded)) + encoded
+
+
+def _store_postgres(conn: Connection, row: dict[str, Any], data: memoryview) -> None:
+    head = b"".join((
+        _COPY_SIGNATURE, struct.pack("!h", len(_COPY_COLUMNS)),
+        _copy_text(row["run_id"]), struct.pack("!ii", 4, row["attempt"]), _copy_text(row["output_digest"]),
+        _copy_text(row["format"]), struct.pack("!iq", 8, row["row_count"]), struct.pack("!i", len(data)),
+    ))  # fmt: skip
+    with conn.connection.driver_connection.cursor() as cursor, cursor.copy(_COPY) as copy:  # type: ignore[union-attr]
+        copy.write(head)
+        for start in range(0, len(data), WRITE_CHUNK_BYTES):
+            copy.write(data[start : start + WRITE_CHUNK_BYTES])
+        copy.write(_COPY_TRAILER)
 
 
 def facts(result: Computed) -> dict[str, Any]:
