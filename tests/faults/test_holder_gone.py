@@ -13,7 +13,8 @@ import sqlalchemy as sa
 from durable_dataflow.core import crashpoints as cp
 from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.schema import leases as lease_rows
-from durable_dataflow.dataflow.protocol import evidence, runs, sweeper
+from durable_dataflow.dataflow.protocol import evidence, reconcile, runs, sweeper
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
 from durable_dataflow.dataflow.protocol.runs import MODULE
 from faults import harness
 from support.pg import PostgresServer
@@ -23,6 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 DAY = "2026-11-02"
 LEASE_TTL_S = 30.0  # the test never waits for it
 STOP_WAIT_S = 60.0
+PROVENANCE = Provenance(actor="fault-test", trigger="cli")
 
 
 def _start_worker(url: str, tmp_path: Path, definition: Path, key: str, **points: str) -> tuple[str, object]:
@@ -78,6 +80,21 @@ def test_a_killed_workers_attempt_is_decided_before_its_ttl(
             harness.parquet_publications(definition.parent / "warehouse" / "daily_revenue") if forward else [],
         )
         assert report.violations == [], report.violations
+        if forward:  # the stored error names the real cause, and a settled reconcile supersedes it (issue 33)
+            unknown = platform.runs.get(run_id)
+            assert unknown.error_message == "the attempt's holder process is gone after dispatch authorization"
+            settled = reconcile.reconcile(
+                platform.runs, run_id, access=AccessContext.local(), provenance=PROVENANCE
+            ).run
+            assert settled.recovery_status == runs.RecoveryStatus.RECONCILED_ABSENT, settled
+            assert settled.error_code == "publication_absent"
+            assert settled.error_message is not None and "proved the publication absent" in settled.error_message
+            resumed = reconcile.reconcile(
+                platform.runs, run_id, access=AccessContext.local(), provenance=PROVENANCE, resume=True
+            ).run
+            assert (resumed.status, resumed.error_code) == (runs.RunStatus.SUCCEEDED, None)
+            published = harness.parquet_publications(definition.parent / "warehouse" / "daily_revenue")
+            assert harness.check(platform.db, published).violations == []
 
 
 @pytest.mark.postgres

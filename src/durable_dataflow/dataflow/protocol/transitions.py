@@ -201,6 +201,7 @@ def conclude(
 Found = Published | AlreadyPublished | Present  # a sink's answer that a publication exists, with its refs
 SINK_LOCATION = "sink_location"  # the dispatch.authorized field that records the prepared location
 CANCELLED_CODE = "cancelled"  # a cancelled run's error code
+RECONCILED_ABSENT_CODE = "publication_absent"  # a reconcile proved the key absent: the settled error of the run
 INTERRUPTED = "interrupted"  # run.cancelled's reason when the attempt's own process was told to stop
 
 
@@ -393,8 +394,16 @@ def publication_unknown(
 
 
 def reconciled_absent(db: Database, run: Run, attempt: int, fenced_at: int, *, evidence_key: Secret | None) -> Run:
-    """RECONCILED_ABSENT: the sink proved the key absent and fenced it at ``fenced_at``."""
-    return terminate(db, run, attempt, Outcome.RECONCILED_ABSENT, [{"fenced_at": fenced_at}], evidence_key=evidence_key)
+    """RECONCILED_ABSENT: the sink proved the key absent and fenced it at ``fenced_at``. The stored error is
+    superseded by the settled finding: the earlier "may have published" cause no longer describes the run."""
+    settled = (
+        f"reconcile proved the publication absent and fenced the key at {fenced_at}: no external output; "
+        "`dataflow reconcile RUN --resume` publishes the stored result"
+    )
+    return terminate(
+        db, run, attempt, Outcome.RECONCILED_ABSENT, [{"fenced_at": fenced_at}], evidence_key=evidence_key,
+        projection={"error_code": RECONCILED_ABSENT_CODE, "error_message": settled},
+    )  # fmt: skip
 
 
 def reconcile_undecided(db: Database, run: Run, attempt: int, reason: str, *, evidence_key: Secret | None) -> Run:
@@ -481,11 +490,10 @@ def swept(
     payloads: list[Mapping[str, Any]] = [reason]
     projection: dict[str, object] = {}
     if outcome == Outcome.SWEPT_EXHAUSTED:
-        exhausted = f"all {run.max_attempts} attempts expired before dispatch authorization"
+        # The stored error names the real cause of the last attempt's end, as the ledger does (issue 33).
+        exhausted = f"all {run.max_attempts} attempts ended before dispatch authorization; the last: {reason['reason']}"
         payloads.append({"code": "attempts_exhausted", "message": exhausted, "no_external_output": True})
         projection = {"error_code": "attempts_exhausted", "error_message": exhausted}
     elif authorized:
-        projection = {
-            "error_code": "inconclusive", "error_message": "the worker's lease expired after dispatch authorization",
-        }  # fmt: skip
+        projection = {"error_code": "inconclusive", "error_message": reason["reason"]}
     return apply(conn, db, run, attempt, outcome, payloads, evidence_key=evidence_key, projection=projection)
