@@ -60,6 +60,10 @@ OWNERS: dict[tuple[str, str], tuple[frozenset[str], str]] = {
         frozenset({"dataflow.protocol.partition_tokens"}),
         "the monotonic token per partition of a replace_partition target, taken in the pre-dispatch commit",
     ),
+    ("dataflow.schema", "workers"): (
+        frozenset({"dataflow.protocol.fleet"}),
+        "one heartbeat row per worker process and serve sweeper: register, beat, mark stopped, list with liveness",
+    ),
     ("dataflow.schedules.schedule_schema", "schedules"): (
         frozenset({"dataflow.schedules.schedules"}),
         "applied schedules per tenant and definition name: apply, pause, list",

@@ -35,7 +35,7 @@ from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow import worker as worker_loop
 from durable_dataflow.dataflow.execution import isolation
 from durable_dataflow.dataflow.execution.interruption import Interruption
-from durable_dataflow.dataflow.protocol import sweeper
+from durable_dataflow.dataflow.protocol import fleet, sweeper
 from durable_dataflow.dataflow.worker import SWEEP_INTERVAL_S_DEFAULT
 from durable_dataflow.platform import Platform
 
@@ -78,6 +78,10 @@ class ServeSweeper:
         self._backoff = worker_loop.Backoff(interval_s, max(interval_s, SWEEP_RETRY_S_MAX))
         self._outage = worker_loop.StorageOutage(log, clock)
         self._retry_in_s: float | None = None  # set while the database is down: the next try's delay
+        # Its row in the fleet table (role sweeper), beaten before each sweep that is due a beat: its TTL
+        # covers BEATS_PER_TTL sweep intervals, so a long interval never reads as a dead sweeper.
+        ttl_s = max(fleet.ttl_from_env(), interval_s * fleet.BEATS_PER_TTL)
+        self.heartbeat = fleet.Heartbeat(platform.db, platform.runs.config.holder, fleet.Role.SWEEPER, 1, ttl_s)
 
     def start(self) -> None:
         self._thread.start()
@@ -86,6 +90,10 @@ class ServeSweeper:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        try:
+            self.heartbeat.stopped()
+        except StorageUnavailable as error:  # the row then reads dead after its TTL
+            log.warning("sweeper.unmarked", error=error.message)
 
     def _loop(self) -> None:
         """Runs until stopped: this loop is meant to run for the server's whole life."""
@@ -100,6 +108,8 @@ class ServeSweeper:
         """One sweep; never raises (a down database or a bug is logged, the next sweep tries again)."""
         key = self.platform.runs.config.evidence_key
         try:
+            self.platform.runs.holder_lock.ensure()
+            self.heartbeat.maybe_beat(time.monotonic(), 0, self.platform.runs.holder_lock.held)
             decisions = sweeper.sweep(self.platform.db, evidence_key=key, batch=sweeper.SWEEP_BATCH_MAX)
         except StorageUnavailable as error:
             self._retry_in_s = self._backoff.next_delay_s()

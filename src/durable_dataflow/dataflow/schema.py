@@ -108,3 +108,27 @@ partition_tokens = sa.Table(
     sa.Column("token", sa.BigInteger, nullable=False),
     sa.PrimaryKeyConstraint("tenant", "datasource", "partition_digest", name="pk_partition_tokens"),
 )
+
+# One row per worker process and per `dataflow serve` sweeper: its heartbeat (dataflow.protocol.fleet, the
+# table's one owner). A process upserts its row at start, beats it on its loop and marks it stopped on a
+# graceful stop; rows of processes gone longer than the retention are pruned.
+workers = sa.Table(
+    "workers",
+    metadata,
+    sa.Column("holder", sa.String(200), primary_key=True),  # the process's holder id (its liveness lock's key)
+    sa.Column("role", sa.String(STATUS_LENGTH), nullable=False),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("version", sa.String(64), nullable=False),
+    sa.Column("status", sa.String(STATUS_LENGTH), nullable=False),
+    sa.Column("started_at_us", sa.BigInteger, nullable=False),
+    sa.Column("beat_at_us", sa.BigInteger, nullable=False),
+    sa.Column("stopped_at_us", sa.BigInteger, nullable=True),
+    sa.Column("inflight", sa.Integer, nullable=False),
+    sa.Column("concurrency", sa.Integer, nullable=False),
+    sa.Column("ttl_us", sa.BigInteger, nullable=False),  # the process's own TTL: a reader decides by it
+    # Whether the process held its holder lock (core/holders.py) at its last beat: only then does a free
+    # lock mean that the process is gone (PostgreSQL).
+    sa.Column("holder_locked", sa.Boolean, nullable=False),
+    sa.Index("ix_workers_beat", "beat_at_us"),
+)

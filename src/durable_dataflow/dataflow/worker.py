@@ -17,6 +17,10 @@ transaction. SIGTERM/SIGINT in the CLI (:func:`install_signal_handlers`) also in
 executions (dataflow.execution.interruption): an attempt not yet authorized to dispatch stops its engine within a
 second and ends ``cancelled`` (reason ``interrupted``, its lease released); one already authorized
 finishes its publication.
+
+Heartbeat: the worker keeps its row in the fleet table (dataflow.protocol.fleet): registered at start,
+beaten every ``fleet.beat_interval_s(worker_ttl_s)`` from this loop (one UPDATE; the loop's waits are
+capped so a beat is never late by more than a poll), and marked stopped when :meth:`Worker.run` returns.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any, TypeVar
 import structlog
 
 from durable_dataflow.core.errors import DataflowError, InputError, StaleAttempt, StorageUnavailable
-from durable_dataflow.dataflow.protocol import runs, sweeper
+from durable_dataflow.dataflow.protocol import fleet, runs, sweeper
 from durable_dataflow.dataflow.protocol.runs import Run, RunStatus
 from durable_dataflow.dataflow.protocol.service import Claim, RunService
 from durable_dataflow.dataflow.schedules import schedules
@@ -54,6 +58,9 @@ BACKOFF_MAX_S = 10.0
 BACKOFF_FACTOR = 2.0
 
 T = TypeVar("T")
+# Told of each attempt that ended its run by itself: the run as it ended, and the attempt's seconds from
+# claim to end (the worker's metrics observe run durations and failures through it).
+RunObserver = Callable[[Run, float], None]
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,8 @@ class WorkerOptions:
     poll_interval_s: float = POLL_INTERVAL_S_DEFAULT
     backoff_initial_s: float = BACKOFF_INITIAL_S
     backoff_max_s: float = BACKOFF_MAX_S
+    # The heartbeat row's TTL (dataflow.protocol.fleet): DATAFLOW_WORKER_TTL_S, else 15 s; beats every third.
+    worker_ttl_s: float = field(default_factory=fleet.ttl_from_env)
 
     def __post_init__(self) -> None:
         if not 1 <= self.concurrency <= CONCURRENCY_MAX:
@@ -77,6 +86,7 @@ class WorkerOptions:
             value = getattr(self, name)
             if not INTERVAL_S_MIN <= value <= INTERVAL_S_MAX:
                 raise InputError(f"{name} must be between {INTERVAL_S_MIN} and {INTERVAL_S_MAX} s, got {value}")
+        fleet.ttl_from_env(self.worker_ttl_s)  # refuses a TTL out of its bounds
 
 
 @dataclass
@@ -142,9 +152,21 @@ class StorageOutage:
 class Worker:
     """Sweeps, claims and executes runs of one platform database until stopped or idle."""
 
-    def __init__(self, service: RunService, options: WorkerOptions | None = None, *, log: Any = None) -> None:
+    def __init__(
+        self,
+        service: RunService,
+        options: WorkerOptions | None = None,
+        *,
+        log: Any = None,
+        observe: RunObserver | None = None,
+        role: fleet.Role = fleet.Role.WORKER,
+    ) -> None:
         self.service = service
         self.options = options or WorkerOptions()
+        self._observe = observe
+        self.heartbeat = fleet.Heartbeat(
+            service.db, service.config.holder, role, self.options.concurrency, self.options.worker_ttl_s
+        )
         self.summary = WorkerSummary()
         self._log = log if log is not None else structlog.get_logger("dataflow.worker")
         self._stop = threading.Event()
@@ -185,6 +207,7 @@ class Worker:
         finally:
             pool.shutdown(wait=True)  # in-flight attempts end by themselves: never cut one short
             self._reap()
+            self._mark_stopped()
         self._log.info(
             "worker.stopped", claimed=self.summary.claimed, outcomes=self.summary.outcomes,
             abandoned=self.summary.abandoned, swept=self.summary.swept,
@@ -195,8 +218,10 @@ class Worker:
     # ---- one turn of the loop --------------------------------------------------------------
 
     def _step(self, pool: futures.ThreadPoolExecutor) -> bool:
-        """One turn: reap, sweep when due, claim when there is room. False ends the loop."""
+        """One turn: reap, beat and sweep when due, claim when there is room. False ends the loop."""
         self._reap()
+        if self.heartbeat.due_in_s(time.monotonic()) == 0 and not self._guarded("beat", self._beat)[0]:
+            return True
         if self._sweep_due() and not self._guarded("sweep", self._sweep)[0]:
             return True
         if self._schedules_due() and not self._guarded("schedules", self._evaluate_schedules)[0]:
@@ -284,17 +309,35 @@ class Worker:
         self._outage.succeeded(operation)
         return True, value
 
+    def _beat(self) -> None:
+        """The heartbeat row (one UPDATE), with the holder lock taken again first if its session was lost."""
+        lock = self.service.holder_lock
+        lock.ensure()
+        self.heartbeat.maybe_beat(time.monotonic(), len(self._inflight), lock.held)
+
+    def _mark_stopped(self) -> None:
+        try:
+            self.heartbeat.stopped()
+        except StorageUnavailable as error:  # the row then reads dead after its TTL: still the truth, roughly
+            self._log.warning("worker.unmarked", error=error.message, note="the row reads dead after its TTL")
+
+    def _wait_s(self) -> float:
+        """A wait of the loop: the poll interval, cut short when the next beat is due sooner."""
+        return max(INTERVAL_S_MIN, min(self.options.poll_interval_s, self.heartbeat.due_in_s(time.monotonic())))
+
     def _wait_for_room(self) -> None:
-        futures.wait(list(self._inflight), timeout=self.options.poll_interval_s, return_when=futures.FIRST_COMPLETED)
+        futures.wait(list(self._inflight), timeout=self._wait_s(), return_when=futures.FIRST_COMPLETED)
 
     def _wait_for_inflight(self) -> None:
-        """Until every attempt in flight ended, waking every poll interval: a signal the kernel gave
-        another thread only marks the handler due, and it runs when this (main) thread runs Python again."""
-        while futures.wait(list(self._inflight), timeout=self.options.poll_interval_s).not_done:
-            pass
+        """Until every attempt in flight ended, waking every poll interval (and beating when due): a signal
+        the kernel gave another thread only marks the handler due, and it runs when this (main) thread runs
+        Python again."""
+        while futures.wait(list(self._inflight), timeout=self._wait_s()).not_done:
+            if self.heartbeat.due_in_s(time.monotonic()) == 0:
+                self._guarded("beat", self._beat)
 
     def _wait_for_work(self) -> None:
-        self._stop.wait(self.options.poll_interval_s)
+        self._stop.wait(self._wait_s())
 
     # ---- attempts --------------------------------------------------------------------------
 
@@ -310,6 +353,7 @@ class Worker:
     def _execute(self, claim: Claim) -> None:
         """Carry one attempt to its end; never raises (a failure leaves the attempt to the sweeper)."""
         log = self._log.bind(run_id=claim.run.run_id, attempt=claim.attempt)
+        started_s = time.monotonic()
         try:
             run = self.service.execute(claim)
         except StorageUnavailable as error:
@@ -333,6 +377,8 @@ class Worker:
             return
         with self._summary_lock:
             self.summary.outcomes[str(run.status)] = self.summary.outcomes.get(str(run.status), 0) + 1
+        if self._observe is not None:
+            self._observe(run, time.monotonic() - started_s)
         log.info(
             "run.finished", outcome=str(run.status), recovery_status=str(run.recovery_status),
             unresolved=run.unresolved, error_code=run.error_code,
