@@ -11,7 +11,7 @@ from durable_dataflow.dataflow.protocol.runs import LOCAL_FIELDS, RecoveryStatus
 from support.cli import REPO_ROOT
 
 DOC = (REPO_ROOT / "docs" / "cli.md").read_text()
-CORE_COMMANDS = ("run", "runs", "show", "verify", "result", "reconcile", "schema", "version")
+CORE_COMMANDS = ("run", "runs", "show", "verify", "result", "reconcile", "schema", "validate", "version")
 GROUP_COMMANDS = ("definitions list", "definitions show", "db upgrade", "db current")
 
 

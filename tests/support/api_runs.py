@@ -139,6 +139,7 @@ API_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "/v1/runs/{run}/reconcile", {"resume": False}),
     ("POST", "/v1/runs/{run}/cancel", None),
     ("GET", "/v1/definitions", None),
+    ("POST", "/v1/definitions/validate", {"definition": {"name": "x"}}),
     ("GET", "/v1/datasources", None),
     ("GET", "/v1/datasources/{name}/partitions", None),
     ("GET", "/v1/schedules", None),
@@ -149,6 +150,7 @@ API_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("POST", "/v1/backfills", BACKFILL_BODY),
     ("POST", "/v1/backfills/cancel", BACKFILL_BODY),
     ("GET", "/v1/ops/ledger", None),
+    ("GET", "/v1/workers", None),
     ("GET", "/metrics", None),
     ("GET", "/openapi.json", None),
 ]

@@ -19,7 +19,8 @@ from durable_dataflow.api.auth import api_caller, platform_of
 from durable_dataflow.api.bodies import body_openapi, json_body
 from durable_dataflow.api.operations import Caller
 from durable_dataflow.api.tokens import Role
-from durable_dataflow.dataflow.protocol import partitions, runs
+from durable_dataflow.core.errors import PermissionDenied
+from durable_dataflow.dataflow.protocol import fleet, partitions, runs
 from durable_dataflow.dataflow.protocol.requests import (
     IDEMPOTENCY_KEY_CHARS_MAX,
     MAX_ATTEMPTS_DEFAULT,
@@ -189,6 +190,30 @@ def list_definitions(request: Request, caller: Viewer) -> dict[str, Any]:
     return {"definitions": [asdict(d) for d in found]}
 
 
+class ValidateBody(BaseModel):
+    """What to validate: exactly one of a definition document or a pinned hash, and the parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    definition: dict[str, Any] | None = Field(default=None, description="The definition document as JSON")
+    definition_hash: str | None = Field(default=None, max_length=71, description="A definition already pinned")
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+@router.post("/definitions/validate", responses=ERROR_RESPONSES, openapi_extra=body_openapi(ValidateBody))
+def validate_definition(
+    request: Request, caller: Submitter, body: Annotated[ValidateBody, Depends(json_body(ValidateBody))]
+) -> dict[str, Any]:
+    """Check a definition as a run in the caller's tenant would, reading no data and recording nothing:
+    200 with ``valid`` and every problem (step, source, column, parameter); 422 when it does not parse."""
+    from durable_dataflow.dataflow.protocol.validation import validate_definition as validate
+
+    platform = platform_of(request)
+    d = operations.definition_from_request(platform, caller, body.definition, body.definition_hash)
+    space = request.app.state.tenancy.workspace(caller.tenant)
+    return validate(platform.runs, d, body.parameters, space, caller.access()).as_json()
+
+
 @router.get("/datasources", responses=ERROR_RESPONSES)
 def list_datasources(request: Request, caller: Viewer) -> dict[str, Any]:
     """The caller's tenant's datasources (registered by its runs' first publications) and the platform's
@@ -237,3 +262,17 @@ def ops_ledger_projection(request: Request, caller: OpsReader) -> dict[str, Any]
     """The Ops ledger projection: of the caller's tenant (operator role), or platform-wide, every tenant's
     unresolved runs included (platform_operator role, ``tenant`` null)."""
     return ops_ledger.read_projection(platform_of(request).db, tenant=caller.ops_tenant).as_json()
+
+
+WORKERS_NEED_PLATFORM = (
+    "the fleet is platform-wide: GET /v1/workers needs a platform_operator token (dataflow tokens create --platform)"
+)
+
+
+@router.get("/workers", responses=ERROR_RESPONSES)
+def list_workers(request: Request, caller: OpsReader) -> dict[str, Any]:
+    """Every worker process and `dataflow serve` sweeper, alive, dead or stopped, with its host, pid, version,
+    start, last beat and attempts in flight (platform_operator role only: a tenant token is refused)."""
+    if not caller.token.is_platform:
+        raise PermissionDenied(WORKERS_NEED_PLATFORM)
+    return fleet.document(fleet.list_workers(platform_of(request).db))

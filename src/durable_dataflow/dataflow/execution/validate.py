@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import decimal
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,8 @@ _PLACEHOLDERS: dict[str, Any] = {
 # Decimal digits of the largest value of each integer width: an integer fits a decimal with as many
 # digits before its point.
 _INTEGER_DIGITS = {8: 3, 16: 5, 32: 10, 64: 20}
+# DuckDB's binder names the column a step refers to but no relation has.
+_REFERENCED_COLUMN = re.compile(r'Referenced column "([^"]+)" not found')
 SPARK_NOT_BOUND = (
     "engine spark: the steps were gated but not bound (binding needs a Spark session); "
     "the output columns and types are checked when the run executes"
@@ -222,7 +225,8 @@ def check_steps(d: Definition, raw_params: Mapping[str, Any], ctx: ExecutionCont
     try:
         result = duckdb_engine.bind_steps(d, schemas, bound, ctx.limits)
     except duckdb_engine.StepBindError as error:
-        report.problems.append(Problem(error.message, step=error.step))
+        named = _REFERENCED_COLUMN.search(error.message)
+        report.problems.append(Problem(error.message, step=error.step, column=named.group(1) if named else None))
         return
     except DataflowError as error:  # a refusal of the sandbox, naming the step in its message
         report.problems.append(Problem(error.message, step=_step_named(d, error.message)))
