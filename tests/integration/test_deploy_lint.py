@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 LINT_TIMEOUT_S = 60
 
@@ -39,3 +41,32 @@ def test_hadolint_fails_a_dockerfile_that_runs_as_root(tmp_path: Path) -> None:
         timeout=LINT_TIMEOUT_S, check=False,
     )  # fmt: skip
     assert done.returncode != 0
+
+
+def _analyze(unit: Path) -> subprocess.CompletedProcess[str]:
+    found = shutil.which("systemd-analyze")
+    if found is None:
+        pytest.skip("systemd-analyze is not installed (Debian package systemd): the unit files are not verified")
+    return subprocess.run(
+        [found, "verify", str(unit)], capture_output=True, text=True, timeout=LINT_TIMEOUT_S, check=False
+    )
+
+
+@pytest.mark.parametrize("name", ["dataflow-serve.service", "dataflow-worker@.service"])
+def test_systemd_accepts_every_directive_of_the_units(name: str, tmp_path: Path) -> None:
+    """`systemd-analyze verify` reads each unit without a warning (an unknown key or a bad value is one), with
+    ExecStart pointed at this virtualenv's `dataflow` (the only difference from an installed host)."""
+    text = (ROOT / "deploy" / "systemd" / name).read_text()
+    installed = str(Path(sys.executable).parent / "dataflow")
+    unit = tmp_path / name.replace("@.", "@1.")
+    unit.write_text(text.replace("/opt/dataflow/bin/dataflow", installed))
+    done = _analyze(unit)
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+
+
+def test_systemd_analyze_reports_a_bad_directive(tmp_path: Path) -> None:
+    """The check can fail: an unknown key and a bad signal name are reported."""
+    unit = tmp_path / "bad.service"
+    unit.write_text("[Service]\nExecStart=/bin/true\nTimeoutStopSecs=90\nKillSignal=SIGNOPE\n")
+    done = _analyze(unit)
+    assert "Unknown key" in done.stderr and "SIGNOPE" in done.stderr
