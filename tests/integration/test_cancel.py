@@ -131,7 +131,7 @@ def test_after_authorization_cancel_is_refused_and_the_run_publishes_once(platfo
     crashpoints.set_hook(cancel_now)
     final = platform.runs.execute(claim)
     assert refusals and f"dataflow reconcile {claim.run.run_id}" in refusals[0]
-    assert "publication may exist" in refusals[0]
+    assert "publication may be under way" in refusals[0] and "Wait for it to end" in refusals[0]
     assert final.status == "succeeded"
     assert len(flows.manifests(tmp_path / "sink")) == 1
     assert evidence.RUN_CANCELLED not in [e.kind for e in _entries(platform, claim.run.run_id)]
@@ -165,6 +165,16 @@ def test_finished_and_unresolved_runs_are_refused(platform: Platform, tmp_path: 
     with pytest.raises(Conflict, match=f"dataflow reconcile {unknown.run_id}"):
         _cancel(platform, unknown.run_id)
     assert flows.row_counts(platform) == before, "a refused cancel wrote"
+
+
+def test_a_published_run_is_refused_as_settled_without_reconcile_advice(platform: Platform, tmp_path: Path) -> None:
+    """Proves issue 33 finding 6: a succeeded forward run (its dispatch was authorized) is refused with "already
+    succeeded … nothing to cancel", never "a publication may exist … reconcile" (reconcile would find nothing)."""
+    published = flows.forward(platform, tmp_path, "parquet", "published")
+    assert published.status == "succeeded" and published.publication_idempotency_key is not None
+    with pytest.raises(Conflict, match="already succeeded") as settled:
+        _cancel(platform, published.run_id)
+    assert "reconcile" not in settled.value.message and "may exist" not in settled.value.message
 
 
 def test_another_tenant_cannot_cancel(platform: Platform, tmp_path: Path) -> None:
@@ -318,3 +328,22 @@ def test_one_day_with_broken_evidence_does_not_stop_a_backfill_cancel(served: Se
     assert report["totals"]["evidence_failed"] == 1 and "failed verification" in report["runs"][0]["detail"]
     assert [str(served.platform.runs.get(run_id).status) for run_id in ids] == ["queued", "cancelled", "cancelled"]
 
+
+
+def test_a_backfill_cancel_leaves_finished_days_without_reconcile_advice(served: Served) -> None:
+    """Proves issue 33 finding 6: a day whose run already succeeded (its publication authorized and made) is
+    reported ``finished`` with "already succeeded … nothing to cancel", never the "publication may exist …
+    reconcile" advice that reconcile would then answer with "nothing to reconcile"; the other days are cancelled."""
+    body = {"definition": flow(), "from": "2026-03-01", "to": "2026-03-03"}
+    submitted = served.call("POST", "/v1/backfills", served.tokens.operator, body)
+    assert submitted.status_code == 201, submitted.text
+    ids = [day["run_id"] for day in submitted.json()["runs"]]
+    claim = served.platform.runs.claim_next()
+    assert claim is not None and claim.run.run_id == ids[0]
+    assert served.platform.runs.execute(claim).status == "succeeded"
+    answer = served.call("POST", "/v1/backfills/cancel", served.tokens.operator, body)
+    assert answer.status_code == 200, answer.text
+    days = answer.json()["runs"]
+    assert [day["outcome"] for day in days] == ["finished", "cancelled", "cancelled"]
+    assert "already succeeded" in days[0]["detail"] and "nothing to cancel" in days[0]["detail"]
+    assert "reconcile" not in days[0]["detail"] and "may exist" not in days[0]["detail"]

@@ -114,21 +114,34 @@ def interrupt(db: Database, run: Run, attempt: int, cause: Cause, *, evidence_ke
 
 
 def refusal_of(run: Run) -> str:
-    """Why ``run`` cannot be cancelled as it is now, or "" (a queued or running run may still turn out
-    to be authorized: the locked write looks again)."""
-    if run.publication_idempotency_key is not None or run.status in (
-        RunStatus.OUTCOME_UNKNOWN, RunStatus.EVIDENCE_FAILED,
-    ):  # fmt: skip
+    """Why ``run`` cannot be cancelled as it is now, with the advice its state calls for, or "" (a queued or
+    running run may still turn out to be authorized: the locked write looks again)."""
+    if run.status in (RunStatus.OUTCOME_UNKNOWN, RunStatus.EVIDENCE_FAILED):
         return _authorized(run)
     if run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
-        return f"run {run.run_id} is already {run.status}: there is nothing to cancel"
+        # Settled: a succeeded or failed run needs nothing, and reconcile would find nothing to do.
+        return f"run {run.run_id} is already {run.status} ({run.recovery_status}): there is nothing to cancel"
+    if run.publication_idempotency_key is not None:
+        return _authorized(run)
     return ""
 
 
 def _authorized(run: Run) -> str:
+    """The refusal of a run whose dispatch was authorized, with what to do in its state (issue 33)."""
+    refused = f"run {run.run_id} is {run.status} ({run.recovery_status}) and its dispatch was authorized"
+    if run.status == RunStatus.EVIDENCE_FAILED:
+        return (
+            f"{refused}, and its evidence failed verification: it cannot be cancelled. "
+            f"See which entry broke with `dataflow verify {run.run_id}`, then inspect the sink before acting"
+        )
+    if run.status in (RunStatus.QUEUED, RunStatus.RUNNING):
+        return (
+            f"{refused}: its publication may be under way, so it cannot be cancelled. Wait for it to end "
+            f"(`dataflow show {run.run_id}`); if it ends outcome_unknown, settle it with "
+            f"`dataflow reconcile {run.run_id}`"
+        )
     return (
-        f"run {run.run_id} is {run.status} ({run.recovery_status}) and its dispatch was authorized, so a "
-        "publication may exist: it cannot be cancelled. Settle it by inspecting the sink: "
+        f"{refused}, so a publication may exist: it cannot be cancelled. Settle it by inspecting the sink: "
         f"`dataflow reconcile {run.run_id}`"
     )
 
