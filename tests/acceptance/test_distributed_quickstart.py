@@ -15,12 +15,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
+from durable_dataflow.core.db import Database
+from durable_dataflow.dataflow.protocol import fleet
 from support.cli import REPO_ROOT
 from support.pg import PostgresServer, free_port
 
@@ -35,6 +38,9 @@ ROLES = ("dataflow", "acme_sink")
 QUICKSTART_TIMEOUT_S = 90
 STOP_TIMEOUT_S = 20
 STOP_POLL_S = 0.1
+WORKERS_WAIT_S = 20
+# What the quick start starts in the background, by role in the workers table.
+PROCESSES = ("sweeper", "worker", "worker")
 EXPECTED_REVENUE = {"north": "11.50", "south": "4.25"}
 
 
@@ -92,12 +98,29 @@ def _stop(group: int) -> None:
         time.sleep(STOP_POLL_S)  # polling for the processes' exit: a condition with a deadline, not an order
 
 
+def _wait_for_workers(url: str, state: str) -> dict[str, int]:
+    """The processes per role in ``state`` (fleet.list_workers), once the three the quick start starts are in it
+    or after WORKERS_WAIT_S (then what is there): a worker registers as its loop starts, after the script's run."""
+    database = Database(url)
+    try:
+        deadline_s = time.monotonic() + WORKERS_WAIT_S
+        while True:
+            counted = Counter(w.role for w in fleet.list_workers(database) if str(w.state) == state)
+            if sum(counted.values()) >= len(PROCESSES) or time.monotonic() > deadline_s:
+                return dict(counted)
+            time.sleep(STOP_POLL_S)  # polling a condition with a deadline
+    finally:
+        database.dispose()
+
+
 def test_the_distributed_quick_start_publishes_and_verifies_a_run(cluster: PostgresServer, tmp_path: Path) -> None:
     """The doc's quick start, run by bash as written, ends with `dataflow verify` green; the sink database holds
     the run's rows once under its key, read by SQL; both workers started and one of them published it."""
     srv, work = tmp_path / "srv", tmp_path / "work"
+    platform_url = f"postgresql://postgres@127.0.0.1:{cluster.port}/dataflow"
     work.mkdir()
-    script = "set -euo pipefail\n" + _block("quickstart")
+    # Each command traced with its time on stderr, so a failure or a slow run shows which step.
+    script = "set -euo pipefail\nPS4='+ $EPOCHREALTIME '\nset -x\n" + _block("quickstart")
     # Files, not pipes: the background processes inherit the script's output and outlive it.
     with (tmp_path / "stdout").open("w") as out, (tmp_path / "stderr").open("w") as err:
         process = subprocess.Popen(
@@ -106,6 +129,7 @@ def test_the_distributed_quick_start_publishes_and_verifies_a_run(cluster: Postg
         )  # fmt: skip
         try:
             process.wait(timeout=QUICKSTART_TIMEOUT_S)
+            alive = _wait_for_workers(platform_url, "alive") if process.returncode == 0 else {}
         finally:
             _stop(process.pid)
             process.kill()
@@ -125,6 +149,8 @@ def test_the_distributed_quick_start_publishes_and_verifies_a_run(cluster: Postg
     assert keys == [(f"dataflow/acme/{run_id}", len(EXPECTED_REVENUE))]
     assert {region: revenue for region, revenue, _ in rows} == EXPECTED_REVENUE and len(rows) == 2
     assert {key for _, _, key in rows} == {f"dataflow/acme/{run_id}"}
+    assert alive == {"worker": 2, "sweeper": 1}, "both workers and serve's sweeper registered alive"
+    assert _wait_for_workers(platform_url, "stopped") == {"worker": 2, "sweeper": 1}, "each stopped gracefully"
     started = [name for name, text in logs.items() if name.startswith("worker-") and "worker.started" in text]
     assert sorted(started) == ["worker-1.log", "worker-2.log"]
     assert sum(f'"run_id": "{run_id}"' in logs[name] for name in started) == 1, "one worker claimed the run"
