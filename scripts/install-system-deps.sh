@@ -3,7 +3,8 @@
 #   - PostgreSQL 15 server binaries (initdb, pg_ctl, postgres) for the distributed tests,
 #   - spin and gcc for the protocol model check (model/check),
 #   - chromium for the browser test,
-#   - a Java runtime (OpenJDK 17, headless) for the Spark engine's tests (pyspark starts a JVM).
+#   - a Java runtime (OpenJDK 17, headless) for the Spark engine's tests (pyspark starts a JVM),
+#   - curl and jq for the distributed quick start (docs/deployment.md).
 # Idempotent: a machine that has everything runs no apt command at all. As root it installs with
 # apt-get; as another user it prints what is missing and exits 0, so the tests that need a missing
 # tool fail loudly in CI (DATAFLOW_REQUIRE_POSTGRES=1) instead of this script hiding it.
@@ -27,9 +28,12 @@ command -v spin >/dev/null 2>&1 || { missing+=("spin"); packages+=("spin"); }
 command -v gcc >/dev/null 2>&1 || { missing+=("gcc"); packages+=("gcc"); }
 have_chromium || { missing+=("chromium"); packages+=("chromium"); }
 have_java || { missing+=("java"); packages+=("openjdk-17-jre-headless"); }
+# The distributed quick start of docs/deployment.md, run as written by tests/acceptance/test_distributed_quickstart.py.
+command -v curl >/dev/null 2>&1 || { missing+=("curl"); packages+=("curl"); }
+command -v jq >/dev/null 2>&1 || { missing+=("jq"); packages+=("jq"); }
 
 if [ "${#missing[@]}" -eq 0 ]; then
-  echo "install-system-deps: PostgreSQL, spin, gcc, chromium and java are present"
+  echo "install-system-deps: PostgreSQL, spin, gcc, chromium, java, curl and jq are present"
   exit 0
 fi
 
@@ -68,6 +72,8 @@ have_postgres || still+=("PostgreSQL")
 command -v spin >/dev/null 2>&1 || still+=("spin")
 have_chromium || still+=("chromium")
 have_java || still+=("java")
+command -v curl >/dev/null 2>&1 || still+=("curl")
+command -v jq >/dev/null 2>&1 || still+=("jq")
 if [ "${#still[@]}" -gt 0 ]; then
   echo "install-system-deps: still missing after apt-get install: ${still[*]}" >&2
   exit 1
