@@ -22,7 +22,7 @@ from durable_dataflow.platform import Platform
 from support.api_runs import API_ROUTES, Tokens, copy_examples, make_atomic_run, make_outcome_unknown_run, make_tokens
 from support.cli import make_cli
 
-PLATFORM_ROUTES = {("GET", "/v1/ops/ledger"), ("GET", "/metrics")}
+PLATFORM_ROUTES = {("GET", "/v1/ops/ledger"), ("GET", "/metrics"), ("GET", "/v1/workers")}
 # Every authenticated route but the two platform-wide reads; {run} is acme's unresolved run.
 TENANT_ROUTES = [r for r in API_ROUTES if (r[0], r[1]) not in PLATFORM_ROUTES]
 

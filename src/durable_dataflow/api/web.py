@@ -26,7 +26,7 @@ from durable_dataflow.api.errors import HTTP_STATUS_BY_CODE
 from durable_dataflow.api.tokens import Role
 from durable_dataflow.core.errors import DataflowError, Unauthenticated
 from durable_dataflow.core.text import printable
-from durable_dataflow.dataflow.protocol import partitions, runs, views
+from durable_dataflow.dataflow.protocol import fleet, partitions, runs, views
 from durable_dataflow.dataflow.protocol.runs import RecoveryStatus, RunStatus
 from durable_dataflow.dataflow.schedules import schedules
 from durable_dataflow.ops import ledger as ops_ledger
@@ -261,5 +261,8 @@ def cancel(request: Request, run_id: str, csrf: str = Form(default="")) -> Respo
 def ops_page(request: Request) -> HTMLResponse:
     """The Ops ledger projection of the operator's tenant, or platform-wide for a platform operator."""
     caller = web_caller(request, Role.OPERATOR, platform_wide=True)
-    projection = ops_ledger.read_projection(platform_of(request).db, tenant=caller.ops_tenant)
-    return render(request, "ops.html", {"caller": caller, "projection": projection})
+    db = platform_of(request).db
+    projection = ops_ledger.read_projection(db, tenant=caller.ops_tenant)
+    # The fleet is platform-wide: a tenant's operator does not see other tenants' workers' hosts.
+    fleet_rows = fleet.list_workers(db) if caller.token.is_platform else None
+    return render(request, "ops.html", {"caller": caller, "projection": projection, "workers": fleet_rows})

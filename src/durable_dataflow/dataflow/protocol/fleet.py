@@ -193,6 +193,13 @@ def _list(conn: Connection, db: Database, limit: int) -> list[WorkerView]:
     return [_view(row, now_us) for row in rows]
 
 
+def document(found: list[WorkerView]) -> dict[str, Any]:
+    """The one JSON document of the fleet (``dataflow workers --json``, ``GET /v1/workers``): the rows, and
+    the count per state."""
+    counts = {str(state): sum(1 for w in found if w.state == state) for state in WorkerState}
+    return {"workers": [w.as_json() for w in found], **counts}
+
+
 def _view(row: sa.Row[Any], now_us: int) -> WorkerView:
     age_s = max(0.0, (now_us - int(row.beat_at_us)) / _US)
     ttl_s = int(row.ttl_us) / _US
