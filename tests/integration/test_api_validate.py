@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 from durable_dataflow.api.app import create_app
 from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.execution import workspace
+from durable_dataflow.dataflow.execution.validate import SPARK_NOT_BOUND
 from durable_dataflow.dataflow.protocol.requests import AccessContext
 from durable_dataflow.dataflow.protocol.validation import validate_definition
 from durable_dataflow.platform import Platform
@@ -188,3 +189,21 @@ def test_a_postgres_source_is_described_without_its_rows(
         report = validate_definition(platform.runs, Definition.model_validate(document), {}, space, access)
         assert [p.source for p in report.problems] == ["customers"] and "SQLSTATE 42P01" in report.problems[0].message
         assert flows.row_counts(platform) == {name: 0 for name in flows.row_counts(platform)}
+
+
+def test_a_spark_definition_is_checked_up_to_the_bind(sqlite_url: str, tmp_path: Path) -> None:
+    """engine: spark is gated, its parameters and sources' schemas checked, and a note says the steps were
+    not bound (that needs a Spark session, which validation never starts); a gate refusal is a problem."""
+    pytest.importorskip("pyspark")
+    orders = pa.table({"day": pa.array(["2026-11-02"]).cast(pa.date32()), "segment": ["retail"], "amount": [1.5]})
+    pq.write_table(orders, tmp_path / "orders.parquet")
+    (tmp_path / "regions.csv").write_text("segment,region\nretail,north\n")
+    document = {**copy.deepcopy(VALID), "engine": "spark"}
+    access, space = AccessContext.local("default"), workspace.local(tmp_path)
+    with Platform(sqlite_url) as platform:
+        params = {"day": "2026-11-02"}
+        report = validate_definition(platform.runs, Definition.model_validate(document), params, space, access)
+        assert report.valid and report.notes == [SPARK_NOT_BOUND], (report.problems, report.notes)
+        document["steps"][0]["sql"] = "insert into orders select * from orders"
+        refused = validate_definition(platform.runs, Definition.model_validate(document), params, space, access)
+        assert [p.step for p in refused.problems] == ["daily"], refused.problems
