@@ -265,3 +265,19 @@ def test_a_huge_integer_or_a_deep_nesting_is_an_input_error(suffix: str) -> None
     for text, expected in zip(texts, ("a number over 4300 digits", "nests too deeply"), strict=True):
         with pytest.raises(InputError, match=rf"^doc{suffix}: .*{expected}"):
             definitions.parse_definition(text, f"doc{suffix}")
+
+
+def test_a_yaml_mistake_names_its_line_and_column() -> None:
+    """Proves issue 33 finding 6: a value of the wrong type inside a YAML flow map is reported with its path and
+    the line and column where it stands; a missing field with the line of the mapping that lacks it."""
+    flow_map = (
+        "name: t\nversion: 1\nsources:\n"
+        "  orders: {kind: csv, path: o.csv, schema: {id: int64, amount: [1, 2]}}\n"
+        "steps:\n  - name: s\n    sql: select 1 as n\n"
+        "output:\n  schema: {n: int64}\n  max_rows: 10\n  max_bytes: 1MiB\n"
+    )
+    with pytest.raises(InputError, match=r"sources\.orders\.schema\.amount: .* \(line 4, column 64\)"):
+        definitions.parse_definition(flow_map, "flow.yaml")
+    missing = flow_map.replace("  max_rows: 10\n", "")
+    with pytest.raises(InputError, match=r"output\.max_rows: required field is missing \(line 9, column 3\)"):
+        definitions.parse_definition(missing, "flow.yaml")

@@ -632,10 +632,47 @@ def _parse_text(text: str, origin: str) -> Any:
         raise InputError(f"{origin}: malformed YAML: {exc}") from None
 
 
-def _error_path(loc: tuple[int | str, ...]) -> str:
+def _document_path(loc: tuple[int | str, ...]) -> list[int | str]:
     # Pydantic puts the discriminator tag after the source name: sources.orders.csv.path.
     tag_index = 2 if loc and loc[0] == "sources" and len(loc) > 2 and loc[2] in SOURCE_KINDS else None
-    return strictjson.path_text([item for index, item in enumerate(loc) if index != tag_index])
+    return [item for index, item in enumerate(loc) if index != tag_index]
+
+
+def _error_path(loc: tuple[int | str, ...]) -> str:
+    return strictjson.path_text(_document_path(loc))
+
+
+def _node_at(root: yaml.Node, path: list[int | str]) -> yaml.Node:
+    """The deepest node of the document along ``path``: the field itself, or the mapping that lacks it."""
+    node = root
+    for item in path:
+        child: yaml.Node | None = None
+        if isinstance(node, yaml.MappingNode):
+            child = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == str(item)), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(item, int) and 0 <= item < len(node.value):
+            child = node.value[item]
+        if child is None:
+            break
+        node = child
+    return node
+
+
+def _where(root: yaml.Node | None, loc: tuple[int | str, ...]) -> str:
+    """`` (line L, column C)`` of the field an error names (or of the mapping that lacks it), or "" without
+    a document tree."""
+    if root is None:
+        return ""
+    mark = _node_at(root, _document_path(loc)).start_mark
+    return f" (line {mark.line + 1}, column {mark.column + 1})"
+
+
+def _compose(text: str) -> yaml.Node | None:
+    """The document's node tree, with each node's line and column, for error messages (None if unreadable:
+    the document already parsed once, so this only fails on what a second parse cannot add)."""
+    try:
+        return yaml.compose(text, Loader=_StrictLoader)
+    except (yaml.YAMLError, RecursionError, ValueError):
+        return None
 
 
 def _error_text(error: Any) -> str:
@@ -654,10 +691,15 @@ def _error_text(error: Any) -> str:
     return message.removeprefix("Value error, ")
 
 
-def format_validation_error(exc: ValidationError, origin: str) -> InputError:
-    """An InputError naming the file, each failing field's path and the problem."""
+def format_validation_error(exc: ValidationError, origin: str, text: str | None = None) -> InputError:
+    """An InputError naming the file, each failing field's path (with its line and column when the
+    document's ``text`` is given) and the problem."""
     errors = exc.errors(include_input=False, include_url=False)
-    lines = [f"{_error_path(tuple(e['loc']))}: {_error_text(e)}" for e in errors[:ERRORS_SHOWN_MAX]]
+    root = _compose(text) if text is not None else None
+    lines = [
+        f"{_error_path(tuple(e['loc']))}: {_error_text(e)}{_where(root, tuple(e['loc']))}"
+        for e in errors[:ERRORS_SHOWN_MAX]
+    ]
     if len(errors) > ERRORS_SHOWN_MAX:
         lines.append(f"... and {len(errors) - ERRORS_SHOWN_MAX} more")
     return InputError(f"{origin}: invalid definition: " + "; ".join(lines))
@@ -671,7 +713,9 @@ def parse_definition(text: str, origin: str) -> Definition:
     try:
         return Definition.model_validate(document)
     except ValidationError as exc:
-        raise format_validation_error(exc, origin) from None
+        # Lines and columns help in a YAML file; a JSON body (the API's, one line) would only gain noise.
+        yaml_text = None if origin.lower().endswith(".json") else text
+        raise format_validation_error(exc, origin, yaml_text) from None
     except RecursionError:
         raise InputError(f"{origin}: the definition nests too deeply") from None
 
