@@ -664,3 +664,23 @@ def unresolved_warning(run: Run) -> str:
         f"idempotency key {run.publication_idempotency_key} with output digest {run.output_digest}. "
         f"Do not re-run it; reconcile by inspecting the sink: `dataflow reconcile {run.run_id}`."
     )
+
+
+def oldest_created_us(conn: Connection, status: RunStatus) -> int | None:
+    """When the oldest run in ``status`` was created (None when there is none): one probe of
+    ``ix_dataflow_runs_status`` (status, created_at_us), for the metrics' oldest queued age."""
+    value = conn.execute(
+        sa.select(sa.func.min(dataflow_runs.c.created_at_us)).where(dataflow_runs.c.status == status.value)
+    ).scalar()
+    return None if value is None else int(value)
+
+
+def failed_by_error_code(conn: Connection) -> dict[str, int]:
+    """Failed runs per error code, platform-wide (a failed run stays failed, so each count only grows: the
+    metrics' failures counter). ``ix_dataflow_runs_status`` narrows the read to the failed runs."""
+    rows = conn.execute(
+        sa.select(dataflow_runs.c.error_code, sa.func.count())
+        .where(dataflow_runs.c.status == RunStatus.FAILED.value)
+        .group_by(dataflow_runs.c.error_code)
+    )
+    return {str(code or "unknown"): int(count) for code, count in rows}

@@ -727,3 +727,11 @@ def _newest_submitted(db: Database, applied: AppliedSchedule) -> TickDecision | 
         row = conn.execute(query).first()
     return None if row is None else _decision_of(row)
 
+
+
+def oldest_due_us(conn: Connection) -> int | None:
+    """The earliest next-due instant of any schedule (None when no schedule is due ever): one probe of
+    ``ix_schedules_next_due``. A due instant in the past is work no evaluation has done yet: the metrics'
+    schedule lag."""
+    value = conn.execute(sa.select(sa.func.min(schedules.c.next_due_us))).scalar()
+    return None if value is None else int(value)
