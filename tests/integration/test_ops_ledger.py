@@ -18,12 +18,13 @@ from durable_dataflow.cli import app as cli_app
 from durable_dataflow.core import crashpoints
 from durable_dataflow.core.schema import checkpoints, leases, ledger_entries
 from durable_dataflow.dataflow.definitions.definitions import load_definition
-from durable_dataflow.dataflow.protocol import runs, views
+from durable_dataflow.dataflow.protocol import cancel, runs, views
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.dataflow.schema import dataflow_runs
 from durable_dataflow.ops import ledger
 from durable_dataflow.platform import Platform
+from support import flows
 from support.api_runs import copy_examples, make_atomic_run, make_outcome_unknown_run, web_login
 
 
@@ -181,3 +182,33 @@ def test_ops_and_metrics_count_an_expired_authorized_run_as_the_read_views_do(
     assert api["unresolved_total"] == 1 and [u["run_id"] for u in api["unresolved"]] == [published.run_id]
     assert published.run_id in page and claimed.run_id not in page
     assert _snapshot(platform) == before  # Ops and metrics only read: nothing was swept
+
+
+def test_ops_ledger_splits_failed_from_cancelled_and_lists_failures_by_error_code(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Proves issue 33 finding 6: a failed and a cancelled run share the recovery status no_external_output,
+    yet `dataflow ops ledger` (table and --json) shows them as two states, and lists the recent failure under
+    its error code."""
+    with Platform(db_url) as platform:
+        bad = flows.definition(sql="select region, 'x'::INTEGER as total, 1::BIGINT as n from sales")
+        failed = platform.runs.run_inline(flows.request(bad, tmp_path, "failing")).run
+        queued = platform.runs.submit(flows.request(flows.definition(), tmp_path, "to-cancel")).run
+        cancel.cancel(
+            platform.runs, queued.run_id, access=AccessContext("acme", "op", ("operator",), (), "test"),
+            provenance=Provenance("op", "api"),
+        )  # fmt: skip
+    assert (failed.status, failed.error_code) == ("failed", "execution_failed")
+    runner = CliRunner()
+    shown = runner.invoke(cli_app, ["--db", db_url, "ops", "ledger", "--json"])
+    assert shown.exit_code == 0, shown.output
+    data = json.loads(shown.stdout)
+    assert {(s["status"], s["recovery_status"], s["runs"]) for s in data["runs_by_state"]} == {
+        ("failed", "no_external_output", 1), ("cancelled", "no_external_output", 1),
+    }  # fmt: skip
+    assert data["recent_failures"] == {"execution_failed": 1}
+    table = runner.invoke(cli_app, ["--db", db_url, "ops", "ledger"], terminal_width=200)
+    assert table.exit_code == 0, table.output
+    rows = [" ".join(line.replace("│", " ").split()) for line in table.stdout.splitlines()]
+    assert "failed no_external_output 1" in rows and "cancelled no_external_output 1" in rows
+    assert "execution_failed 1" in rows

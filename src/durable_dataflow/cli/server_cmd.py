@@ -333,10 +333,16 @@ def _print_projection(data: dict[str, Any]) -> None:
             ),
         )
     console.print(modules)
-    recovery = Table("recovery status", "runs", title="Dataflow runs by recovery status")
-    for status, count in data["runs_by_recovery_status"].items():
-        recovery.add_row(_cell(status), _cell(str(count)))
-    console.print(recovery)
+    # By the pair, as the Ops page shows it: cancelled and failed share the no_external_output recovery.
+    states = Table("status", "recovery status", "runs", title="Dataflow runs by status")
+    for state in data["runs_by_state"]:
+        states.add_row(_cell(state["status"]), _cell(state["recovery_status"]), _cell(str(state["runs"])))
+    console.print(states)
+    hours = data["recent_failures_window_s"] // 3600
+    failures = Table("error code", "runs", title=f"Failed runs in the last {hours} h by error code")
+    for code, count in data["recent_failures"].items():
+        failures.add_row(_cell(code), _cell(str(count)))
+    console.print(failures if data["recent_failures"] else Text(f"No failed runs in the last {hours} h"))
     total = data["unresolved_total"]
     console.print(Text(f"Unresolved runs: {total}", style="bold red" if total else "green"))
     if total:

@@ -25,6 +25,7 @@ from durable_dataflow.dataflow.protocol.runs import unresolved_warning
 
 UNRESOLVED_SHOWN_MAX = 100
 DEFINITIONS_LISTED_MAX = 1000
+RECENT_FAILURES_WINDOW_S = 24 * 3600  # how far back the Ops views count failed runs by error code
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,15 @@ class UnresolvedRun:
 
 
 @dataclass(frozen=True)
+class RunStateCount:
+    """How many runs are in one (status, recovery status) pair."""
+
+    status: str
+    recovery_status: str
+    runs: int
+
+
+@dataclass(frozen=True)
 class LedgerProjection:
     """The Ops view. ``tenant`` None means platform-wide."""
 
@@ -72,6 +82,11 @@ class LedgerProjection:
     unresolved_total: int
     unresolved: list[UnresolvedRun] = field(default_factory=list)
     oldest_unresolved: UnresolvedRun | None = None
+    # Each (status, recovery status) pair with its runs: cancelled and failed share no_external_output.
+    runs_by_state: list[RunStateCount] = field(default_factory=list)
+    # Failed runs recorded in the last RECENT_FAILURES_WINDOW_S, by error code, most first.
+    recent_failures: dict[str, int] = field(default_factory=dict)
+    recent_failures_window_s: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -188,14 +203,19 @@ def _unresolved_run(view: views.RunView, now_us: int) -> UnresolvedRun:
     )
 
 
-def _status_pairs(conn: Connection, tenant: str | None) -> tuple[dict[str, int], dict[str, int]]:
-    """Runs by status and by recovery status from ONE grouped scan of the projection."""
+def _status_pairs(
+    conn: Connection, tenant: str | None
+) -> tuple[dict[str, int], dict[str, int], list[RunStateCount]]:
+    """Runs by status, by recovery status and by the pair of both, from ONE grouped scan of the projection."""
     by_status: dict[str, int] = {}
     by_recovery: dict[str, int] = {}
+    pairs = []
     for status, recovery, count in runs.count_by(conn, "status", "recovery_status", tenant=tenant, ordered=False):
         by_status[str(status)] = by_status.get(str(status), 0) + int(count)
         by_recovery[str(recovery)] = by_recovery.get(str(recovery), 0) + int(count)
-    return dict(sorted(by_status.items())), dict(sorted(by_recovery.items()))
+        pairs.append(RunStateCount(str(status), str(recovery), int(count)))
+    pairs.sort(key=lambda pair: (pair.status, pair.recovery_status))
+    return dict(sorted(by_status.items())), dict(sorted(by_recovery.items())), pairs
 
 
 def projection(
@@ -204,8 +224,9 @@ def projection(
     """The whole Ops view in one read transaction (one consistent snapshot on PostgreSQL)."""
     now_us = db.now_us(conn)
     total, unresolved = unresolved_runs(conn, db, now_us, tenant)
-    by_status, by_recovery = _status_pairs(conn, tenant)
+    by_status, by_recovery, pairs = _status_pairs(conn, tenant)
     runs_total = sum(by_status.values())
+    since_us = now_us - RECENT_FAILURES_WINDOW_S * US_PER_S
     return LedgerProjection(
         tenant=tenant,
         now_us=now_us,
@@ -215,6 +236,9 @@ def projection(
         unresolved_total=total,
         unresolved=unresolved,
         oldest_unresolved=unresolved[0] if unresolved else None,
+        runs_by_state=pairs,
+        recent_failures=runs.failures_by_error_code(conn, since_us, tenant),
+        recent_failures_window_s=RECENT_FAILURES_WINDOW_S,
     )
 
 

@@ -556,6 +556,22 @@ def count_by(
     return [tuple(row) for row in conn.execute(query)]
 
 
+def failures_by_error_code(conn: Connection, since_us: int, tenant: str | None = None) -> dict[str, int]:
+    """Failed runs recorded since ``since_us`` (database clock), counted by ``error_code``, most first: what
+    the Ops views list as recent failures. The ``(status, created_at_us)`` index serves it."""
+    c = dataflow_runs.c
+    count = sa.func.count().label("n")
+    query = (
+        sa.select(c.error_code, count)
+        .where(c.status == RunStatus.FAILED, c.created_at_us >= since_us)
+        .group_by(c.error_code)
+        .order_by(count.desc(), c.error_code)
+    )
+    if tenant is not None:
+        query = query.where(c.tenant == tenant)
+    return {str(code or "unknown"): int(n) for code, n in conn.execute(query)}
+
+
 # ---- unresolved: the one definition every reader counts and shows -----------------------------
 #
 # A run is unresolved when its projection says so (``UNRESOLVED_RECOVERY``, as ``Run.unresolved``) or
