@@ -207,3 +207,23 @@ def test_a_spark_definition_is_checked_up_to_the_bind(sqlite_url: str, tmp_path:
         document["steps"][0]["sql"] = "insert into orders select * from orders"
         refused = validate_definition(platform.runs, Definition.model_validate(document), params, space, access)
         assert [p.step for p in refused.problems] == ["daily"], refused.problems
+
+
+def test_a_delta_source_is_described_from_its_log(sqlite_url: str, tmp_path: Path) -> None:
+    """A Delta source's schema comes from its snapshot (a pinned version too): a wrong output type over it
+    is a problem naming the step and the column; a version the table does not have names the source."""
+    deltalake = pytest.importorskip("deltalake")
+    table = pa.table({"day": pa.array(["2026-11-02"]).cast(pa.date32()), "segment": ["retail"], "amount": [1.5]})
+    deltalake.write_deltalake(str(tmp_path / "orders"), table)
+    document: dict[str, Any] = {
+        "name": "delta_in", "version": 1, "sources": {"orders": {"kind": "delta", "path": "orders", "version": 0}},
+        "steps": [{"name": "r", "sql": "select segment, sum(amount) as total from orders group by segment"}],
+        "output": {"schema": {"segment": "int64", "total": "float64"}, "max_rows": 10, "max_bytes": "1MiB"},
+    }  # fmt: skip
+    access, space = AccessContext.local("default"), workspace.local(tmp_path)
+    with Platform(sqlite_url) as platform:
+        report = validate_definition(platform.runs, Definition.model_validate(document), {}, space, access)
+        assert [(p.step, p.column) for p in report.problems] == [("r", "segment")], report.problems
+        document["sources"]["orders"]["version"] = 7
+        missing = validate_definition(platform.runs, Definition.model_validate(document), {}, space, access)
+        assert [p.source for p in missing.problems] == ["orders"], missing.problems
