@@ -17,7 +17,15 @@ Where each is checked:
 - ``inline_executions``: by the API's inline executor (``api.inline``), with the platform-wide
   ``inline_executions_max`` beside it.
 
-Statements (each reads only; none takes a lock):
+Two recording transactions of one tenant take turns from its quota check to their commit, so two
+concurrent submits cannot both count the same last free slot: on PostgreSQL :func:`check_submit` first
+takes a transaction-scoped advisory lock on the tenant (``_TENANT_TURN``: ``pg_advisory_xact_lock`` with
+the class ``QUOTA_LOCK_CLASS`` and a key hashed from the tenant name, released by the commit or
+rollback); READ COMMITTED counts only committed rows, so without it both would pass. On SQLite every
+write transaction begins IMMEDIATE (core.db), which already makes writers take turns. Other tenants'
+submits never wait for it.
+
+Statements (the counts read only; ``_TENANT_TURN`` is the one lock):
 
 - ``runs.count_in_status``: the tenant's runs in one status, counted through
   ``ix_dataflow_runs_tenant_status_pair`` and stopped at the limit, so its cost is bounded by the limit.
@@ -36,6 +44,7 @@ per-tenant lock (the throughput benchmark); the bound on harm is the same.
 from __future__ import annotations
 
 import enum
+import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -143,10 +152,29 @@ def _shown(setting: QuotaSetting, value: int) -> str:
 # ---- the checks --------------------------------------------------------------------------------
 
 
+QUOTA_LOCK_CLASS = 0x51554F54  # "QUOT": the first key of the quota checks' advisory locks (the second: the tenant's)
+# Two int4 keys, not one bigint: PostgreSQL keeps the two forms apart, so no other advisory lock collides.
+_TENANT_TURN = sa.text("SELECT pg_advisory_xact_lock(:lock_class, :tenant_key)")
+
+
+def _tenant_key(tenant: str) -> int:
+    """A stable signed 32-bit key for the tenant's name (two tenants sharing one only take turns)."""
+    digest = hashlib.sha256(tenant.encode("utf-8")).digest()
+    return int.from_bytes(digest[:4], "big", signed=True)
+
+
+def take_tenant_turn(conn: Connection, tenant: str) -> None:
+    """Wait until no other open transaction of ``tenant`` holds its turn, and hold it until this one ends."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(_TENANT_TURN, {"lock_class": QUOTA_LOCK_CLASS, "tenant_key": _tenant_key(tenant)})
+
+
 def check_submit(conn: Connection, quotas: Quotas, tenant: str, *, inline: bool) -> None:
     """Refuse recording one more run of ``tenant`` (queued, or ``inline``: running at once) when it would
-    pass a quota. Called in the recording transaction before its first write."""
+    pass a quota. Called in the recording transaction before its first write; it takes the tenant's turn
+    (``take_tenant_turn``) before counting, so the count and the insert are one step for the tenant."""
     limits = quotas.of(tenant)
+    take_tenant_turn(conn, tenant)
     if inline:
         _check_count(conn, tenant, RunStatus.RUNNING, Quota.RUNNING_RUNS, limits.running_runs)
     else:
