@@ -24,7 +24,8 @@ from common import BenchContext, bench_server, console
 
 # In the order they run; ledger_scale last, since it loads a million runs.
 BENCHMARKS = (
-    "commits", "throughput", "replay", "recovery", "digest", "tpch", "cli_startup", "partitions", "ledger_scale",
+    "commits", "throughput", "replay", "recovery", "digest", "tpch", "cli_startup", "partitions", "fairness",
+    "ledger_scale",
 )  # fmt: skip
 
 
