@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from durable_dataflow.api import tokens
 from durable_dataflow.api.app import create_app
 from durable_dataflow.cli import app as cli_app
+from durable_dataflow.cli.common import short_id
 from durable_dataflow.core import crashpoints
 from durable_dataflow.core.schema import checkpoints, leases, ledger_entries
 from durable_dataflow.dataflow.definitions.definitions import load_definition
@@ -189,7 +190,7 @@ def test_ops_ledger_splits_failed_from_cancelled_and_lists_failures_by_error_cod
 ) -> None:
     """Proves issue 33 finding 6: a failed and a cancelled run share the recovery status no_external_output,
     yet `dataflow ops ledger` (table and --json) shows them as two states, and lists the recent failure under
-    its error code."""
+    its error code; `dataflow runs` has an error column with the failed run's code."""
     with Platform(db_url) as platform:
         bad = flows.definition(sql="select region, 'x'::INTEGER as total, 1::BIGINT as n from sales")
         failed = platform.runs.run_inline(flows.request(bad, tmp_path, "failing")).run
@@ -212,3 +213,9 @@ def test_ops_ledger_splits_failed_from_cancelled_and_lists_failures_by_error_cod
     rows = [" ".join(line.replace("│", " ").split()) for line in table.stdout.splitlines()]
     assert "failed no_external_output 1" in rows and "cancelled no_external_output 1" in rows
     assert "execution_failed 1" in rows
+    history = runner.invoke(cli_app, ["--db", db_url, "runs"], terminal_width=250)
+    assert history.exit_code == 0, history.output
+    header = next(line for line in history.stdout.splitlines() if "recovery" in line).replace("┃", " ").split()
+    assert header.index("error") == header.index("recovery") + 1
+    [failed_row] = [line for line in history.stdout.splitlines() if short_id(failed.run_id) in line]
+    assert "execution_failed" in failed_row

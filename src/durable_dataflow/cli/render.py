@@ -74,7 +74,7 @@ def _one_line(value: str) -> str:
 def history_table(items: Sequence[Run | RunView], now_s: float) -> Table:
     """The run history: unresolved runs carry their warning, in bold yellow, never 'failed'."""
     table = Table(show_lines=False, expand=False)
-    for column in ("run", "definition", "parameters", "status", "recovery", "attempt", "rows", "age"):
+    for column in ("run", "definition", "parameters", "status", "recovery", "error", "attempt", "rows", "age"):
         table.add_column(column, no_wrap=True)
     table.add_column("WARNING", overflow="fold")
     for view in map(common.view_of, items):
@@ -87,6 +87,8 @@ def history_table(items: Sequence[Run | RunView], now_s: float) -> Table:
             Text(_one_line(parameters_text(run.parameters, PARAMETERS_CELL_CHARS_MAX))),
             common.status_text(view),
             Text(_one_line(run.recovery_status), style="bold yellow" if view.unresolved else ""),
+            # The code only (the message is on `dataflow show`): which runs failed of what, at a glance.
+            Text(_one_line(run.error_code or ""), style="red" if run.status == RunStatus.FAILED else ""),
             Text(f"{run.attempt}/{run.max_attempts}"),
             Text("" if run.row_count is None else str(run.row_count)),
             Text(common.age_text(run.created_at_us, now_s)),
