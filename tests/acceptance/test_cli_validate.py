@@ -68,7 +68,7 @@ def test_validate_finds_the_wrong_output_type_from_the_footer_alone(sqlite_url: 
     wrong = cli("validate", "wrong.yaml")
     assert wrong.code == 2, wrong.output
     assert "invalid: segments version 1" in wrong.stdout
-    assert "step 'by_segment', column 'segment'" in wrong.stdout and "declares int64" in wrong.stdout
+    assert "column 'segment' of step 'by_segment'" in wrong.stdout and "declares int64" in wrong.stdout
     assert "Traceback" not in wrong.output
 
     right = cli("validate", "right.yaml", "--json")

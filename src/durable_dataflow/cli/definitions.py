@@ -121,7 +121,9 @@ def _print_report(report: Report) -> None:
     else:
         console.print(Text(printable(f"invalid: {head}: {len(report.problems)} problem(s)"), style="bold red"))
     for problem in report.problems:
-        where = ", ".join(f"{k} {v!r}" for k, v in problem.as_json().items() if k != "message" and v is not None)
+        # What the problem concerns, unless its message already names it.
+        named = [f"{k} {v!r}" for k, v in problem.as_json().items() if k != "message" and v is not None]
+        where = ", ".join(n for n in named if n not in problem.message)
         console.print(Text(printable(f"  - {where + ': ' if where else ''}{problem.message}")))
     for note in report.notes:
         console.print(Text(printable(f"  note: {note}"), style="yellow"))
