@@ -612,6 +612,14 @@ def _parse_document(text: str, origin: str) -> Any:
         raise InputError(f"{origin}: a value cannot be read (a number over 4300 digits, or an invalid date)") from None
 
 
+def parse_yaml_document(text: str, origin: str) -> Any:
+    """Any YAML document (an API request body, say) read with the definitions' strict loader: no anchors or
+    aliases, no implicit dates, no duplicate keys, at most DEFINITION_BYTES_MAX bytes. An InputError names
+    ``origin`` and the line and column of a syntax error, never a value. ``origin`` must not end in .json
+    (that is read as JSON)."""
+    return _parse_document(text, origin)
+
+
 def _parse_text(text: str, origin: str) -> Any:
     if len(text.encode("utf-8")) > DEFINITION_BYTES_MAX:
         raise InputError(f"{origin}: the definition is larger than {DEFINITION_BYTES_MAX} bytes")
