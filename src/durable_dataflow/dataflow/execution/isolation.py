@@ -20,17 +20,19 @@ in an executor process of an :class:`ExecutorPool` (``DATAFLOW_ISOLATION=process
 
 Executors ignore SIGINT and SIGTERM (they share the parent's process group, and a Ctrl-C is the parent's
 to decide): on an interruption the parent kills the executor and raises ``Interrupted``. Executors die
-with the parent (``PR_SET_PDEATHSIG`` on the forkserver's death, and the pool's ``atexit``).
+with the parent (``PR_SET_PDEATHSIG`` on the forkserver's death, and the pool's exit finalizer).
+An executor prepares its ``__main__`` as every forkserver child does: a main script must guard its entry
+point (``if __name__ == "__main__"``), as the ``dataflow`` script and ``python -m`` modules do.
 Spark is not isolated here: it runs in its own JVM, bounded by ``spark.driver.memory`` (docs/engines.md).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import enum
 import multiprocessing
+import multiprocessing.util
 import os
 import resource
 import signal
@@ -80,6 +82,7 @@ EXECUTOR_JOIN_S = 5.0  # waiting for a killed executor to be reaped
 # Imported once in the forkserver, so every executor starts with the engine loaded.
 PRELOAD_MODULES = ("durable_dataflow.dataflow.execution.duckdb_engine",)
 _PR_SET_PDEATHSIG = 1
+EXIT_PRIORITY = 100  # multiprocessing runs finalizers with a priority before it stops its children
 
 
 def isolation_from_env(default: Isolation) -> Isolation:
@@ -242,6 +245,10 @@ class ExecutorPool:
         self._busy: set[_Executor] = set()
         self._lock = threading.Lock()
         self._closed = False
+        # Closed at exit before multiprocessing stops its daemonic children (it SIGTERMs them, which
+        # executors ignore, and then waits): its exit handler runs finalizers with a priority first, in a
+        # main process (atexit) and in a multiprocessing child (which leaves without atexit) alike.
+        multiprocessing.util.Finalize(None, self.close, exitpriority=EXIT_PRIORITY)
 
     def run(
         self,
@@ -416,9 +423,7 @@ def configure(isolation: Isolation) -> ExecutorPool | None:
                 previous.close()
             return None
         if _pool is None:
-            pool = _pool = ExecutorPool()
-            # Before multiprocessing's own exit handler, which would SIGTERM (ignored) and wait forever.
-            atexit.register(pool.close)
+            _pool = ExecutorPool()
         return _pool
 
 
