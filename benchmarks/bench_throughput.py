@@ -14,6 +14,12 @@ and 4 worker processes, ours and the peer alternating inside every round:
 
 Every process does warm-up runs before the clock starts (imports, pools, the DuckDB database).
 
+Ours is measured twice: ``ours`` executes in the calling process (``DATAFLOW_ISOLATION=none``, what
+``dataflow run`` does), ``ours_isolated`` in a pooled executor process the OS bounds
+(``execution/isolation.py``, what ``dataflow worker`` and ``dataflow serve`` do by default): the
+difference is what isolation costs per run. The target (``TARGET_RATIO`` over DBOS) applies to the
+isolated figure, the workers' default.
+
 Each round measures every shape and worker count with the server's ``fsync`` off and then on (the
 server is restarted between the two; ``common.BenchServer.set_fsync``): ``fsync=on`` is
 PostgreSQL's default, where every commit waits for its WAL flush, so a design with fewer commits per
@@ -54,6 +60,9 @@ PEER_POLL_S = 0.001  # DBOS's queue poll, set low so its dequeue delay does not 
 COMPLETION_POLL_S = 0.005
 CHILD_TIMEOUT_S = 600
 TARGET_RATIO = 1.5
+# ours in process, ours with each execution in an executor process, the peer
+SYSTEMS = ("ours", "ours_isolated", "dbos")
+OURS = ("ours", "ours_isolated")
 
 
 def quiet_worker_log() -> None:
@@ -65,16 +74,19 @@ def quiet_worker_log() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 
-def _ours_runner(url: str, base: str) -> Any:
+def _ours_runner(url: str, base: str, system: str) -> Any:
+    from durable_dataflow.dataflow.execution import isolation
     from durable_dataflow.platform import Platform
 
+    isolated = system == "ours_isolated"
+    isolation.configure(isolation.Isolation.PROCESS if isolated else isolation.Isolation.NONE)
     platform = Platform(url, migrate=False)
     return platform, lambda key: platform.runs.run_inline(make_request(Path(base), key=key))
 
 
 def _child_direct(system: str, url: str, base: str, n_runs: int, tag: str, idx: int, barrier: Any, out: Any) -> None:
-    if system == "ours":
-        platform, do = _ours_runner(url, base)
+    if system in OURS:
+        platform, do = _ours_runner(url, base, system)
     else:
         import peer_dbos
 
@@ -90,17 +102,17 @@ def _child_direct(system: str, url: str, base: str, n_runs: int, tag: str, idx: 
         do(f"{tag}-{idx}-{i}")
         latencies.append(time.perf_counter() - began)
     out.put((idx, start, time.time(), latencies))
-    if system == "ours":
+    if system in OURS:
         platform.close()
     else:
         peer_dbos.shutdown()
 
 
 def _child_queued(system: str, url: str, base: str, tag: str, idx: int, ready: Any, go: Any, stop: Any) -> None:
-    if system == "ours":
+    if system in OURS:
         from durable_dataflow.dataflow.worker import Worker, WorkerOptions
 
-        platform, do = _ours_runner(url, base)
+        platform, do = _ours_runner(url, base, system)
         for w in range(WARMUP_RUNS):
             do(f"warm-{tag}-{idx}-{w}")
         quiet_worker_log()
@@ -213,7 +225,7 @@ def _queued(ctx: BenchContext, system: str, url: str, base: str, n: int, tag: st
         wait_ready(ready, procs)
         go.set()
         start = time.time()
-        if system == "ours":
+        if system in OURS:
             from durable_dataflow.platform import Platform
 
             with Platform(url, migrate=False) as platform:
@@ -225,7 +237,7 @@ def _queued(ctx: BenchContext, system: str, url: str, base: str, n: int, tag: st
             peer_dbos.enqueue_many(url, keys)
         submitted = time.time()
         with ctx.server.connect(dbname) as conn:
-            count = peer_dbos_count if system != "ours" else _count_ours
+            count = _count_ours if system in OURS else peer_dbos_count
             deadline = time.monotonic() + CHILD_TIMEOUT_S
             while count(conn, f"{tag}-") < total:
                 check_alive(procs)
@@ -275,7 +287,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
     samples: dict[str, list[dict[str, Any]]] = {}
     try:
         for r in range(_rounds(ctx)):
-            order = ("ours", "dbos") if r % 2 == 0 else ("dbos", "ours")
+            order = SYSTEMS[r % len(SYSTEMS):] + SYSTEMS[:r % len(SYSTEMS)]  # each goes first in turn
             for fsync in FSYNC:
                 ctx.server.set_fsync(fsync)
                 assert ctx.server.fsync_setting() == ("on" if fsync else "off")
@@ -303,18 +315,23 @@ def _median_of(rounds: list[dict[str, Any]], field: str) -> float:
 
 def _entry(samples: dict[str, list[dict[str, Any]]], key: str, work: dict[str, Any]) -> dict[str, Any]:
     ours = [s["runs_per_s"] for s in samples[f"{key}/ours"]]
+    isolated = [s["runs_per_s"] for s in samples[f"{key}/ours_isolated"]]
     peer = [s["runs_per_s"] for s in samples[f"{key}/dbos"]]
     ratio = statistics.median(ours) / statistics.median(peer)
+    ratio_isolated = statistics.median(isolated) / statistics.median(peer)
     entry: dict[str, Any] = {
         "ours_runs_per_s": summary(ours),
+        "ours_isolated_runs_per_s": summary(isolated),
         "dbos_runs_per_s": summary(peer),
         "ratio_ours_over_dbos": ratio,
+        "ratio_isolated_over_dbos": ratio_isolated,
+        "isolation_cost_ratio": statistics.median(isolated) / statistics.median(ours),
         "target_ratio": TARGET_RATIO,
-        "target_met": ratio >= TARGET_RATIO,
-        "rounds": {"ours": samples[f"{key}/ours"], "dbos": samples[f"{key}/dbos"]},
+        "target_met": ratio_isolated >= TARGET_RATIO,  # isolation is the workers' and the server's default
+        "rounds": {system: samples[f"{key}/{system}"] for system in SYSTEMS},
     }
     if "/direct/" in key:  # per-run latency: medians over rounds of each round's p50 and p95
-        for system in ("ours", "dbos"):
+        for system in SYSTEMS:
             p50 = _median_of(samples[f"{key}/{system}"], "median")
             entry[f"{system}_latency_p50_s"] = p50
             entry[f"{system}_latency_p95_s"] = _median_of(samples[f"{key}/{system}"], "p95")
@@ -331,23 +348,28 @@ def _report(ctx: BenchContext, samples: dict[str, list[dict[str, Any]]], work: d
             for n in CONCURRENCY:
                 key = f"{name}/{shape}/{n}"
                 entry = table[key] = _entry(samples, key, work)
-                rows.append((name, shape, n, entry["ours_runs_per_s"]["median"], entry["dbos_runs_per_s"]["median"],
-                             entry["ratio_ours_over_dbos"], entry["target_met"]))  # fmt: skip
+                rows.append((name, shape, n, entry["ours_runs_per_s"]["median"],
+                             entry["ours_isolated_runs_per_s"]["median"], entry["dbos_runs_per_s"]["median"],
+                             entry["ratio_ours_over_dbos"], entry["ratio_isolated_over_dbos"],
+                             entry["target_met"]))  # fmt: skip
                 if shape == "direct":
                     latency_rows.append((
                         name, n, entry["ours_latency_p50_s"] * 1e3, entry["ours_latency_p95_s"] * 1e3,
+                        entry["ours_isolated_latency_p50_s"] * 1e3,
                         entry["dbos_latency_p50_s"] * 1e3, entry["dbos_latency_p95_s"] * 1e3,
                         entry["ours_overhead_per_run_s"] * 1e3, entry["dbos_overhead_per_run_s"] * 1e3,
                         entry["overhead_ratio_ours_over_dbos"],
                     ))  # fmt: skip
     print_table(
         "Throughput, runs/s (median of rounds; PostgreSQL)",
-        ["fsync", "shape", "workers", "ours", "DBOS", "ours/DBOS", f"target >= {TARGET_RATIO}x"],
+        ["fsync", "shape", "workers", "ours in process", "ours isolated", "DBOS", "in process/DBOS",
+         "isolated/DBOS", f"isolated >= {TARGET_RATIO}x"],
         rows,
     )
     print_table(
         f"Per-run latency, direct (ms; medians of rounds; work alone {work['median'] * 1e3:.2f} ms)",
-        ["fsync", "processes", "ours p50", "ours p95", "DBOS p50", "DBOS p95", "ours overhead", "DBOS overhead",
+        ["fsync", "processes", "ours p50", "ours p95", "isolated p50", "DBOS p50", "DBOS p95", "ours overhead",
+         "DBOS overhead",
          "overhead ours/DBOS"],
         latency_rows,
     )  # fmt: skip
