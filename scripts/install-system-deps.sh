@@ -4,7 +4,8 @@
 #   - spin and gcc for the protocol model check (model/check),
 #   - chromium for the browser test,
 #   - a Java runtime (OpenJDK 17, headless) for the Spark engine's tests (pyspark starts a JVM),
-#   - curl and jq for the distributed quick start (docs/deployment.md).
+#   - curl and jq for the distributed quick start (docs/deployment.md),
+#   - promtool (Debian package prometheus) to check the shipped alert rules (deploy/alerts.yml).
 # Idempotent: a machine that has everything runs no apt command at all. As root it installs with
 # apt-get; as another user it prints what is missing and exits 0, so the tests that need a missing
 # tool fail loudly in CI (DATAFLOW_REQUIRE_POSTGRES=1) instead of this script hiding it.
@@ -31,9 +32,11 @@ have_java || { missing+=("java"); packages+=("openjdk-17-jre-headless"); }
 # The distributed quick start of docs/deployment.md, run as written by tests/acceptance/test_distributed_quickstart.py.
 command -v curl >/dev/null 2>&1 || { missing+=("curl"); packages+=("curl"); }
 command -v jq >/dev/null 2>&1 || { missing+=("jq"); packages+=("jq"); }
+# promtool checks the shipped alert rules (deploy/alerts.yml, tests/integration/test_alert_rules.py).
+command -v promtool >/dev/null 2>&1 || { missing+=("promtool"); packages+=("prometheus"); }
 
 if [ "${#missing[@]}" -eq 0 ]; then
-  echo "install-system-deps: PostgreSQL, spin, gcc, chromium, java, curl and jq are present"
+  echo "install-system-deps: PostgreSQL, spin, gcc, chromium, java, curl, jq and promtool are present"
   exit 0
 fi
 

@@ -298,7 +298,7 @@ def test_healthz_openapi_and_metrics(world: World) -> None:
     text = world.call("GET", "/metrics", world.tokens.operator).text
     assert "dataflow_unresolved_runs 1.0" in text
     assert 'dataflow_runs{status="outcome_unknown"} 1.0' in text
-    assert 'dataflow_attempt_outcomes{outcome="outcome_unknown"} 1.0' in text
+    assert 'dataflow_attempt_outcomes_total{outcome="outcome_unknown"} 1.0' in text
     assert 'dataflow_api_request_seconds_count{method="GET",route="/v1/runs",status="200"}' in text
 
 

@@ -13,6 +13,7 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -30,6 +31,7 @@ from durable_dataflow.dataflow.protocol.requests import MAX_ATTEMPTS_DEFAULT
 from durable_dataflow.dataflow.protocol.views import RunView
 from durable_dataflow.platform import Platform
 
+PORT_MAX = 65_535
 OPEN_TRIES_MAX = 12  # with the back-off doubling from 0.1 s to 10 s: about a minute of outage
 
 
@@ -141,6 +143,13 @@ def worker(
     poll_interval: Annotated[
         float, typer.Option("--poll-interval", help="Seconds to wait when nothing is queued.")
     ] = worker_loop.POLL_INTERVAL_S_DEFAULT,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option("--metrics-port", help="Serve Prometheus metrics on this port (default: off; 0: any free port)."),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="Interface of the metrics port (default: loopback only).")
+    ] = "127.0.0.1",
 ) -> None:
     """Sweep expired leases, claim queued runs and execute them. Without --once/--until-idle it runs
     until SIGTERM/SIGINT, which stops claiming and lets in-flight runs finish."""
@@ -160,14 +169,36 @@ def worker(
     try:
         # A worker extends the chains of runs others recorded: its key setting must be the ledger's.
         ledger.require_key_setting(platform.db, platform.runs.config.evidence_key)
-        loop = worker_loop.Worker(platform.runs, options)
+        stop_metrics, observe = _serve_metrics(platform, metrics_port, metrics_host)
+        loop = worker_loop.Worker(platform.runs, options, observe=observe)
         previous = worker_loop.install_signal_handlers(loop)
         try:
             loop.run()
         finally:
             worker_loop.restore_signal_handlers(previous)
+            stop_metrics()
     finally:
         platform.close()
+
+
+def _serve_metrics(
+    platform: Platform, port: int | None, host: str
+) -> tuple[Callable[[], None], worker_loop.RunObserver | None]:
+    """With ``--metrics-port``: serve the worker's metrics (api.metrics.WorkerMetrics) from this process and
+    observe its runs; returns how to stop serving and the observer (nothing to stop, None, without)."""
+    if port is None:
+        return (lambda: None), None
+    if not 0 <= port <= PORT_MAX:
+        raise InputError(f"--metrics-port must be between 0 and {PORT_MAX}, got {port}")
+    from durable_dataflow.api.metrics import WorkerMetrics  # prometheus-client only when asked for
+
+    metrics = WorkerMetrics(platform.db)
+    try:
+        stop, bound_port = metrics.serve(port, host)
+    except OSError as error:
+        raise InputError(f"--metrics-port {port} on {host}: cannot listen ({error.strerror or error})") from error
+    structlog.get_logger("dataflow.worker").info("metrics.listening", host=host, port=bound_port)
+    return stop, metrics.runs.observe_run
 
 
 def _open_platform(state: common.CliState, options: worker_loop.WorkerOptions) -> Platform:
