@@ -294,7 +294,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
                 for n in CONCURRENCY:
                     for shape, fn in (("direct", _direct), ("queued", _queued)):
                         for system in order:
-                            url = ours_url if system == "ours" else peer_url
+                            url = ours_url if system in OURS else peer_url
                             tag = f"r{r}-{_fsync_name(fsync)}-{shape}-{n}-{system}"
                             result = fn(ctx, system, url, base, n, tag)
                             samples.setdefault(f"{_fsync_name(fsync)}/{shape}/{n}/{system}", []).append(result)
