@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from durable_dataflow.api.metrics import Metrics
+from durable_dataflow.dataflow.protocol import fleet
 from durable_dataflow.platform import Platform
 from faults import harness
 from support.pg import PostgresServer
@@ -33,6 +35,10 @@ def _start_workers(url: str, count: int, concurrency: int, ttl_s: float, log: Pa
     return [harness.start(args, env, log) for _ in range(count)]
 
 
+def _alive_workers(platform: Platform) -> int:
+    return sum(1 for w in fleet.list_workers(platform.db) if w.role == "worker" and w.state == "alive")
+
+
 def _submit_inline(platform: Platform, atomic: Path, forward: Path, count: int) -> None:
     for number in range(count):
         definition = (atomic, forward)[number % 2]
@@ -42,7 +48,8 @@ def _submit_inline(platform: Platform, atomic: Path, forward: Path, count: int) 
 @pytest.mark.timeout(300)
 def test_workers_survive_a_postgres_restart(postgres_server: PostgresServer, tmp_path: Path) -> None:
     """Restart PostgreSQL (immediate) while 2 workers run 40 runs: they reconnect, every run ends
-    terminal, none is lost or doubled, and the workers logged the outage."""
+    terminal, none is lost or doubled, the workers logged the outage, and the fleet view and metrics show
+    both workers alive again (their holder locks taken again by their beats)."""
     url = harness.fresh_database(postgres_server, "restart")
     atomic, forward = _definitions(tmp_path)
     log = tmp_path / "workers.log"
@@ -55,6 +62,12 @@ def test_workers_survive_a_postgres_restart(postgres_server: PostgresServer, tmp
             harness.wait_until(lambda: harness.status_counts(platform.db)["succeeded"] >= 3, 60, "first runs")
             postgres_server.restart()
             harness.wait_all_terminal(platform.db, runs_total, 120, "after the restart")
+            # The restart ended the workers' holder-lock sessions: their next beats take the locks again,
+            # and the fleet view and the metrics show both alive (none dead) with nothing left queued.
+            harness.wait_until(lambda: _alive_workers(platform) == 2, 60, "both workers alive after the restart")
+            exposed = Metrics(platform.db, scrape_interval_s=0.0).render().decode()
+            assert 'dataflow_workers_alive{role="worker"} 2.0' in exposed
+            assert "dataflow_runs_queued 0.0" in exposed and "dataflow_oldest_queued_age_seconds 0.0" in exposed
         finally:
             codes = harness.stop_fleet(workers, log)
         report = harness.check(platform.db, harness.parquet_publications(tmp_path / "defs" / "sink"))
