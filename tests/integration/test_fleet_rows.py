@@ -78,3 +78,18 @@ def test_liveness_decision_table() -> None:
     assert fleet.state_of("running", 0.1, 10.0, True) == WorkerState.DEAD
     assert fleet.state_of("running", 10.5, 10.0, False) == WorkerState.DEAD
     assert fleet.state_of("running", 9.5, 10.0, False) == WorkerState.ALIVE
+
+
+def test_the_serve_sweeper_keeps_a_sweeper_row(platform: Platform) -> None:
+    """`dataflow serve`'s sweeper registers its row (role sweeper, alive) at its first sweep, with a TTL of at
+    least three sweep intervals (so a long interval never reads dead), and marks it stopped on stop."""
+    from durable_dataflow.cli.server_cmd import ServeSweeper
+
+    sweeping = ServeSweeper(platform, 30.0)
+    sweeping.sweep_once()
+    row = _row(platform, platform.runs.config.holder)
+    assert row is not None and (row.role, row.state) == ("sweeper", WorkerState.ALIVE), row
+    assert row.ttl_s >= 90.0
+    sweeping.stop()
+    stopped = _row(platform, platform.runs.config.holder)
+    assert stopped is not None and stopped.state == WorkerState.STOPPED
