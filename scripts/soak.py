@@ -57,11 +57,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+import sqlalchemy as sa  # noqa: E402
+from soak_flood import FLOOD_RUNS, OWN_TENANT, Flood, fairness_summary, first_claims, flood_runs  # noqa: E402
+
+from durable_dataflow.core import crashpoints as cp  # noqa: E402
 from durable_dataflow.core import leases  # noqa: E402
 from durable_dataflow.core.db import Database  # noqa: E402
-from durable_dataflow.core import crashpoints as cp  # noqa: E402
 from durable_dataflow.dataflow.protocol import runs as runs_module  # noqa: E402
 from durable_dataflow.dataflow.protocol.requests import RunRequest  # noqa: E402
+from durable_dataflow.dataflow.schema import dataflow_runs  # noqa: E402
 from durable_dataflow.platform import Platform  # noqa: E402
 from faults import harness  # noqa: E402
 from support.pg import PostgresServer  # noqa: E402
@@ -211,6 +215,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--db", default=None, help="a PostgreSQL URL (default: a throwaway cluster)")
     parser.add_argument(
+        "--flood", action="store_true", help="a hostile tenant floods meanwhile (scripts/soak_flood.py)"
+    )
+    parser.add_argument(
         "--sink-db",
         default=None,
         help="an empty PostgreSQL database for the PostgreSQL-table sinks (required with --db)",
@@ -221,7 +228,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.runs < SUBMIT_CRASHES:
         parser.error(f"--runs must be at least {SUBMIT_CRASHES}")
     if args.deadline is None:
-        args.deadline = DEADLINE_S_BASE + DEADLINE_S_PER_RUN * args.runs
+        flooded = FLOOD_RUNS if args.flood else 0  # the flood's runs are the fleet's work too
+        args.deadline = DEADLINE_S_BASE + DEADLINE_S_PER_RUN * (args.runs + flooded)
     return args
 
 
@@ -497,7 +505,7 @@ def supervise(url: str, args: argparse.Namespace, rng: random.Random, keys: Keys
             if reconciling is not None and reconcile_done(reconciling, stats):
                 reconciling = None
             counts = harness.status_counts(platform.db)
-            if keys.next < len(keys.planned) and counts["queued"] < QUEUE_LOW:
+            if keys.next < len(keys.planned) and own_queued(platform.db) < QUEUE_LOW:
                 keys.submit(platform, TOPUP)
                 for _ in range(REPLAYS_PER_TOPUP):
                     keys.replay(platform, keys.planned[rng.randrange(keys.next)])
@@ -523,6 +531,13 @@ def supervise(url: str, args: argparse.Namespace, rng: random.Random, keys: Keys
                 harness.resume(slot.proc)
         harness.stop_fleet([s.proc for s in slots], log)
     return True
+
+
+def own_queued(db: Database) -> int:
+    """The soak's own queued runs (a flood's are not topped up)."""
+    query = sa.select(sa.func.count()).where(dataflow_runs.c.tenant == OWN_TENANT, dataflow_runs.c.status == "queued")
+    with db.read() as conn:
+        return int(conn.execute(query).scalar_one())
 
 
 def settle(url: str, ttl_s: float, work: Path, stats: Stats) -> list[str]:
@@ -610,9 +625,17 @@ def main(argv: list[str]) -> int:
         flows = Flows.write(Path(tempfile.mkdtemp(prefix="dataflow-soak-")), sink_dsn)
         keys = Keys(flows, plan(args.runs, seed), stats)
         keys.submit_via_cli_killed(url, args.lease_ttl)
+        flood = Flood.open(url, flows.work) if args.flood else None
+        if flood is not None:
+            flood.before_fleet()  # its schedules and its queue, ahead of the soak's own runs
+            flood.start_inline()
         submitted_s = time.monotonic()
         phases["setup"] = submitted_s - started
-        finished = supervise(url, args, rng, keys, stats)
+        try:
+            finished = supervise(url, args, rng, keys, stats)
+        finally:
+            if flood is not None:
+                flood.stop()
         worked_s = phases["fleet"] = time.monotonic() - submitted_s
         mark = time.monotonic()
         left = settle(url, args.lease_ttl, flows.work, stats) if finished else []
@@ -623,6 +646,8 @@ def main(argv: list[str]) -> int:
             published = flows.publications()
             report = harness.check(platform.db, [p for found in published.values() for p in found])
             partition_violations, partitions_held = check_partitions(platform.db, flows)
+            flooded, flooded_inline = flood_runs(platform.db)
+            waits = fairness_summary(first_claims(platform.db)) if flood is not None else ("", [])
         per_kind = final_states(url, flows)
         phases["check"] = time.monotonic() - mark
     finally:
@@ -632,8 +657,10 @@ def main(argv: list[str]) -> int:
                 proc.wait()
         if server is not None:
             server.destroy()
-    report.violations += stats.violations + partition_violations
-    total = sum(report.states.values())
+    report.violations += stats.violations + partition_violations + waits[1]
+    if flood is not None:
+        report.violations += flood.violations()
+    total = sum(report.states.values()) - flooded  # the soak's own runs
     if total != args.runs:
         report.violations.append(f"lost or doubled runs: {total} recorded, {args.runs} submitted")
     if not finished:
@@ -642,7 +669,7 @@ def main(argv: list[str]) -> int:
         report.violations.append(
             f"{len(left)} runs still unsettled after {SETTLE_ROUNDS_MAX} reconcile rounds: {left[:10]}"
         )
-    rate = stats.faults / max(total, 1)
+    rate = stats.faults / max(total + flooded - flooded_inline, 1)  # runs a worker could be hurt in
     shown = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in phases.items())
     print(f"soak: {time.monotonic() - started:.1f}s ({shown})")
     print(f"soak: workers spawned {stats.spawned}, armed {dict(sorted(stats.armed.items()))} ({stats.armed_by_deficit} "
@@ -666,6 +693,9 @@ def main(argv: list[str]) -> int:
         sink = f"; {len(published[kind])} publications in the sink" if kind in published else ""
         held = f"; {partitions_held[kind]} partitions held" if kind in partitions_held else ""
         print(f"soak: {kind}: {dict(sorted(states.items()))}{sink}{held}")
+    if flood is not None:
+        print(f"soak: {flood.report()}; {flooded} runs of the flood recorded")
+        print(f"soak: {waits[0]}")
     print(f"soak: {report.summary()}")
     for violation in report.violations[:VIOLATIONS_SHOWN_MAX]:
         print(f"  VIOLATION {violation}")
