@@ -19,11 +19,26 @@ from durable_dataflow.core import errors
 from durable_dataflow.dataflow.protocol import runs
 from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.platform import Platform
-from support.api_runs import API_ROUTES, Tokens, copy_examples, make_atomic_run, make_outcome_unknown_run, make_tokens
+from support.api_runs import (
+    API_ROUTES,
+    Tokens,
+    copy_examples,
+    make_atomic_run,
+    make_outcome_unknown_run,
+    make_queued_run,
+    make_tokens,
+)
 from support.cli import make_cli
 
-PLATFORM_ROUTES = {("GET", "/v1/ops/ledger"), ("GET", "/metrics"), ("GET", "/v1/workers")}
-# Every authenticated route but the two platform-wide reads; {run} is acme's unresolved run.
+# The platform-wide reads, and the two actions a platform operator may take on any tenant's run (issue 33).
+PLATFORM_ROUTES = {
+    ("GET", "/v1/ops/ledger"),
+    ("GET", "/metrics"),
+    ("GET", "/v1/workers"),
+    ("POST", "/v1/runs/{run}/reconcile"),
+    ("POST", "/v1/runs/{run}/cancel"),
+}
+# Every authenticated route but the platform routes; {run} is acme's unresolved run.
 TENANT_ROUTES = [r for r in API_ROUTES if (r[0], r[1]) not in PLATFORM_ROUTES]
 
 
@@ -36,6 +51,7 @@ class Platforms:
     acme_unknown: Run
     globex_unknown: Run
     db_url: str
+    examples: Path
 
     def call(self, method: str, path: str, token: str, body: Any = None) -> Any:
         url = path.replace("{run}", self.acme_unknown.run_id)
@@ -59,7 +75,7 @@ def world(db_url: str, tmp_path: Path) -> Iterator[Platforms]:
     app = create_app(platform, data_root=examples / "revenue_by_region")
     with TestClient(app) as client:
         yield Platforms(
-            platform, client, make_tokens(platform), platform_token, acme_unknown, globex_unknown, db_url
+            platform, client, make_tokens(platform), platform_token, acme_unknown, globex_unknown, db_url, examples
         )
     platform.close()
 
@@ -142,13 +158,15 @@ def test_route_lists_cover_every_route(world: Platforms) -> None:
     new route must decide which it is; and no route creates a token (the POSTs are all listed here)."""
     document = world.client.app.openapi()  # type: ignore[attr-defined]
     documented = {(method.upper(), path) for path, item in document["paths"].items() for method in item}
-    listed = {(m, p.replace("{run}", "{run_id}")) for m, p, _ in TENANT_ROUTES} | PLATFORM_ROUTES
+    listed = {(m, p.replace("{run}", "{run_id}")) for m, p, _ in TENANT_ROUTES} | {
+        (m, p.replace("{run}", "{run_id}")) for m, p in PLATFORM_ROUTES
+    }
     assert documented - {("GET", "/healthz")} == listed - {("GET", "/openapi.json")}
     posts = {path for method, path in documented if method == "POST"}
     assert posts == {
         "/v1/runs", "/v1/runs/{run_id}/reconcile", "/v1/runs/{run_id}/cancel", "/v1/schedules",
         "/v1/schedules/{name}/pause", "/v1/schedules/{name}/resume", "/v1/backfills",
-        "/v1/backfills/cancel",
+        "/v1/backfills/cancel", "/v1/definitions/validate",
     }  # fmt: skip
     assert not any("token" in path for _, path in documented)
 
@@ -233,3 +251,55 @@ def test_tokens_create_names_an_unnamed_token_once(world: Platforms, tmp_path: P
     named = cli("tokens", "create", "--tenant", "acme", "--role", "viewer", "--name", "ci-reader")
     assert named.code == 0, named.output
     assert " (ci-reader) for tenant acme" in named.stderr and named.stderr.endswith("\n")
+
+
+def _head(world: Platforms, run_id: str) -> dict[str, Any]:
+    """The run's newest ledger entry, read as the run's own tenant (the platform token reads no evidence)."""
+    token = world.tokens.operator if world.platform.runs.get(run_id).tenant == "acme" else world.tokens.other_operator
+    evidence = world.call("GET", f"/v1/runs/{run_id}/evidence", token).json()
+    assert evidence["verification"]["ok"], evidence["verification"]
+    head: dict[str, Any] = evidence["entries"][-1]
+    return head
+
+
+def test_platform_token_reconciles_and_cancels_runs_of_two_tenants(world: Platforms) -> None:
+    """Issue 33: the platform token reconciles acme's and globex's outcome_unknown runs (present ->
+    succeeded) and cancels a queued run of each; every ledger entry names the platform principal
+    (token:oncall), its provenance (trigger api) and the platform access context's digest."""
+    platform_access = operations.Caller(tokens.authenticate(world.platform.db, world.platform_token)).operator_access()
+    for unknown in (world.acme_unknown, world.globex_unknown):
+        answer = world.call("POST", f"/v1/runs/{unknown.run_id}/reconcile", world.platform_token, {"resume": False})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["finding"] == "present" and answer.json()["run"]["status"] == "succeeded"
+        entries = world.call("GET", f"/v1/runs/{unknown.run_id}/evidence", _token_of(world, unknown)).json()["entries"]
+        started = next(e for e in entries if e["kind"] == "reconcile.started")
+        assert started["payload"]["principal"] == "token:oncall"
+        assert started["payload"]["access_context_digest"] == platform_access.digest()
+        assert started["payload"]["provenance"]["trigger"] == "api"
+    for tenant in ("acme", "globex"):
+        queued = make_queued_run(world.platform, world.examples, tenant, f"{tenant}-to-cancel")
+        answer = world.call("POST", f"/v1/runs/{queued.run_id}/cancel", world.platform_token)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["cancelled"] is True and answer.json()["run"]["status"] == "cancelled"
+        head = _head(world, queued.run_id)
+        assert head["kind"] == "run.cancelled" and head["payload"]["principal"] == "token:oncall"
+        assert head["payload"]["access_context_digest"] == platform_access.digest()
+
+
+def _token_of(world: Platforms, run: Run) -> str:
+    return world.tokens.operator if run.tenant == "acme" else world.tokens.other_operator
+
+
+def test_tenant_operators_still_cannot_touch_another_tenants_runs(world: Platforms) -> None:
+    """With the platform token able to act across tenants, acme's operator still gets 404 reconciling or
+    cancelling globex's run, and a viewer 403 on its own; nothing changes."""
+    for action in ("reconcile", "cancel"):
+        path = f"/v1/runs/{world.globex_unknown.run_id}/{action}"
+        answer = world.call("POST", path, world.tokens.operator)
+        assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found", answer.text
+        own = world.call("POST", f"/v1/runs/{world.acme_unknown.run_id}/{action}", world.tokens.viewer)
+        assert own.status_code == 403, own.text
+    assert world.platform.runs.get(world.globex_unknown.run_id).status == "outcome_unknown"
+    assert world.platform.runs.get(world.acme_unknown.run_id).status == "outcome_unknown"
+    missing = world.call("POST", "/v1/runs/no-such-run/cancel", world.platform_token)
+    assert missing.status_code == 404, missing.text

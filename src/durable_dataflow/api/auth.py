@@ -8,8 +8,9 @@ exists, uses a double submit: a random nonce in an HttpOnly, SameSite=Strict coo
 the HMAC of that nonce, which a page on another site can neither read nor compute.
 
 Every dependency names the tenant role it needs. A platform operator token (bound to no tenant)
-passes only the dependencies marked ``platform_wide`` (the Ops projection, /metrics); on every
-other endpoint it answers 403, so it can never submit, reconcile or read a tenant's runs.
+passes only the dependencies marked ``platform_wide`` (the Ops projection, /metrics, the workers, and
+the reconcile and cancel of any tenant's run); on every other endpoint it answers 403, so it can never
+submit or read a tenant's runs.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def platform_of(request: Request) -> Platform:
 
 PLATFORM_TOKEN_REFUSED = (
     "this endpoint needs a tenant token; a platform_operator token reads only the platform-wide "
-    "/v1/ops/ledger, /ui/ops and /metrics"
+    "/v1/ops/ledger, /ui/ops and /metrics, and reconciles and cancels runs"
 )
 
 

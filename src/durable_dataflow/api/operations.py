@@ -63,6 +63,20 @@ class Caller:
             auth_method="token",
         )
 
+    def operator_access(self) -> AccessContext:
+        """Who acts in a reconcile or cancel: the tenant's access context, or for a platform operator (which
+        may act on any tenant's run) its own, tenant ``*`` and role ``platform_operator``, so the ledger
+        entry names the platform principal."""
+        if not self.token.is_platform:
+            return self.access()
+        return AccessContext(
+            tenant=self.token.tenant,
+            principal=self.token.principal,
+            roles=(self.token.role.value,),
+            scopes=(),
+            auth_method="token",
+        )
+
     def provenance(self) -> Provenance:
         return Provenance(actor=self.token.principal, trigger="api")
 
@@ -221,20 +235,22 @@ def evidence_of(platform: Platform, caller: Caller, run_id: str) -> views.RunEvi
 
 
 def reconcile_run(platform: Platform, caller: Caller, run_id: str, resume: bool) -> reconcile.Reconciliation:
-    """Dataflow's reconciliation, for a run of the caller's tenant (the role is checked by the caller); the
-    attempts it starts record the caller's access context digest and provenance, as a submit does."""
+    """Dataflow's reconciliation, for a run of the caller's tenant, or of any tenant for a platform operator
+    (the role is checked by the caller); the attempts it starts record the caller's principal, access
+    context digest and provenance, as a submit does."""
     return reconcile.reconcile(
         platform.runs,
         run_id,
-        access=caller.access(),
+        access=caller.operator_access(),
         provenance=caller.provenance(),
-        tenant=caller.tenant,
+        tenant=caller.ops_tenant,
         resume=resume,
     )
 
 
 def cancel_run(platform: Platform, caller: Caller, run_id: str) -> cancel.Cancellation:
-    """Cancel a run of the caller's tenant (the role is checked by the caller); the ``run.cancelled``
-    entry records the caller's access context digest and provenance."""
-    return cancel.cancel(platform.runs, run_id, access=caller.access(), provenance=caller.provenance(),
-                         tenant=caller.tenant)  # fmt: skip
+    """Cancel a run of the caller's tenant, or of any tenant for a platform operator (the role is checked
+    by the caller); the ``run.cancelled`` entry records the caller's principal, access context digest
+    and provenance."""
+    return cancel.cancel(platform.runs, run_id, access=caller.operator_access(), provenance=caller.provenance(),
+                         tenant=caller.ops_tenant)  # fmt: skip

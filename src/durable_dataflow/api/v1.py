@@ -35,8 +35,10 @@ router = APIRouter(prefix="/v1")
 Viewer = Annotated[Caller, Depends(api_caller(Role.VIEWER))]
 Submitter = Annotated[Caller, Depends(api_caller(Role.SUBMITTER))]
 Operator = Annotated[Caller, Depends(api_caller(Role.OPERATOR))]
-# A tenant operator (its tenant) or a platform operator (every tenant): the platform-wide reads only.
+# A tenant operator (its tenant) or a platform operator (every tenant): the platform-wide reads, and
+# reconcile and cancel, so cross-tenant on-call needs a platform token, not the database URL.
 OpsReader = Annotated[Caller, Depends(api_caller(Role.OPERATOR, platform_wide=True))]
+OpsActor = OpsReader
 DEFINITION_NAME_CHARS_MAX = 200
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -155,8 +157,9 @@ def get_evidence(request: Request, run_id: str, caller: Viewer) -> dict[str, Any
     responses={**ERROR_RESPONSES, 409: {"description": "Nothing to reconcile"}},
     openapi_extra=body_openapi(ReconcileBody, required=False),
 )
-def reconcile_run(request: Request, run_id: str, caller: Operator, body: ReconcileJson) -> dict[str, Any]:
-    """Inspect the sink for an outcome_unknown run (operator role); ``resume`` re-dispatches after absence."""
+def reconcile_run(request: Request, run_id: str, caller: OpsActor, body: ReconcileJson) -> dict[str, Any]:
+    """Inspect the sink for an outcome_unknown run (operator role of its tenant, or platform_operator);
+    ``resume`` re-dispatches after absence."""
     platform = platform_of(request)
     started = time.perf_counter()
     result = operations.reconcile_run(platform, caller, run_id, resume=body.resume)
@@ -173,8 +176,9 @@ def reconcile_run(request: Request, run_id: str, caller: Operator, body: Reconci
     "/runs/{run_id}/cancel",
     responses={**ERROR_RESPONSES, 409: {"description": "Finished, or dispatch authorized: not cancellable"}},
 )
-def cancel_run(request: Request, run_id: str, caller: Operator) -> dict[str, Any]:
-    """Cancel a queued run, or a running one before dispatch authorization (operator role). After the
+def cancel_run(request: Request, run_id: str, caller: OpsActor) -> dict[str, Any]:
+    """Cancel a queued run, or a running one before dispatch authorization (operator role of its tenant, or
+    platform_operator). After the
     authorization a publication may exist: 409 with the reconcile instruction."""
     platform = platform_of(request)
     result = operations.cancel_run(platform, caller, run_id)
