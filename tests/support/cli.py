@@ -26,6 +26,8 @@ SCRUBBED_ENV = (
     "DATAFLOW_ALLOW_ABSOLUTE_LOCATIONS", "DATAFLOW_SECRETS_DIR",
     # Where the Spark engine runs (dataflow/execution/spark_engine.py).
     "DATAFLOW_SPARK_MASTER", "DATAFLOW_SPARK_REMOTE", "DATAFLOW_SPARK_CONF",
+    # The remote CLI (cli/remote.py): a developer's API URL would send the commands elsewhere.
+    "DATAFLOW_API_URL", "DATAFLOW_TOKEN",
 )
 
 

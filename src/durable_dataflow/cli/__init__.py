@@ -1,7 +1,9 @@
 """The ``dataflow`` command line (Typer + Rich): a thin shell over the platform services.
 
 Global options come before the command: ``--db URL`` (else DATAFLOW_DB, else the embedded
-default), ``--debug`` (tracebacks) and ``--lease-ttl SECONDS`` (else DATAFLOW_LEASE_TTL).
+default), ``--debug`` (tracebacks) and ``--lease-ttl SECONDS`` (else DATAFLOW_LEASE_TTL); ``--api URL``
+(else DATAFLOW_API_URL) with ``--token-file PATH`` (else DATAFLOW_TOKEN) makes the commands of
+``remote.REMOTE_COMMANDS`` talk to the HTTP API instead of the database (``cli.remote``).
 Command groups live in modules with ``register(app)``. Modules owned by other parts (workers,
 server) plug in the same way when they are installed; see ``PLUGIN_MODULES``. Reference:
 docs/cli.md.
@@ -19,11 +21,12 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from durable_dataflow.cli import common, metavars
+from durable_dataflow.cli import common, metavars, remote
 from durable_dataflow.core.errors import DataflowError, InputError
 
 metavars.install()  # plain FILE / RUN / N in every help, no Python types
@@ -59,7 +62,7 @@ PLUGIN_MODULES = (
 # The global options of ``_global_options`` that take a value, and its flags: ``_command_name`` skips
 # them to find the command. An option missing here makes the command unknown, which only costs time
 # (every plugin is imported), never a different answer.
-_GLOBAL_VALUE_OPTIONS = ("--db", "--lease-ttl")
+_GLOBAL_VALUE_OPTIONS = ("--db", "--lease-ttl", "--api", "--token-file")
 _GLOBAL_FLAGS = ("--debug",)
 
 
@@ -75,6 +78,18 @@ def _global_options(
         float | None,
         typer.Option("--lease-ttl", metavar="SECONDS", help="Lease TTL (else $DATAFLOW_LEASE_TTL, else 30)."),
     ] = None,
+    api_url: Annotated[
+        str | None,
+        typer.Option(
+            "--api", metavar="URL", help="Talk to this HTTP API instead of the database (else $DATAFLOW_API_URL)."
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file", metavar="PATH", help="With --api: the file holding the token (else $DATAFLOW_TOKEN)."
+        ),
+    ] = None,
 ) -> None:
     state = common.state_of(ctx)
     state.debug = debug  # first: --debug applies to the refusals below as well
@@ -82,6 +97,25 @@ def _global_options(
         raise InputError("--db must not be empty: give a database URL, or leave --db out for the default")
     state.db_url = db_url
     state.lease_ttl_s = lease_ttl_s
+    _remote_options(ctx, state, api_url, token_file)
+
+
+def _remote_options(ctx: typer.Context, state: common.CliState, given_url: str | None, token_file: Path | None) -> None:
+    """Under ``--api`` (or $DATAFLOW_API_URL): the API and its token, for a command that can use them."""
+    api_url = remote.api_url_of(given_url)
+    if api_url is None:
+        if token_file is not None:
+            raise InputError("--token-file applies only with --api URL (or $DATAFLOW_API_URL)")
+        return
+    if state.db_url is not None:
+        raise InputError("--api and --db cannot be combined: a command talks either to the API or to the database")
+    command = ctx.invoked_subcommand
+    if command not in remote.REMOTE_COMMANDS:
+        raise InputError(
+            f"dataflow {command} is not available over --api (these are: {', '.join(remote.REMOTE_COMMANDS)}); "
+            "run it where the database URL is"
+        )
+    state.remote = remote.Remote(api_url, remote.read_token(token_file))
 
 
 _registered: list[str] = []  # the modules whose commands _app carries, in registration order

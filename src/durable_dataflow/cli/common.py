@@ -39,6 +39,7 @@ from durable_dataflow.core.units import US_PER_S
 from durable_dataflow.dataflow.execution import limits
 
 if TYPE_CHECKING:
+    from durable_dataflow.cli.remote import Remote
     from durable_dataflow.dataflow.protocol.runs import Run
     from durable_dataflow.dataflow.protocol.views import RunView
     from durable_dataflow.platform import Platform
@@ -79,6 +80,7 @@ class CliState:
     debug: bool = False
     lease_ttl_s: float | None = None
     limits: limits.ExecutionLimits | None = None  # set by the limit options; None: DATAFLOW_* variables
+    remote: Remote | None = None  # under --api: the API the command talks to instead of the database
 
 
 def state_of(ctx: typer.Context) -> CliState:
@@ -197,7 +199,10 @@ def db_option_hint(ctx: typer.Context) -> str:
     """``--db URL `` (password hidden) when one was given, so printed commands can be pasted."""
     from durable_dataflow.core.db import redact_url
 
-    url = state_of(ctx).db_url
+    state = state_of(ctx)
+    if state.remote is not None:  # under --api the command to paste talks to the same API
+        return f"--api {state.remote.url} "
+    url = state.db_url
     return f"--db {redact_url(url)} " if url else ""
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.parse
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.text import Text
 
-from durable_dataflow.cli import common, interrupts, options, progress_line, render
+from durable_dataflow.cli import common, interrupts, options, progress_line, remote, render
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.text import printable
@@ -94,9 +96,12 @@ def run_command(
     ] = MAX_ATTEMPTS_DEFAULT,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON.")] = False,
 ) -> None:
-    """Register, submit and execute a dataflow in this process, then print the run."""
+    """Register, submit and execute a dataflow in this process (under --api: on the server), then print the run."""
     from durable_dataflow.dataflow.definitions.definitions import load_definition
 
+    api = common.state_of(ctx).remote
+    if api is not None:
+        _run_remotely(ctx, api, file, param, idempotency_key, max_attempts, as_json)
     loaded = load_definition(file)
     request = build_request(loaded, param, idempotency_key, tenant, max_attempts)
     with common.open_platform(ctx) as platform, progress_line.run_progress(loaded.definition.name, as_json) as sink:
@@ -111,6 +116,32 @@ def run_command(
     _announce(shown, not submission.created, ctx, as_json)
     if cause is not None and submission.created:
         raise typer.Exit(_interrupted_exit(submission.run, cause.signal, file, param, idempotency_key))
+    raise typer.Exit(common.run_exit_code(shown))
+
+
+def _run_remotely(
+    ctx: typer.Context,
+    api: remote.Remote,
+    file: Path,
+    param: list[str] | None,
+    key: str | None,
+    max_attempts: int,
+    as_json: bool,
+) -> NoReturn:
+    """`run` under --api: the definition file's text as a YAML body (the server parses it), executed inline
+    on the server for the token's tenant; printed and exited as the local run is."""
+    from durable_dataflow.core.files import read_capped
+    from durable_dataflow.dataflow.definitions.definitions import DEFINITION_BYTES_MAX
+
+    try:
+        text = read_capped(file, DEFINITION_BYTES_MAX, f"{file}: the definition").decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{file}: the definition is not UTF-8 text") from None
+    body = remote.run_body(text, parse_params(param or []), max_attempts)
+    headers = {"Idempotency-Key": key} if key is not None else {}
+    answer = api.call("POST", "/v1/runs", body=body, media_type=remote.YAML_MEDIA_TYPE, headers=headers)
+    shown = remote.run_view(answer["run"])
+    _announce(shown, not answer["created"], ctx, as_json)
     raise typer.Exit(common.run_exit_code(shown))
 
 
@@ -169,21 +200,26 @@ def runs_command(
     _check_choice("--recovery-status", recovery_status, [s.value for s in runs.RecoveryStatus])
     if not 1 <= limit <= runs.PAGE_SIZE_MAX:
         raise InputError(f"--limit must be between 1 and {runs.PAGE_SIZE_MAX}, got {limit}")
-    with common.open_platform(ctx) as platform, platform.db.read() as conn:
-        listed = views.run_list(
-            conn,
-            platform.db,
-            limit=limit,
-            tenant=tenant,
-            status=status,
-            recovery_status=recovery_status,
-            definition_name=definition,
-            parameters=parse_params(param or []),
-        )  # reads only: an expired lease is shown, never swept
+    api = common.state_of(ctx).remote
+    if api is not None:
+        found = _runs_remotely(api, status, recovery_status, definition, tenant, param, limit)
+    else:
+        with common.open_platform(ctx) as platform, platform.db.read() as conn:
+            listed = views.run_list(
+                conn,
+                platform.db,
+                limit=limit,
+                tenant=tenant,
+                status=status,
+                recovery_status=recovery_status,
+                definition_name=definition,
+                parameters=parse_params(param or []),
+            )  # reads only: an expired lease is shown, never swept
+        found = (listed.as_json(), listed.views)
     if as_json:
-        common.emit_json(listed.as_json())
+        common.emit_json(found[0])
         return
-    items = listed.views
+    items = found[1]
     console = common.stdout_console()
     if not items:
         console.print("no runs")
@@ -192,6 +228,28 @@ def runs_command(
     unresolved = sum(1 for view in items if view.unresolved)
     if unresolved:
         console.print(Text(f"{unresolved} unresolved run(s): see the WARNING column", style="bold yellow"))
+
+
+def _runs_remotely(
+    api: remote.Remote,
+    status: str | None,
+    recovery_status: str | None,
+    definition: str | None,
+    tenant: str | None,
+    param: list[str] | None,
+    limit: int,
+) -> tuple[list[dict[str, Any]], tuple[views.RunView, ...]]:
+    """`runs` under --api: one page of GET /v1/runs (the token's tenant), as JSON and as read views."""
+    parse_params(param or [])  # the same refusals as the local command, before anything is sent
+    if tenant is not None:
+        raise InputError("--tenant does not apply under --api: the token's tenant is listed")
+    query: dict[str, str | list[str]] = {"limit": str(limit)}
+    given = {"status": status, "recovery_status": recovery_status, "definition": definition}
+    query.update({name: value for name, value in given.items() if value is not None})
+    if param:
+        query["param"] = list(param)
+    listed: list[dict[str, Any]] = api.call("GET", "/v1/runs", query=query)["runs"]
+    return listed, tuple(remote.run_view(item) for item in listed)
 
 
 def _check_choice(option: str, value: str | None, choices: list[str]) -> None:
@@ -210,16 +268,24 @@ def reconcile_command(
     """Settle an outcome_unknown run by inspecting the sink with its idempotency key."""
     from durable_dataflow.dataflow.protocol import reconcile
 
-    with common.open_platform(ctx) as platform:
-        full_id, access = _operator_of(platform, run_id)
-        with common.spinner(f"inspecting the sink for run {full_id}"):
-            outcome = reconcile.reconcile(
-                platform.runs,
-                full_id,
-                access=access,
-                provenance=Provenance(actor=access.principal, trigger="cli"),
-                resume=resume,
-            )
+    api = common.state_of(ctx).remote
+    if api is not None:
+        answer = api.call("POST", f"/v1/runs/{_quoted(run_id)}/reconcile", body=_json_bytes({"resume": resume}))
+        outcome = reconcile.Reconciliation(
+            remote.run_view(answer["run"]).run, reconcile.Finding(answer["finding"]), answer["detail"],
+            bool(answer["resumed"]),
+        )  # fmt: skip
+    else:
+        with common.open_platform(ctx) as platform:
+            full_id, access = _operator_of(platform, run_id)
+            with common.spinner(f"inspecting the sink for run {full_id}"):
+                outcome = reconcile.reconcile(
+                    platform.runs,
+                    full_id,
+                    access=access,
+                    provenance=Provenance(actor=access.principal, trigger="cli"),
+                    resume=resume,
+                )
     code = _reconcile_exit_code(outcome)
     if as_json:
         common.emit_json(
@@ -258,11 +324,16 @@ def cancel_command(
     the reconcile instruction."""
     from durable_dataflow.dataflow.protocol import cancel
 
-    with common.open_platform(ctx) as platform:
-        full_id, access = _operator_of(platform, run_id)
-        outcome = cancel.cancel(
-            platform.runs, full_id, access=access, provenance=Provenance(actor=access.principal, trigger="cli")
-        )
+    api = common.state_of(ctx).remote
+    if api is not None:
+        answer = api.call("POST", f"/v1/runs/{_quoted(run_id)}/cancel")
+        outcome = cancel.Cancellation(remote.run_view(answer["run"]).run, bool(answer["cancelled"]), answer["detail"])
+    else:
+        with common.open_platform(ctx) as platform:
+            full_id, access = _operator_of(platform, run_id)
+            outcome = cancel.cancel(
+                platform.runs, full_id, access=access, provenance=Provenance(actor=access.principal, trigger="cli")
+            )
     if as_json:
         common.emit_json(common.run_json(outcome.run, cancelled=outcome.cancelled, detail=outcome.detail))
         return
@@ -270,6 +341,14 @@ def cancel_command(
     console.print(Text(printable(f"cancelled: {outcome.detail}" if outcome.cancelled else outcome.detail),
                        style="bold"))  # fmt: skip
     console.print(render.run_panel(outcome.run))
+
+
+def _quoted(run_id: str) -> str:
+    return urllib.parse.quote(run_id, safe="")
+
+
+def _json_bytes(document: dict[str, Any]) -> bytes:
+    return json.dumps(document).encode()
 
 
 def _reconcile_exit_code(outcome: reconcile.Reconciliation) -> int:

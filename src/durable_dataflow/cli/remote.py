@@ -1,0 +1,148 @@
+"""The remote CLI (issue 33 item 5): ``dataflow --api URL`` talks to the HTTP API with a token instead of
+opening the platform database, so an operator needs no database URL (which is more privileged).
+
+The token comes from ``DATAFLOW_TOKEN`` or ``--token-file PATH``, never from a command-line argument: argv
+is readable by every user of the machine (``ps``, /proc/PID/cmdline). A token file readable by every user
+is refused for the same reason. Answers are the API's run JSON, turned back into the read views the local
+commands print (``run_view``), and its errors are the platform's own codes (``{"error": {"code",
+"message"}}``, api/errors.py) raised as DataflowError, so ``common.report_error`` prints them and exits
+with the same status as the local command. Only the standard library speaks HTTP here: the CLI installs
+without the server extra.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from durable_dataflow.core.errors import DataflowError, InputError, StorageUnavailable
+
+if TYPE_CHECKING:
+    from durable_dataflow.dataflow.protocol.views import RunView
+
+API_URL_VARIABLE = "DATAFLOW_API_URL"
+TOKEN_VARIABLE = "DATAFLOW_TOKEN"
+REQUEST_TIMEOUT_S = 300.0  # an inline `run` answers when the run ends
+ANSWER_BYTES_MAX = 64 * 1024 * 1024
+TOKEN_FILE_BYTES_MAX = 4096
+# The commands that talk to the API under --api; any other exits 2 naming itself.
+REMOTE_COMMANDS = ("run", "runs", "reconcile", "cancel")
+YAML_MEDIA_TYPE = "application/yaml"
+
+
+@dataclass(frozen=True)
+class Remote:
+    """The API at ``url``, called with ``token`` (never shown: repr leaves it out)."""
+
+    url: str
+    token: str = field(repr=False)
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str | list[str]] | None = None,
+        body: bytes | None = None,
+        media_type: str = "application/json",
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        """The answer's JSON; an error answer raised as the DataflowError its code names."""
+        url = self.url.rstrip("/") + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query, doseq=True)
+        request = urllib.request.Request(url, data=body, method=method)
+        request.add_header("Authorization", f"Bearer {self.token}")
+        request.add_header("Accept", "application/json")
+        if body is not None:
+            request.add_header("Content-Type", media_type)
+        for name, value in (headers or {}).items():
+            request.add_header(name, value)
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as answer:  # http(s) only
+                return json.loads(answer.read(ANSWER_BYTES_MAX))
+        except urllib.error.HTTPError as error:
+            raise _error_of(error.code, error.read(ANSWER_BYTES_MAX)) from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+            reason = getattr(error, "reason", error)
+            raise StorageUnavailable(f"the API at {self.url} cannot be reached: {type(reason).__name__}") from None
+
+
+def _error_of(status: int, raw: bytes) -> DataflowError:
+    """The API's error answer as a DataflowError with the same code (its exit status is the local one's)."""
+    try:
+        found = json.loads(raw)["error"]
+        code, message = str(found["code"]), str(found["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = "internal", f"the API answered HTTP {status} without an error body"
+    error = DataflowError(message)
+    error.code = code  # the instance carries the API's code: the CLI's one table maps it to an exit status
+    return error
+
+
+def read_token(token_file: Path | None, environ: Mapping[str, str] = os.environ) -> str:
+    """The token from ``token_file`` (not readable by every user), else ``DATAFLOW_TOKEN``."""
+    if token_file is not None:
+        try:
+            mode = token_file.stat().st_mode
+            if mode & stat.S_IROTH:
+                raise InputError(
+                    f"--token-file {token_file} is readable by every user of this machine; "
+                    f"restrict it first: chmod 600 {token_file}"
+                )
+            with token_file.open("rb") as handle:
+                raw = handle.read(TOKEN_FILE_BYTES_MAX + 1)
+        except OSError as error:
+            raise InputError(f"--token-file {token_file} cannot be read: {error.strerror}") from None
+        if len(raw) > TOKEN_FILE_BYTES_MAX:
+            raise InputError(f"--token-file {token_file} is larger than {TOKEN_FILE_BYTES_MAX} bytes: not a token")
+        token = raw.decode("utf-8", errors="replace").strip()
+        origin = f"--token-file {token_file}"
+    else:
+        token = environ.get(TOKEN_VARIABLE, "").strip()
+        origin = f"${TOKEN_VARIABLE}"
+    if not token:
+        raise InputError(f"--api needs a token: set ${TOKEN_VARIABLE}, or give --token-file PATH ({origin} is empty)")
+    if any(ch.isspace() or not ch.isprintable() for ch in token):
+        raise InputError(f"{origin} holds more than one token-like word: give only the token")
+    return token
+
+
+def api_url_of(given: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """``--api URL``, else ``DATAFLOW_API_URL``, else None (the local CLI); only http(s) URLs."""
+    url = given if given is not None else environ.get(API_URL_VARIABLE, "").strip() or None
+    if url is None:
+        return None
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.username or parsed.password:
+        raise InputError("--api must be an http:// or https:// URL without a user or password")
+    return url
+
+
+def run_view(data: Mapping[str, Any]) -> RunView:
+    """The API's run JSON (``ShownRun.as_json``) as the read view the local commands print."""
+    from durable_dataflow.dataflow.protocol.runs import Run
+    from durable_dataflow.dataflow.protocol.views import RunView
+
+    derived = ("unresolved", "lease_expired", "age_s")
+    run = Run.model_validate({**{k: v for k, v in data.items() if k not in derived}, "base_dir": ""})
+    return RunView(run, lease_expired=bool(data["lease_expired"]), unresolved=bool(data["unresolved"]),
+                   warning=data.get("warning"))  # fmt: skip
+
+
+def run_body(definition_text: str, parameters: Mapping[str, str], max_attempts: int) -> bytes:
+    """The POST /v1/runs document as YAML: the definition file's text indented under ``definition:`` (the
+    server parses it with the strict loader), then the parameters and attempts."""
+    import yaml
+
+    indented = "".join(f"  {line}\n" for line in definition_text.splitlines())
+    rest = yaml.safe_dump({"parameters": dict(parameters), "max_attempts": max_attempts}, sort_keys=False)
+    return f"definition:\n{indented}{rest}".encode()
