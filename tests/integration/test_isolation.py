@@ -15,8 +15,9 @@ import pytest
 from durable_dataflow.core.errors import ExecutionError, Interrupted, LimitExceeded
 from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.execution import isolation, progress
-from durable_dataflow.dataflow.execution.compute import execute
+from durable_dataflow.dataflow.execution.compute import engine_for, execute
 from durable_dataflow.dataflow.execution.context import ExecutionContext
+from durable_dataflow.dataflow.execution.engine import EngineRun
 from durable_dataflow.dataflow.execution.interruption import Interruption
 from durable_dataflow.dataflow.execution.limits import ExecutionLimits, MiB
 
@@ -150,3 +151,13 @@ def test_errors_come_back_as_the_same_class_and_progress_is_relayed(pool: isolat
 def _peak_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+
+
+def test_a_job_that_cannot_be_sent_fails_as_an_execution_error(pool: isolation.ExecutorPool) -> None:
+    """Proves a job holding a value that cannot be pickled (here a lock among the parameters) ends as an
+    ExecutionError naming the cause, not a raw TypeError, and its executor is not kept."""
+    d = _definition("select 1::bigint as n")
+    job = EngineRun(d, {"x": threading.Lock()}, [], ExecutionLimits(), time.monotonic() + 60)
+    with pytest.raises(ExecutionError, match=r"could not be sent to its executor process \(TypeError\)"):
+        pool.run(job, engine_for(d).gate(d, ExecutionLimits()), 1024)
+    assert pool.pids() == []

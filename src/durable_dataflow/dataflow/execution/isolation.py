@@ -34,6 +34,7 @@ import enum
 import multiprocessing
 import multiprocessing.util
 import os
+import pickle
 import resource
 import signal
 import threading
@@ -342,7 +343,11 @@ def _converse(
     baseline_bytes = _rss_bytes(executor.pid) or executor.started_rss_bytes
     ceiling_bytes = baseline_bytes + bound_bytes
     executor.answered = False
-    executor.conn.send(job)
+    try:
+        executor.conn.send(job)
+    except (pickle.PicklingError, TypeError, AttributeError) as error:  # a source binding that cannot travel
+        kind = type(error).__name__
+        raise ExecutionError(f"the execution could not be sent to its executor process ({kind})") from None
     peak_bytes = 0
     while True:  # ends with the executor's reply, its death, or its kill
         try:
