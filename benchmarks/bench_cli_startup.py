@@ -2,15 +2,17 @@
 
 Each command is started as a fresh process (``python -m durable_dataflow.cli --db URL …``, the
 ``dataflow`` console script's code path) against an embedded SQLite database at the current schema
-holding one succeeded run: ``runs --limit 1``, ``show RUN``, ``verify RUN`` and ``version``. The
+holding one succeeded run: ``runs --limit 1``, ``show RUN``, ``verify RUN``, ``version`` and ``--help``
+(answered from ``cli/summaries.py`` without importing a command module). The
 figures are wall-clock times, each the median of ``ROUNDS`` processes; the commands rotate inside
 each round so load on a shared machine spreads over all of them. Start-up is almost all importing,
 so each command is compared with its floor: a bare interpreter loading only the libraries the
 command cannot do without (a bare Typer app parsing one option, Rich and pydantic's BaseModel for
-every command; SQLAlchemy for the three that read the database; pyarrow with its IPC reader and compute functions for ``verify``, which re-digests
-the stored result bytes), measured the same way in the same rounds. The floor without SQLAlchemy is
-reported too: it is what a command would cost with a read path that did not import it, so a command
-whose floor without SQLAlchemy is over the target cannot meet it with these libraries at all.
+every command; SQLAlchemy for the three that read the database; pyarrow with its IPC reader and compute
+functions for ``verify``, which re-digests the stored result bytes), measured the same way in the same
+rounds. The floor without SQLAlchemy is reported too: it is what a command would cost with a read path
+that did not import it, so a command whose floor without SQLAlchemy is over the target cannot meet it
+with these libraries at all.
 ``python -c "import sqlalchemy"`` and an empty interpreter are shown for context. CPU time (user +
 system of the child) is recorded beside the wall time: it is steadier than wall time on a busy machine.
 
@@ -41,7 +43,7 @@ QUICK_ROUNDS = 3
 TARGET_S = 0.3  # each read-only command starts, answers and exits within 0.3 s (wall, median)
 EXAMPLE = ROOT / "examples" / "revenue_by_region" / "dataflow.yaml"
 EXAMPLE_PARAMS = ("--param", "day=2026-11-02")
-COMMANDS = ("runs", "show", "verify", "version")
+COMMANDS = ("runs", "show", "verify", "version", "help")
 # The floor every command stands on: a bare Typer app (one command, one option; Typer 0.29 coerces
 # each parameter through a pydantic TypeAdapter, so parsing one option loads pydantic) with Rich's
 # console and tables, and pydantic's BaseModel for the run model.
@@ -66,6 +68,7 @@ FLOORS = {
     "show": ("libs_cli_sqlalchemy", "libs_cli"),
     "verify": ("libs_cli_sqlalchemy_pyarrow", "libs_cli_pyarrow"),
     "version": ("libs_cli", "libs_cli"),
+    "help": ("libs_cli", "libs_cli"),
 }
 REFERENCES = ("import_sqlalchemy", "empty_python", *LIBRARIES)
 
@@ -80,6 +83,7 @@ def _argv(name: str, url: str, run_id: str) -> list[str]:
         "show": _cli(url, "show", run_id),
         "verify": _cli(url, "verify", run_id),
         "version": _cli(url, "version"),
+        "help": [sys.executable, "-m", "durable_dataflow.cli", "--help"],  # the top-level help takes no --db
         "import_sqlalchemy": [sys.executable, "-c", "import sqlalchemy"],
         "empty_python": [sys.executable, "-c", "pass"],
         **{key: [sys.executable, "-c", code] for key, code in LIBRARIES.items()},

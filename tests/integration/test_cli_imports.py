@@ -159,3 +159,43 @@ def test_the_help_lists_every_command_in_one_order_after_main_ran_one() -> None:
         listed.append(done.stdout.strip())
     assert listed[0] == listed[1]
     assert listed[0].startswith("['run', 'runs'"), listed[0]
+
+
+def test_the_top_level_help_comes_from_the_summaries_alone_and_equals_the_full_help() -> None:
+    """`dataflow --help` (and `dataflow` alone) is answered from ``cli.summaries`` without importing any command
+    module (no SQLAlchemy, no pyarrow: start-up under 0.3 s), and prints exactly what the fully registered
+    app prints; every command and group has a summary and every summary names one, so a new command
+    without a summary fails here."""
+    fast = (
+        "import io, contextlib, json, sys\nimport durable_dataflow.cli as cli\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n    code = cli.main(['--help'])\n"
+        "print(json.dumps({'code': code, 'help': out.getvalue(), 'modules': sorted(sys.modules)}))\n"
+    )
+    full = (
+        "import io, contextlib, json, typer.main\nfrom durable_dataflow.cli import app, summaries\n"
+        "out = io.StringIO()\ncommand = typer.main.get_command(app)\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    try:\n        app(args=['--help'], prog_name='dataflow', standalone_mode=False)\n"
+        "    except SystemExit:\n        pass\n"
+        "print(json.dumps({'help': out.getvalue(), 'commands': list(command.commands),"
+        " 'summarized': [*summaries.COMMANDS, *summaries.GROUPS]}))\n"
+    )
+    env = {**_environment(), "COLUMNS": "110", "TERM": "dumb"}
+    answers = []
+    for code in (fast, full):
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        answers.append(json.loads(done.stdout.splitlines()[-1]))
+    quick, whole = answers
+    assert quick["code"] == 0
+    assert sorted(whole["commands"]) == sorted(whole["summarized"]), "a command without a summary, or the reverse"
+    assert quick["help"] == whole["help"] and "datasources" in quick["help"]
+    from durable_dataflow import cli
+
+    command_modules = {*cli.CORE_MODULES, *cli.PLUGIN_MODULES}
+    heavy = [m for m in quick["modules"] if m.split(".")[0] in ("sqlalchemy", "pyarrow", "duckdb", "yaml")
+             or m in command_modules]  # fmt: skip
+    assert heavy == [], heavy
