@@ -65,7 +65,7 @@ PLUGIN_MODULES = (
 _GLOBAL_VALUE_OPTIONS = ("--db", "--lease-ttl", "--api", "--token-file")
 _GLOBAL_FLAGS = ("--debug",)
 # Command lines that ask only for the top-level help: answered from ``summaries`` alone.
-TOP_LEVEL_HELP = ([], ["--help"])
+TOP_LEVEL_HELP: tuple[list[str], ...] = ([], ["--help"])
 
 
 @_app.callback()
