@@ -230,3 +230,25 @@ def test_the_token_is_never_in_argv_output_or_errors(served: Served, tmp_path: P
         assert "CMDLINE" in done.stderr and str(token_file) in done.stderr
         assert served.operator_token not in done.stdout + done.stderr
         assert done.returncode == (0 if args[0] == "runs" else 4), done.stderr
+
+
+def test_show_and_verify_are_the_same_over_the_api(
+    served: Served, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`show --json` over --api equals the local one (but the age), and so does `verify --json`; the human
+    `verify` line and `show`'s ledger table and UNRESOLVED warning read the same; both exit as locally."""
+    unknown = make_outcome_unknown_run(served.platform, served.examples, "acme", key="shown")
+    for command in ("show", "verify"):
+        local = dataflow(capsys, "--db", served.db_url, command, unknown.run_id, "--json")
+        over_api = remote_dataflow(served, capsys, monkeypatch, command, unknown.run_id, "--json")
+        assert over_api.code == local.code == 0, over_api.stderr
+        assert without_age(json.loads(over_api.stdout)) == without_age(json.loads(local.stdout))
+    local_verify = dataflow(capsys, "--db", served.db_url, "verify", unknown.run_id)
+    api_verify = remote_dataflow(served, capsys, monkeypatch, "verify", unknown.run_id)
+    assert api_verify.stdout == local_verify.stdout and api_verify.stdout.startswith("evidence verified:")
+    local_show = dataflow(capsys, "--db", served.db_url, "show", unknown.run_id)
+    api_show = remote_dataflow(served, capsys, monkeypatch, "show", unknown.run_id)
+    assert api_show.code == local_show.code == 0
+    ledger_lines = [line for line in local_show.stdout.splitlines() if "dispatch" in line or "WARNING" in line]
+    assert ledger_lines and all(line in api_show.stdout for line in ledger_lines)
+    assert f"dataflow --api {served.url} reconcile {unknown.run_id}" in api_show.stdout

@@ -7,14 +7,16 @@ parameters and error messages); ``--json`` stays exact JSON.
 from __future__ import annotations
 
 import sys
+import urllib.parse
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from durable_dataflow.cli import common, render
+from durable_dataflow.cli import common, remote, render
+from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow.execution import results
@@ -24,20 +26,30 @@ from durable_dataflow.dataflow.protocol import runs, views
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run id (or its tail as `runs` shows it).")]
 
 
-def _ledger_table(page: views.RunPage) -> Table:
+def _ledger_table(entries: list[dict[str, Any]]) -> Table:
+    """The ledger entries as ``views.entry_json`` gives them (locally, or from the API's evidence)."""
     table = Table(title="ledger", title_justify="left")
     for column in ("seq", "attempt", "kind", "time"):
         table.add_column(column, no_wrap=True)
     table.add_column("payload", overflow="fold")
-    for entry in page.entries:
+    for entry in entries:
         table.add_row(
-            Text(str(entry.seq)),
-            Text(str(entry.attempt)),
-            Text(printable(entry.kind)),
-            Text(common.time_text(entry.recorded_at_us)),
-            Text(printable(common.short_payload(entry.payload))),
+            Text(str(entry["seq"])),
+            Text(str(entry["attempt"])),
+            Text(printable(entry["kind"])),
+            Text(common.time_text(entry["recorded_at_us"])),
+            Text(printable(common.short_payload(entry["payload"]))),
         )
     return table
+
+
+def _evidence(ctx: typer.Context, run_id: str) -> dict[str, Any] | None:
+    """Under --api: ``GET /v1/runs/{id}/evidence`` (the run, its entries, checkpoint and verification)."""
+    api = common.state_of(ctx).remote
+    if api is None:
+        return None
+    evidence: dict[str, Any] = api.call("GET", f"/v1/runs/{urllib.parse.quote(run_id, safe='')}/evidence")
+    return evidence
 
 
 def show_command(
@@ -46,23 +58,30 @@ def show_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the run, its ledger and checkpoint as JSON.")] = False,
 ) -> None:
     """A run's fields, its ledger entries and latest checkpoint, and the warning if unresolved."""
-    with common.open_platform(ctx) as platform, platform.db.read() as conn:
-        page = views.run_page(conn, platform.db, runs.resolve_run_id(conn, run_id))  # reads only, never sweeps
+    evidence = _evidence(ctx, run_id)
+    if evidence is not None:  # the API's evidence holds `show --json`'s fields exactly (views.RunEvidence)
+        document = {**evidence["run"], "ledger": evidence["entries"], "checkpoint": evidence["checkpoint"]}
+        view = remote.run_view(evidence["run"])
+    else:
+        with common.open_platform(ctx) as platform, platform.db.read() as conn:
+            page = views.run_page(conn, platform.db, runs.resolve_run_id(conn, run_id))  # reads only, never sweeps
+        document, view = page.as_json(), page.shown.view
     if as_json:
-        common.emit_json(page.as_json())
+        common.emit_json(document)
         return
-    view, checkpoint = page.shown.view, page.checkpoint
+    checkpoint = document["checkpoint"]
     console = common.stdout_console()
     console.print(render.run_panel(view))
-    console.print(_ledger_table(page))
+    console.print(_ledger_table(document["ledger"]))
     if checkpoint is None:
         console.print("checkpoint: none (no verified state yet)")
     else:
         console.print(
             Text(
                 printable(
-                    f"checkpoint: {checkpoint.status} at attempt {checkpoint.attempt}, head seq {checkpoint.head_seq} "
-                    f"{checkpoint.head_hash}, verified {common.time_text(checkpoint.verified_at_us)}"
+                    f"checkpoint: {checkpoint['status']} at attempt {checkpoint['attempt']}, head seq "
+                    f"{checkpoint['head_seq']} {checkpoint['head_hash']}, "
+                    f"verified {common.time_text(checkpoint['verified_at_us'])}"
                 )
             )
         )
@@ -75,8 +94,17 @@ def verify_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the verification as JSON.")] = False,
 ) -> None:
     """Recompute the run's evidence chain and check its facts: exit 0 when it verifies, 1 when not."""
-    with common.open_platform(ctx) as platform, platform.db.read() as conn:
-        found = views.verification(conn, runs.resolve_run_id(conn, run_id), platform.config.evidence_key)
+    evidence = _evidence(ctx, run_id)
+    if evidence is not None:  # the API's verification is `verify --json`'s document exactly
+        verified = evidence["verification"]
+        found = views.RunVerification(verified["run_id"], ledger.Verification(
+            ok=verified["ok"], head_seq=verified["head_seq"], head_hash=verified["head_hash"],
+            entry_count=verified["entry_count"], keyed=verified["keyed"], broken_seq=verified["broken_seq"],
+            reason=verified["reason"] or "",
+        ))  # fmt: skip
+    else:
+        with common.open_platform(ctx) as platform, platform.db.read() as conn:
+            found = views.verification(conn, runs.resolve_run_id(conn, run_id), platform.config.evidence_key)
     result = found.result
     code = common.EXIT_OK if result.ok else common.EXIT_ERROR
     if as_json:
