@@ -252,3 +252,23 @@ def test_show_and_verify_are_the_same_over_the_api(
     ledger_lines = [line for line in local_show.stdout.splitlines() if "dispatch" in line or "WARNING" in line]
     assert ledger_lines and all(line in api_show.stdout for line in ledger_lines)
     assert f"dataflow --api {served.url} reconcile {unknown.run_id}" in api_show.stdout
+
+
+def test_ops_ledger_over_the_api_is_the_tokens_scope(
+    served: Served, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ops ledger --json` with a platform token over --api holds what the local, platform-wide one holds
+    (the same counts and unresolved runs); --tenant under --api exits 2 (the token decides the scope)."""
+    unknown = make_outcome_unknown_run(served.platform, served.examples, "acme", key="ops")
+    local = dataflow(capsys, "--db", served.db_url, "ops", "ledger", "--json")
+    over_api = remote_dataflow(served, capsys, monkeypatch, "ops", "ledger", "--json", token=served.platform_token)
+    assert over_api.code == local.code == 0, over_api.stderr
+    local_doc, api_doc = json.loads(local.stdout), json.loads(over_api.stdout)
+    assert set(api_doc) == set(local_doc)
+    assert api_doc["runs_by_status"] == local_doc["runs_by_status"]
+    assert [u["run_id"] for u in api_doc["unresolved"]] == [u["run_id"] for u in local_doc["unresolved"]]
+    assert [u["run_id"] for u in api_doc["unresolved"]] == [unknown.run_id]
+    human = remote_dataflow(served, capsys, monkeypatch, "ops", "ledger", token=served.platform_token)
+    assert human.code == 0 and unknown.run_id in human.stdout
+    scoped = remote_dataflow(served, capsys, monkeypatch, "ops", "ledger", "--tenant", "acme")
+    assert scoped.code == 2 and "--tenant" in scoped.stderr

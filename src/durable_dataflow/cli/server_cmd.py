@@ -304,12 +304,18 @@ def ops_ledger(
     """The platform-wide ledger projection: counts by module and recovery status, unresolved runs and ages."""
     from durable_dataflow.ops import ledger
 
-    with common.open_platform(ctx) as platform:
-        projection = ledger.read_projection(platform.db, tenant, count_entries=entries)
+    api = common.state_of(ctx).remote
+    if api is not None:  # the token decides the scope: its tenant, or every tenant for a platform token
+        if tenant is not None or entries:
+            raise InputError("--tenant and --entries do not apply under --api: the token's scope is shown")
+        document: dict[str, Any] = api.call("GET", "/v1/ops/ledger")
+    else:
+        with common.open_platform(ctx) as platform:
+            document = ledger.read_projection(platform.db, tenant, count_entries=entries).as_json()
     if as_json:
-        typer.echo(json.dumps(projection.as_json(), indent=2, sort_keys=True))
+        typer.echo(json.dumps(document, indent=2, sort_keys=True))
         return
-    _print_projection(projection.as_json())
+    _print_projection(document)
 
 
 def _when(us: int | None) -> str:
