@@ -6,6 +6,7 @@ in argv, the output or an error."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import socket
@@ -272,3 +273,34 @@ def test_ops_ledger_over_the_api_is_the_tokens_scope(
     assert human.code == 0 and unknown.run_id in human.stdout
     scoped = remote_dataflow(served, capsys, monkeypatch, "ops", "ledger", "--tenant", "acme")
     assert scoped.code == 2 and "--tenant" in scoped.stderr
+
+
+class _NotTheApi(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # the standard library's name
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(b"<html>a web server, not the API</html>")
+
+    def log_message(self, format: str, *args: Any) -> None:  # the standard library's signature
+        return
+
+
+def test_an_api_url_naming_another_server_exits_2(
+    served: Served, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--api naming a server that answers HTML (not the API) exits 2 saying so, not an internal error;
+    a closed port exits 7 (storage_unavailable: the API cannot be reached)."""
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotTheApi)
+    thread = threading.Thread(target=other.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv(remote.TOKEN_VARIABLE, served.operator_token)
+        said = dataflow(capsys, "--api", f"http://127.0.0.1:{other.server_address[1]}", "runs")
+        assert said.code == 2 and "is --api right?" in said.stderr, said.output
+    finally:
+        other.shutdown()
+        other.server_close()
+    closed = dataflow(capsys, "--api", f"http://127.0.0.1:{other.server_address[1]}", "runs")
+    assert closed.code == 7 and "cannot be reached" in closed.stderr, closed.output
+    assert served.operator_token not in said.output + closed.output

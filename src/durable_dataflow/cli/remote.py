@@ -71,9 +71,16 @@ class Remote:
                 return json.loads(answer.read(ANSWER_BYTES_MAX))
         except urllib.error.HTTPError as error:
             raise _error_of(error.code, error.read(ANSWER_BYTES_MAX)) from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+        except TimeoutError:
+            raise StorageUnavailable(
+                f"the API at {self.url} did not answer within {REQUEST_TIMEOUT_S:.0f} s; a run it executes goes on: "
+                "see `dataflow --api URL runs`"
+            ) from None
+        except (urllib.error.URLError, ConnectionError) as error:
             reason = getattr(error, "reason", error)
             raise StorageUnavailable(f"the API at {self.url} cannot be reached: {type(reason).__name__}") from None
+        except ValueError:  # an answer that is not JSON: --api names some other server
+            raise InputError(f"{self.url} answered with something other than the API's JSON: is --api right?") from None
 
 
 def _error_of(status: int, raw: bytes) -> DataflowError:
