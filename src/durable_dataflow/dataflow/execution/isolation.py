@@ -277,18 +277,6 @@ class ExecutorPool:
         self._give_back(executor)
         return result
 
-    def warm(self) -> None:
-        """Start one idle executor now (never raises: a failure shows on the first run instead)."""
-        try:
-            executor = _Executor(self._context)
-        except Exception:  # the first run starts its own executor and reports what fails
-            return
-        with self._lock:
-            if not self._closed:
-                self._idle.append(executor)
-                return
-        executor.kill()
-
     def pids(self) -> list[int]:
         """The executors' process ids (tests read their peak sizes)."""
         with self._lock:
@@ -440,10 +428,9 @@ def configure(isolation: Isolation) -> ExecutorPool | None:
                 previous.close()
             return None
         if _pool is None:
+            # Started lazily: the first execution starts the forkserver (≈ 1 s of imports), so a process that
+            # never executes (a reconciling worker, a server without inline runs) pays nothing.
             _pool = ExecutorPool()
-            # Start the forkserver (DuckDB imported) and one executor while the process opens its platform,
-            # so the first run does not wait for them.
-            threading.Thread(target=_pool.warm, name="dataflow-executor-warm", daemon=True).start()
         return _pool
 
 
