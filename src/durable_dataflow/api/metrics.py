@@ -84,7 +84,7 @@ class _DatabaseCollector(Collector):
             kinds = ops_ledger.ledger_kind_counts(conn)
             unresolved_total, oldest = ops_ledger.unresolved_runs(conn, self.db, now_us, limit=1)
             oldest_queued_us = runs.oldest_created_us(conn, RunStatus.QUEUED)
-            failures = runs.failed_by_error_code(conn)
+            failures = runs.failures_by_error_code(conn)
             expired = leases.held_counts(conn, self.db, module=runs.MODULE).get(runs.MODULE, (0, 0))[1]
             oldest_due_us = schedules.oldest_due_us(conn)
         found = fleet.list_workers(self.db)

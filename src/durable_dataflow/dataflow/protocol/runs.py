@@ -556,9 +556,10 @@ def count_by(
     return [tuple(row) for row in conn.execute(query)]
 
 
-def failures_by_error_code(conn: Connection, since_us: int, tenant: str | None = None) -> dict[str, int]:
-    """Failed runs recorded since ``since_us`` (database clock), counted by ``error_code``, most first: what
-    the Ops views list as recent failures. The ``(status, created_at_us)`` index serves it."""
+def failures_by_error_code(conn: Connection, since_us: int = 0, tenant: str | None = None) -> dict[str, int]:
+    """Failed runs recorded since ``since_us`` (database clock; 0: all), counted by ``error_code``, most first:
+    the Ops views' recent failures, and (all of them, platform-wide) the metrics' failures counter, which only
+    grows since a failed run stays failed. The ``(status, created_at_us)`` index serves it."""
     c = dataflow_runs.c
     count = sa.func.count().label("n")
     query = (
@@ -691,12 +692,3 @@ def oldest_created_us(conn: Connection, status: RunStatus) -> int | None:
     return None if value is None else int(value)
 
 
-def failed_by_error_code(conn: Connection) -> dict[str, int]:
-    """Failed runs per error code, platform-wide (a failed run stays failed, so each count only grows: the
-    metrics' failures counter). ``ix_dataflow_runs_status`` narrows the read to the failed runs."""
-    rows = conn.execute(
-        sa.select(dataflow_runs.c.error_code, sa.func.count())
-        .where(dataflow_runs.c.status == RunStatus.FAILED.value)
-        .group_by(dataflow_runs.c.error_code)
-    )
-    return {str(code or "unknown"): int(count) for code, count in rows}
