@@ -39,6 +39,8 @@ from durable_dataflow.core.units import US_PER_S
 from durable_dataflow.dataflow.execution import limits
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from durable_dataflow.cli.remote import Remote
     from durable_dataflow.dataflow.protocol.runs import Run
     from durable_dataflow.dataflow.protocol.views import RunView
@@ -64,6 +66,8 @@ EXIT_INTERRUPTED = 130
 # Rich wraps at 80 columns when stdout or stderr is not a terminal; run ids, digests and one-line
 # messages read (and grep) better unwrapped: soft wrap, and this width for what must be laid out.
 PIPE_WIDTH_COLUMNS = 200
+# What a table may measure at when each of its rows must stay one line (`print_whole_rows`).
+UNBOUNDED_WIDTH_COLUMNS = 100_000
 PAYLOAD_CHARS_SHOWN_MAX = 100
 RUN_ID_TAIL_CHARS = 12
 
@@ -237,6 +241,15 @@ def fail(message: str) -> NoReturn:
 def stdout_console() -> Console:
     terminal = sys.stdout.isatty()
     return Console(highlight=False, width=None if terminal else PIPE_WIDTH_COLUMNS, soft_wrap=not terminal)
+
+
+def print_whole_rows(console: Console, table: Table) -> None:
+    """Print ``table`` so that, into a pipe or a file, each row stays one line at any width (a folded
+    warning would break `grep`); a terminal folds it to its own width as usual."""
+    if not console.is_terminal:
+        unbounded = console.options.update_width(UNBOUNDED_WIDTH_COLUMNS)
+        console.width = max(console.width, console.measure(table, options=unbounded).maximum)
+    console.print(table)
 
 
 def stderr_console() -> Console:

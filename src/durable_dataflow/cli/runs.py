@@ -224,7 +224,7 @@ def runs_command(
     if not items:
         console.print("no runs")
         return
-    console.print(render.history_table(items, time.time()))
+    common.print_whole_rows(console, render.history_table(items, time.time()))
     unresolved = sum(1 for view in items if view.unresolved)
     if unresolved:
         console.print(Text(f"{unresolved} unresolved run(s): see the WARNING column", style="bold yellow"))

@@ -16,7 +16,6 @@ from rich.table import Table
 from rich.text import Text
 
 from durable_dataflow.cli import common, remote, render
-from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow.execution import results
@@ -96,12 +95,7 @@ def verify_command(
     """Recompute the run's evidence chain and check its facts: exit 0 when it verifies, 1 when not."""
     evidence = _evidence(ctx, run_id)
     if evidence is not None:  # the API's verification is `verify --json`'s document exactly
-        verified = evidence["verification"]
-        found = views.RunVerification(verified["run_id"], ledger.Verification(
-            ok=verified["ok"], head_seq=verified["head_seq"], head_hash=verified["head_hash"],
-            entry_count=verified["entry_count"], keyed=verified["keyed"], broken_seq=verified["broken_seq"],
-            reason=verified["reason"] or "",
-        ))  # fmt: skip
+        found = views.RunVerification.from_json(evidence["verification"])
     else:
         with common.open_platform(ctx) as platform, platform.db.read() as conn:
             found = views.verification(conn, runs.resolve_run_id(conn, run_id), platform.config.evidence_key)

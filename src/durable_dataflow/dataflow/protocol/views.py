@@ -304,6 +304,18 @@ class RunVerification:
             "reason": result.reason or None,
         }
 
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> RunVerification:
+        """The verification ``as_json`` gave (a remote `verify` reads it from the API's evidence)."""
+        return cls(
+            document["run_id"],
+            ledger.Verification(
+                ok=document["ok"], head_seq=document["head_seq"], head_hash=document["head_hash"],
+                entry_count=document["entry_count"], keyed=document["keyed"],
+                broken_seq=document["broken_seq"], reason=document["reason"] or "",
+            ),
+        )  # fmt: skip
+
 
 @dataclass(frozen=True)
 class RunEvidence:
