@@ -91,6 +91,9 @@ def test_stdlib_records_and_structlog_events_are_the_same_json_lines(
     JSON object per line, with `event`, `level` and `timestamp` (today uvicorn writes plain text)."""
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)
+    # uvicorn's level as `serve --log-level info` sets it (an in-process uvicorn of another test in this
+    # process may have left it at warning, which would drop the record below).
+    monkeypatch.setattr(logging.getLogger("uvicorn.error"), "level", logging.INFO)
     try:
         server_cmd.worker_cmd.configure_logging()
         server_cmd.worker_cmd.route_stdlib_logging()
