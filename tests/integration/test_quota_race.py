@@ -1,6 +1,7 @@
-"""Two concurrent submits cannot both take a tenant's last queued slot (issue 29, item 1): on PostgreSQL the
-quota check and the insert are one step per tenant (quotas.take_tenant_turn), proved with two real
-concurrent connections whose inserts are held at the same moment."""
+"""Two concurrent submits cannot both take a tenant's last queued slot, nor two concurrent applies its last
+schedule slot (issue 29, item 1): on PostgreSQL the quota check and the insert are one step per tenant
+(quotas.take_tenant_turn), proved with two real concurrent connections whose inserts are held at the same
+moment."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import yaml
 
 from durable_dataflow.core.errors import DataflowError, QuotaExceeded
 from durable_dataflow.dataflow.definitions.definitions import Definition
+from durable_dataflow.dataflow.execution import workspace
 from durable_dataflow.dataflow.protocol import quotas
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
+from durable_dataflow.dataflow.schedules import schedules
 from durable_dataflow.platform import Platform
 from support import flows
 
@@ -27,9 +30,9 @@ WAIT_S = 30.0
 
 @pytest.fixture
 def platform(pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Platform]:
-    """A platform on PostgreSQL where tenant acme may hold one queued run."""
+    """A platform on PostgreSQL where tenant acme may hold one queued run and one applied schedule."""
     path = tmp_path / "quotas.yaml"
-    path.write_text(yaml.safe_dump({"tenants": {TENANT: {"queued_runs": 1}}}))
+    path.write_text(yaml.safe_dump({"tenants": {TENANT: {"queued_runs": 1, "applied_schedules": 1}}}))
     monkeypatch.setenv(quotas.QUOTAS_ENV, str(path))
     with Platform(pg_url) as opened:
         yield opened
@@ -87,3 +90,39 @@ def test_two_concurrent_submits_cannot_both_take_the_last_queued_slot(
         first.join(WAIT_S)
         second.join(WAIT_S)
     assert outcomes == {"first": "queued", "second": "refused queued_runs"}
+
+
+def test_two_concurrent_applies_cannot_both_take_the_last_schedule_slot(
+    platform: Platform, pg_url: str, tmp_path: Path
+) -> None:
+    """Proves that with an applied_schedules quota of 1, two applies of new names whose transactions overlap
+    store one schedule and refuse the other with QuotaExceeded (measured before the fix: 304 schedules under
+    a quota of 300). A third connection holds a SHARE lock on the schedules table, so the first apply counts,
+    passes and waits at its insert; the second is started only then and must wait for the tenant's turn."""
+    outcomes: dict[str, str] = {}
+    access = AccessContext(tenant=TENANT, principal="p", roles=("operator",))
+
+    def apply(name: str) -> None:
+        definition = Definition.model_validate(flows.daily_flow({"cron": "0 6 * * *", "parameters": {"day": "{{ tick.date }}"}}, name=name))
+        try:
+            created = schedules.apply(platform.runs, definition, workspace.local(tmp_path), access).created
+            outcomes[name] = "created" if created else "not created"
+        except QuotaExceeded as error:
+            outcomes[name] = f"refused {error.quota}"
+        except DataflowError as error:  # reported, so the assertion below names it
+            outcomes[name] = f"error {error.code}"
+
+    libpq = pg_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    with psycopg.connect(libpq, autocommit=True) as admin, psycopg.connect(libpq) as blocker:
+        blocker.execute("lock table schedules in share mode")  # inserts wait, counts do not
+        first = threading.Thread(target=apply, args=("first",))
+        first.start()
+        _waiting(admin, 1)  # the first has counted and waits at its insert
+        second = threading.Thread(target=apply, args=("second",))
+        second.start()
+        _waiting(admin, 2)  # the second waits too: for the tenant's turn (or, unguarded, at its insert)
+        blocker.commit()
+        first.join(WAIT_S)
+        second.join(WAIT_S)
+    assert outcomes == {"first": "created", "second": "refused applied_schedules"}
+    assert [s.name for s in schedules.list_applied(platform.db, TENANT)] == ["first"]

@@ -212,16 +212,14 @@ def apply(
     key = {"tenant": access.tenant, "name": definition.name}
     with db.read() as conn:
         existing = conn.execute(sa.select(schedules).filter_by(**key)).first()
-        if existing is None:  # a new name: the tenant's applied_schedules quota, before anything is written
-            limit = service.config.quotas.of(access.tenant).applied_schedules
-            quotas.check_applied_schedules(limit, _count_applied(conn, access.tenant, limit))
     if existing is not None and (existing.definition_hash, existing.workspace_json) == (d_hash, space_json):
         return ApplyResult(_from_row(existing), created=False, changed=False)
+    limit = service.config.quotas.of(access.tenant).applied_schedules
     try:
-        stored = _write_applied(db, key, d_hash, body, spec_json, space_json, access.principal, now)
+        stored, created = _write_applied(db, key, d_hash, body, spec_json, space_json, access.principal, now, limit)
     except sa.exc.IntegrityError:  # another apply of the same name committed first: apply over it
-        stored = _write_applied(db, key, d_hash, body, spec_json, space_json, access.principal, now)
-    return ApplyResult(_from_row(stored), created=existing is None, changed=True)
+        stored, created = _write_applied(db, key, d_hash, body, spec_json, space_json, access.principal, now, limit)
+    return ApplyResult(_from_row(stored), created=created, changed=True)
 
 
 def _count_applied(conn: Connection, tenant: str, count_max: int) -> int:
@@ -249,24 +247,30 @@ def check_has_ticks(spec: ScheduleSpec) -> None:
 
 def _write_applied(
     db: Database, key: dict[str, str], d_hash: str, body: str, spec_json: str, space_json: str, by: str,
-    now: dt.datetime | None,
-) -> sa.Row[Any]:
+    now: dt.datetime | None, applied_max: int,
+) -> tuple[sa.Row[Any], bool]:
+    """Insert or replace the schedule ``key``; the row and whether it was inserted. A new name is counted
+    against ``applied_max`` (the tenant's applied_schedules quota) inside this transaction, after taking
+    the tenant's turn: two concurrent applies of new names cannot both take the last slot."""
     spec = ScheduleSpec.model_validate(json.loads(spec_json))
     with db.begin() as conn:
+        current = conn.execute(sa.select(schedules).filter_by(**key)).first()
+        if current is None:  # refused before anything is written (the transaction rolls back)
+            quotas.take_tenant_turn(conn, key["tenant"])
+            quotas.check_applied_schedules(applied_max, _count_applied(conn, key["tenant"], applied_max))
         at_us = _now_us(conn, db, now)
         values = {
             "definition_hash": d_hash, "definition_json": body, "schedule_json": spec_json,
             "workspace_json": space_json, "applied_by": by,
             "applied_at_us": at_us, "updated_at_us": at_us,
         }  # fmt: skip
-        current = conn.execute(sa.select(schedules).filter_by(**key)).first()
         paused = current is not None and bool(current.paused)
         values["next_due_us"] = next_due_us(spec, paused, at_us)
         if current is None:
             conn.execute(sa.insert(schedules).values(**key, **values, paused=False))
         else:
             conn.execute(sa.update(schedules).filter_by(**key).values(**values))
-        return conn.execute(sa.select(schedules).filter_by(**key)).one()
+        return conn.execute(sa.select(schedules).filter_by(**key)).one(), current is None
 
 
 def get(db: Database, tenant: str, name: str) -> AppliedSchedule:
