@@ -84,6 +84,7 @@ def test_metrics_have_zero_series_and_count_queue_failures_and_fleet(db_url: str
         assert samples(metrics.render().decode()) == fresh  # inside the interval: the cached read
         clock[0] = 61.0
         shown = samples(metrics.render().decode())
+        durations = samples(observed.render().decode())  # it reads the fleet: while the database is open
     assert shown["dataflow_runs_queued"] == 1.0 and shown['dataflow_runs{status="queued"}'] == 1.0
     assert shown["dataflow_oldest_queued_age_seconds"] >= 29.0
     failures = {k: v for k, v in shown.items() if k.startswith("dataflow_run_failures_total{")}
@@ -94,7 +95,6 @@ def test_metrics_have_zero_series_and_count_queue_failures_and_fleet(db_url: str
     exposition = metrics.render().decode()
     assert "# TYPE dataflow_attempt_outcomes_total counter" in exposition
     assert "# TYPE dataflow_run_failures_total counter" in exposition
-    durations = samples(observed.render().decode())
     assert durations['dataflow_run_duration_seconds_count{definition="metrics_good",mode="atomic"}'] == 1.0
     assert durations['dataflow_run_duration_seconds_count{definition="metrics_failing",mode="atomic"}'] == 1.0
 

@@ -118,6 +118,7 @@ class Database:
             self.engine = _postgres_engine(self.url)
             self.read_engine = self.engine
         self._statements: dict[tuple[Any, ...], Any] = {}
+        self._disposed = False
 
     def files(self) -> tuple[Path, ...]:
         """The files that hold this database on this host (SQLite: the file and its journals)."""
@@ -169,6 +170,7 @@ class Database:
     @contextmanager
     def begin(self) -> Iterator[Connection]:
         """A write transaction; driver errors become :class:`StorageUnavailable` at this boundary."""
+        self._check_open()
         with translate_errors(), self.engine.begin() as conn:
             yield conn
 
@@ -182,13 +184,21 @@ class Database:
         it saw before. What the ROLLBACK guaranteed, that nothing is written, :func:`_refuse_writes`
         now enforces before any statement is sent. SQLite keeps a deferred transaction: a snapshot
         for the whole read, without any round trip."""
+        self._check_open()
         with translate_errors(), self.read_engine.connect() as conn:
             if self.dialect == "postgresql":
                 conn.execution_options(isolation_level="AUTOCOMMIT", **{_READ_ONLY: True})
             yield conn
             conn.rollback()
 
+    def _check_open(self) -> None:
+        # After dispose() an engine would quietly open a fresh pool that nothing ever closes: its
+        # connections leak until garbage collection. Using a disposed Database is a bug; say so here.
+        invariant(not self._disposed, "the platform database was used after it was disposed")
+
     def dispose(self) -> None:
+        """Close every pooled connection; the Database may not be used afterwards."""
+        self._disposed = True
         self.engine.dispose()
         if self.read_engine is not self.engine:
             self.read_engine.dispose()

@@ -67,9 +67,14 @@ class HolderLock:
         if self._engine is None:
             self._engine = sa.create_engine(self._db.engine.url, poolclass=NullPool)
         conn = self._engine.connect()
-        conn.execution_options(isolation_level="AUTOCOMMIT")
-        conn.execute(sa.text("SET idle_session_timeout = 0"))  # an idle lock session must not be ended
-        self.held = bool(conn.execute(sa.select(sa.func.pg_try_advisory_lock(holder_key(self._holder)))).scalar())
+        try:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            conn.execute(sa.text("SET idle_session_timeout = 0"))  # an idle lock session must not be ended
+            self.held = bool(conn.execute(sa.select(sa.func.pg_try_advisory_lock(holder_key(self._holder)))).scalar())
+        except BaseException:
+            with contextlib.suppress(Exception):  # already broken
+                conn.close()
+            raise
         if not self.held:
             _log.warning("holder_lock.taken_elsewhere", holder=self._holder, note="the lease TTL decides")
         self._conn = conn
