@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from durable_dataflow.core import fencing, leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, StaleAttempt
+from durable_dataflow.core.invariants import InvariantViolation
 from durable_dataflow.dataflow.protocol import runs
 
 MODULE = "test"
@@ -62,3 +63,16 @@ def test_a_run_update_names_only_columns_of_a_run(db: Database) -> None:
     for column in ("no_such_column", "updated_at_us"):
         with pytest.raises(InputError, match=column), db.begin() as conn:
             runs.update(conn, db, "some-run", **{column: 1})
+
+
+def test_a_disposed_database_refuses_to_be_used(db_url: str) -> None:
+    """After dispose() an engine would open a fresh pool that nothing closes (on PostgreSQL its connections
+    leaked until garbage collection, failing CI with 'deleted while still open'): both doors refuse."""
+    database = Database(db_url)
+    with database.read() as conn:
+        conn.execute(sa.select(1))
+    database.dispose()
+    with pytest.raises(InvariantViolation, match="used after it was disposed"), database.read():
+        pass
+    with pytest.raises(InvariantViolation, match="used after it was disposed"), database.begin():
+        pass
