@@ -99,6 +99,7 @@ def test_unit_starts_a_real_command_and_stops_gracefully(role: str) -> None:
     assert service["KillMode"] == "mixed", "SIGTERM to the main process only: it interrupts its own engines"
     assert service["Restart"] == "on-failure"
     assert service["RestartPreventExitStatus"] == "2", "exit 2 (a refusal) would repeat on every restart"
+    assert service["OOMPolicy"] == "continue", "one OOM-killed executor must not stop every run in the service"
     assert service["EnvironmentFile"] == "/etc/dataflow/env"
     assert service["User"] not in ROOT_USERS and service["Group"] not in ROOT_USERS
     assert service["NoNewPrivileges"] == "yes" and service["ProtectSystem"] == "strict"
