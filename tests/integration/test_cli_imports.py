@@ -163,7 +163,7 @@ def test_the_help_lists_every_command_in_one_order_after_main_ran_one() -> None:
 
 def test_the_top_level_help_comes_from_the_summaries_alone_and_equals_the_full_help() -> None:
     """`dataflow --help` (and `dataflow` alone) is answered from ``cli.summaries`` without importing any command
-    module (no SQLAlchemy, no pyarrow, no HTTP client: start-up under 0.3 s), and prints exactly what the fully registered
+    module (no SQLAlchemy, pyarrow or HTTP client: start-up under 0.3 s), and prints exactly what the fully registered
     app prints; every command and group has a summary and every summary names one, so a new command
     without a summary fails here."""
     fast = (

@@ -103,7 +103,8 @@ def test_two_concurrent_applies_cannot_both_take_the_last_schedule_slot(
     access = AccessContext(tenant=TENANT, principal="p", roles=("operator",))
 
     def apply(name: str) -> None:
-        definition = Definition.model_validate(flows.daily_flow({"cron": "0 6 * * *", "parameters": {"day": "{{ tick.date }}"}}, name=name))
+        schedule = {"cron": "0 6 * * *", "parameters": {"day": "{{ tick.date }}"}}
+        definition = Definition.model_validate(flows.daily_flow(schedule, name=name))
         try:
             created = schedules.apply(platform.runs, definition, workspace.local(tmp_path), access).created
             outcomes[name] = "created" if created else "not created"
