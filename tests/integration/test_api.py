@@ -302,6 +302,22 @@ def test_healthz_openapi_and_metrics(world: World) -> None:
     assert 'dataflow_api_request_seconds_count{method="GET",route="/v1/runs",status="200"}' in text
 
 
+def test_serve_observes_the_duration_of_each_run_it_executes_inline(world: World) -> None:
+    """Proves `serve`'s /metrics carries dataflow_run_duration_seconds for the runs it executed inline (it was
+    empty on serve: only workers observed it), once per execution: neither a replay nor a queued submit,
+    which this process does not execute, is counted."""
+    body = {"definition_hash": world.atomic.definition_hash, "parameters": {"day": "2026-11-05"}}
+    series = 'dataflow_run_duration_seconds_count{definition="revenue_by_region",mode="atomic"}'
+    assert series not in world.call("GET", "/metrics", world.tokens.operator).text
+    key = {"Idempotency-Key": "inline-duration"}
+    assert world.call("POST", "/v1/runs", world.tokens.submitter, body, headers=key).status_code == 201
+    assert world.call("POST", "/v1/runs", world.tokens.submitter, body, headers=key).status_code == 200
+    queued = world.call("POST", "/v1/runs?queue=true", world.tokens.submitter,
+                        {**body, "parameters": {"day": "2026-11-06"}})  # fmt: skip
+    assert queued.status_code == 201 and queued.json()["run"]["status"] == "queued"
+    assert f"{series} 1.0" in world.call("GET", "/metrics", world.tokens.operator).text
+
+
 def test_invented_http_methods_share_one_metrics_label(world: World) -> None:
     """Proves requests with invented methods (HTTP allows any token; each label value was a series kept
     for the life of the process, so an unauthenticated client could grow /metrics without bound) are

@@ -98,6 +98,8 @@ async def submit_run(
 
     def submit_and_show() -> tuple[bool, dict[str, Any]]:
         submission = operations.submit(platform, caller, body.model_dump(), idempotency_key, tenancy, queue)
+        if submission.created and not queue:  # executed here, its attempt claimed in the recording commit
+            request.app.state.metrics.runs.observe_run(submission.run, time.perf_counter() - started)
         return submission.created, operations.shown(platform, submission.run).as_json()
 
     if queue:
