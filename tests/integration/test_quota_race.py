@@ -92,38 +92,49 @@ def test_two_concurrent_submits_cannot_both_take_the_last_queued_slot(
     assert outcomes == {"first": "queued", "second": "refused queued_runs"}
 
 
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (("first", "second"), {"first": "created", "second": "refused applied_schedules"}),
+        (("same", "same"), {"same-0": "created", "same-1": "not created"}),
+    ],
+    ids=["two-new-names", "one-name-twice"],
+)
 def test_two_concurrent_applies_cannot_both_take_the_last_schedule_slot(
-    platform: Platform, pg_url: str, tmp_path: Path
+    platform: Platform, pg_url: str, tmp_path: Path, names: tuple[str, str], expected: dict[str, str]
 ) -> None:
     """Proves that with an applied_schedules quota of 1, two applies of new names whose transactions overlap
     store one schedule and refuse the other with QuotaExceeded (measured before the fix: 304 schedules under
-    a quota of 300). A third connection holds a SHARE lock on the schedules table, so the first apply counts,
-    passes and waits at its insert; the second is started only then and must wait for the tenant's turn."""
+    a quota of 300), while two overlapping applies of one new name both succeed (the second applies over the
+    first: re-applying a name is never refused). A third connection holds a SHARE lock on the schedules
+    table, so the first apply passes its check and waits at its insert; the second is started only then and
+    must wait for the tenant's turn before it reads or counts."""
     outcomes: dict[str, str] = {}
     access = AccessContext(tenant=TENANT, principal="p", roles=("operator",))
 
-    def apply(name: str) -> None:
-        schedule = {"cron": "0 6 * * *", "parameters": {"day": "{{ tick.date }}"}}
+    def apply(name: str, label: str, hour: int) -> None:
+        schedule = {"cron": f"0 {hour} * * *", "parameters": {"day": "{{ tick.date }}"}}
         definition = Definition.model_validate(flows.daily_flow(schedule, name=name))
         try:
             created = schedules.apply(platform.runs, definition, workspace.local(tmp_path), access).created
-            outcomes[name] = "created" if created else "not created"
+            outcomes[label] = "created" if created else "not created"
         except QuotaExceeded as error:
-            outcomes[name] = f"refused {error.quota}"
+            outcomes[label] = f"refused {error.quota}"
         except DataflowError as error:  # reported, so the assertion below names it
-            outcomes[name] = f"error {error.code}"
+            outcomes[label] = f"error {error.code}"
 
+    labels = list(names) if names[0] != names[1] else [f"{names[0]}-{i}" for i in range(2)]
     libpq = pg_url.replace("postgresql+psycopg://", "postgresql://", 1)
     with psycopg.connect(libpq, autocommit=True) as admin, psycopg.connect(libpq) as blocker:
         blocker.execute("lock table schedules in share mode")  # inserts wait, counts do not
-        first = threading.Thread(target=apply, args=("first",))
+        first = threading.Thread(target=apply, args=(names[0], labels[0], 6))
         first.start()
         _waiting(admin, 1)  # the first has counted and waits at its insert
-        second = threading.Thread(target=apply, args=("second",))
+        second = threading.Thread(target=apply, args=(names[1], labels[1], 7))
         second.start()
         _waiting(admin, 2)  # the second waits too: for the tenant's turn (or, unguarded, at its insert)
         blocker.commit()
         first.join(WAIT_S)
         second.join(WAIT_S)
-    assert outcomes == {"first": "created", "second": "refused applied_schedules"}
-    assert [s.name for s in schedules.list_applied(platform.db, TENANT)] == ["first"]
+    assert outcomes == expected
+    assert [s.name for s in schedules.list_applied(platform.db, TENANT)] == [names[0]]

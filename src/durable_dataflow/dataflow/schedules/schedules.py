@@ -254,9 +254,9 @@ def _write_applied(
     the tenant's turn: two concurrent applies of new names cannot both take the last slot."""
     spec = ScheduleSpec.model_validate(json.loads(spec_json))
     with db.begin() as conn:
+        quotas.take_tenant_turn(conn, key["tenant"])  # first: a concurrent apply of this name has committed
         current = conn.execute(sa.select(schedules).filter_by(**key)).first()
         if current is None:  # refused before anything is written (the transaction rolls back)
-            quotas.take_tenant_turn(conn, key["tenant"])
             quotas.check_applied_schedules(applied_max, _count_applied(conn, key["tenant"], applied_max))
         at_us = _now_us(conn, db, now)
         values = {
