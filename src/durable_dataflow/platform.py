@@ -19,6 +19,7 @@ from durable_dataflow.dataflow.execution.limits import ExecutionLimits, with_dat
 from durable_dataflow.dataflow.execution.limits import from_env as limits_from_env
 from durable_dataflow.dataflow.protocol import quotas
 from durable_dataflow.dataflow.protocol.service_config import ServiceConfig, lease_ttl_from_env
+from durable_dataflow.lineage import settings as lineage_settings
 
 if TYPE_CHECKING:
     from durable_dataflow.dataflow.protocol.service import RunService
@@ -51,6 +52,9 @@ class Platform:
         migrate: bool = True,
     ) -> None:
         self.db = Database(url)
+        # Lineage configured (docs/lineage.md): every ledger append also writes its outbox key.
+        self.lineage_configured = lineage_settings.configured()
+        self.db.ledger_outbox = self.lineage_configured
         if migrate:
             migrations.upgrade(self.db)
         config = ServiceConfig(

@@ -24,7 +24,7 @@ EXAMPLE = ROOT / "examples" / "revenue_by_region" / "dataflow.yaml"
 # Top-level packages no read-only command may import.
 # pandas too: pyarrow loads it (where installed) on its first Python-value conversion.
 FORBIDDEN = ("duckdb", "fastapi", "uvicorn", "starlette", "jinja2", "alembic", "deltalake", "psycopg", "sqlglot",
-             "pandas")
+             "pandas", "openlineage")
 # Also left out of `runs`, `show` and `version`: only verifying stored result bytes needs pyarrow.
 FORBIDDEN_WITHOUT_RESULT_BYTES = ("pyarrow", "yaml", "structlog")
 # Also left out of `version`, which reads no database (pydantic is not: Typer itself imports it).

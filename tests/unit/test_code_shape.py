@@ -35,6 +35,10 @@ OWNERS: dict[tuple[str, str], tuple[frozenset[str], str]] = {
         frozenset({"core.ledger"}),
         "the hash-chained ledger: append, read, verify, and the read-only counts Ops shows",
     ),
+    ("core.schema", "ledger_outbox"): (
+        frozenset({"core.ledger"}),
+        "the keys of committed entries awaiting delivery (lineage): written with the entry, read, deleted",
+    ),
     ("core.schema", "leases"): (
         frozenset({"core.leases", "core.fencing"}),
         "leases grants and guards attempts; fencing locks the lease row (FOR UPDATE) to fence a write",
@@ -305,7 +309,7 @@ def test_lazy_imports_are_listed() -> None:
 # ---- (d) parts and wings: every import points down ---------------------------------------------
 
 # Each part may import the parts before it (and the package root, for ``__version__``).
-PARTS = ("core", "datasources", "dataflow", "migrations", "ops", "platform", "api", "cli")
+PARTS = ("core", "datasources", "dataflow", "migrations", "ops", "lineage", "platform", "api", "cli")
 # Inside ``dataflow``: rank of each wing; a module may import modules of its own rank or lower.
 WINGS = {
     "dataflow": 0,  # the package itself: its docstring says how the wings are ordered

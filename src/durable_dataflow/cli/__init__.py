@@ -56,6 +56,7 @@ PLUGIN_MODULES = (
     "durable_dataflow.cli.datasources_cmd",
     "durable_dataflow.cli.partitions_cmd",
     "durable_dataflow.cli.workers_cmd",
+    "durable_dataflow.cli.lineage_cmd",
 )
 
 

@@ -35,4 +35,5 @@ GROUPS: dict[str, str] = {
     "schedules": "Apply, list, pause and resume schedules; evaluate due ticks.",
     "backfill": "Queue one run per day of a range (`dataflow backfill FILE --from D --to D`), or cancel them.",
     "datasources": "Named datasources: declared by the platform, or registered by runs.",
+    "lineage": "The lineage outbox: its backlog, and its delivery as OpenLineage events.",
 }

@@ -119,6 +119,9 @@ class Database:
             self.read_engine = self.engine
         self._statements: dict[tuple[Any, ...], Any] = {}
         self._disposed = False
+        # Whether each ledger append also writes the entry's key to ``ledger_outbox`` (the Platform turns
+        # it on when lineage is configured, docs/lineage.md); off, appends cost exactly what they did.
+        self.ledger_outbox = False
 
     def files(self) -> tuple[Path, ...]:
         """The files that hold this database on this host (SQLite: the file and its journals)."""

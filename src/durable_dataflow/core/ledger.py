@@ -9,6 +9,10 @@ carries MACs never verifies without the key (its MACs would go unchecked), and a
 setting differs from the ledger it would extend is refused before it writes
 (``check_key_setting``).
 
+While ``Database.ledger_outbox`` is on, each append also writes the entries' keys to
+``ledger_outbox`` in the same transaction, so a deliverer outside (lineage, docs/lineage.md) finds
+exactly the committed entries and nothing that did not commit; off, an append costs what it did.
+
 Appends assume an open transaction whose caller already serializes writers of the subject (the
 lease row lock of a fenced transaction, or the insert of a new subject); the primary key
 ``(module, subject_id, seq)`` refuses a racing duplicate anyway.
@@ -29,7 +33,7 @@ from sqlalchemy.engine import Connection
 from durable_dataflow.core import hashing
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError
-from durable_dataflow.core.schema import KIND_LENGTH, ledger_entries
+from durable_dataflow.core.schema import KIND_LENGTH, ledger_entries, ledger_outbox
 from durable_dataflow.core.secrets import Secret
 
 ENTRIES_PER_SUBJECT_MAX = 10_000
@@ -174,7 +178,7 @@ def append_many(
     if not items:
         raise InputError("append_many needs at least one entry")
     if new_subject_at_us is not None:
-        return _insert_chained(conn, module, subject_id, items, 0, genesis_hash(module, subject_id),
+        return _insert_chained(conn, db, module, subject_id, items, 0, genesis_hash(module, subject_id),
                                new_subject_at_us, evidence_key)  # fmt: skip
     if held is not None:
         if (held.module, held.subject_id) != (module, subject_id):
@@ -182,13 +186,13 @@ def append_many(
         seq, prev_hash = held.head()
         if seq + len(items) > ENTRIES_PER_SUBJECT_MAX:
             raise InputError(f"subject {module}/{subject_id} reached {ENTRIES_PER_SUBJECT_MAX} ledger entries")
-        return _insert_chained(conn, module, subject_id, items, seq, prev_hash, held.now_us, evidence_key)
+        return _insert_chained(conn, db, module, subject_id, items, seq, prev_hash, held.now_us, evidence_key)
     head = conn.execute(db.statement(_head_statement), {"head_module": module, "head_subject_id": subject_id}).one()
     seq = 0 if head.seq is None else int(head.seq)
     if seq + len(items) > ENTRIES_PER_SUBJECT_MAX:
         raise InputError(f"subject {module}/{subject_id} reached {ENTRIES_PER_SUBJECT_MAX} ledger entries")
     prev_hash = genesis_hash(module, subject_id) if head.seq is None else str(head.entry_hash)
-    return _insert_chained(conn, module, subject_id, items, seq, prev_hash, int(head.now_us), evidence_key)
+    return _insert_chained(conn, db, module, subject_id, items, seq, prev_hash, int(head.now_us), evidence_key)
 
 
 def _head_statement(db: Database) -> sa.Select[tuple[int, int | None, str | None]]:
@@ -211,6 +215,7 @@ def _head_statement(db: Database) -> sa.Select[tuple[int, int | None, str | None
 
 def _insert_chained(
     conn: Connection,
+    db: Database,
     module: str,
     subject_id: str,
     items: Sequence[tuple[int, str, Mapping[str, Any]]],
@@ -230,10 +235,13 @@ def _insert_chained(
         rows.append(_row(entry, payload_json))
         prev_hash = entry.entry_hash
     conn.execute(_INSERT_ENTRIES, rows)
+    if db.ledger_outbox:
+        conn.execute(_INSERT_OUTBOX, [{"module": e.module, "subject_id": e.subject_id, "seq": e.seq} for e in entries])
     return entries
 
 
 _INSERT_ENTRIES = ledger_entries.insert()  # built once: every run appends through it
+_INSERT_OUTBOX = ledger_outbox.insert()
 
 
 def _chained(
@@ -572,3 +580,43 @@ def subject_and_entry_counts(
         query = query.where(ledger_entries.c.module == module, ledger_entries.c.subject_id.in_(subjects))
     rows = conn.execute(query.group_by(ledger_entries.c.module)).all()
     return {str(m): (int(n), None if e is None else int(e)) for m, n, e in rows}
+
+
+# ---- the outbox: keys of committed entries awaiting delivery outside ---------------------------
+
+OUTBOX_BATCH_MAX = 1000  # the most keys one call of pending_outbox returns
+
+OutboxKey = tuple[str, str, int]  # (module, subject_id, seq): the entry's primary key
+
+
+def pending_outbox(conn: Connection, limit: int, *, skip_locked: bool = False) -> list[OutboxKey]:
+    """The oldest keys in the outbox (by module, subject, seq), at most ``limit`` (capped at
+    ``OUTBOX_BATCH_MAX``). ``skip_locked`` (PostgreSQL, inside a write transaction) locks the keys it
+    returns and skips those another deliverer holds, so several deliverers share the work."""
+    query = (
+        sa.select(ledger_outbox.c.module, ledger_outbox.c.subject_id, ledger_outbox.c.seq)
+        .order_by(ledger_outbox.c.module, ledger_outbox.c.subject_id, ledger_outbox.c.seq)
+        .limit(max(0, min(limit, OUTBOX_BATCH_MAX)))
+    )
+    if skip_locked:
+        query = query.with_for_update(skip_locked=True)
+    return [(str(row.module), str(row.subject_id), int(row.seq)) for row in conn.execute(query)]
+
+
+def delete_outbox(conn: Connection, keys: Sequence[OutboxKey]) -> int:
+    """Delete delivered keys; the number deleted (a key another deliverer deleted first counts 0)."""
+    deleted = 0
+    for module, subject_id, seq in keys:
+        result = conn.execute(
+            sa.delete(ledger_outbox).where(
+                ledger_outbox.c.module == module, ledger_outbox.c.subject_id == subject_id, ledger_outbox.c.seq == seq
+            )
+        )
+        deleted += int(result.rowcount or 0)
+    return deleted
+
+
+def outbox_count(conn: Connection) -> int:
+    """The number of keys awaiting delivery."""
+    return int(conn.execute(sa.select(sa.func.count()).select_from(ledger_outbox)).scalar_one())
+

@@ -1,4 +1,4 @@
-"""Core tables (DESIGN §4): the ledger, the leases and the checkpoints. Module-agnostic.
+"""Core tables (DESIGN §4): the ledger, its outbox, the leases and the checkpoints. Module-agnostic.
 
 Times are integer microseconds from the database clock (``*_us``), which RFC 8785 can hash
 exactly and both engines store exactly.
@@ -35,6 +35,17 @@ ledger_entries = sa.Table(
         postgresql_where=sa.text("seq = 1"),
         sqlite_where=sa.text("seq = 1"),
     ),
+)
+
+# The keys of committed ledger entries not yet delivered outside (lineage events, docs/lineage.md):
+# written in the transaction that appends the entry, only while the platform's lineage is configured
+# (``Database.ledger_outbox``), and deleted once the entry's event was delivered. Owned by core.ledger.
+ledger_outbox = sa.Table(
+    "ledger_outbox",
+    metadata,
+    sa.Column("module", sa.String(MODULE_LENGTH), primary_key=True),
+    sa.Column("subject_id", sa.String(SUBJECT_LENGTH), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
 )
 
 leases = sa.Table(
