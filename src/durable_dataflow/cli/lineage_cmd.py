@@ -70,6 +70,9 @@ def flush_command(
         raise MissingCapability(
             "lineage needs openlineage-python: pip install 'durable-dataflow[lineage]'"
         ) from error
+    from durable_dataflow.cli import worker_cmd
+
+    worker_cmd.configure_logging()  # lineage.undelivered as a JSON line on stderr: stdout is the outcome
     with common.open_platform(ctx) as platform:
         client = OpenLineageClient()
         try:

@@ -1,0 +1,327 @@
+"""Lineage (issue 32, docs/lineage.md): OpenLineage events derived from committed ledger entries through the
+outbox, delivered to a real local HTTP receiver, on both engines.
+
+Every received event is validated against the OpenLineage JSON Schema (2-0-2, vendored under
+tests/support/openlineage). Event ids are uuid5 of the entry's key, so the events a run must produce are
+computed from its chain and compared one for one with what the receiver got.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from durable_dataflow import cli
+from durable_dataflow.core import crashpoints, ledger
+from durable_dataflow.dataflow.protocol import cancel, evidence
+from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
+from durable_dataflow.dataflow.protocol.runs import Run
+from durable_dataflow.datasources import registry
+from durable_dataflow.datasources.testing import FaultInjectingProvider
+from durable_dataflow.lineage import events
+from durable_dataflow.platform import Platform
+from support import flows
+
+SCHEMA_FILE = Path(__file__).resolve().parents[1] / "support" / "openlineage" / "OpenLineage.json"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run_event_validator() -> jsonschema.protocols.Validator:
+    document = json.loads(SCHEMA_FILE.read_text("utf-8"))
+    document.pop("oneOf", None)
+    document["$ref"] = "#/$defs/RunEvent"
+    cls = jsonschema.validators.validator_for(document)
+    return cls(document, format_checker=cls.FORMAT_CHECKER)  # type: ignore[no-any-return]
+
+
+VALIDATOR = _run_event_validator()
+
+
+class Receiver:
+    """A local OpenLineage HTTP receiver: keeps every event it accepts; answers 500 to the first
+    ``fail_first`` requests."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        self.requests = 0
+        self.fail_first = 0
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with receiver.lock:
+                    receiver.requests += 1
+                    failing = receiver.requests <= receiver.fail_first
+                    if not failing:
+                        receiver.received.append(json.loads(body))
+                self.send_response(500 if failing else 200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def event_ids(self) -> list[str]:
+        return [e["run"]["facets"]["durableDataflow_ledgerEntry"]["eventId"] for e in self.received]
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    found = Receiver()
+    found.thread.start()
+    yield found
+    found.server.shutdown()
+    found.server.server_close()
+
+
+def _clear_lineage_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in list(os.environ):
+        if name.startswith("OPENLINEAGE"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("OPENLINEAGE_CONFIG", str(tmp_path / "no-such-openlineage.yml"))
+    monkeypatch.chdir(tmp_path)  # no ./openlineage.yml here
+
+
+@pytest.fixture
+def lineage_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, receiver: Receiver) -> Receiver:
+    """Lineage configured the simplest way: OPENLINEAGE_URL at the local receiver."""
+    _clear_lineage_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("OPENLINEAGE_URL", receiver.url)
+    return receiver
+
+
+@pytest.fixture
+def lineage_platform(db_url: str, lineage_on: Receiver) -> Iterator[Platform]:
+    with Platform(db_url, lease_ttl_s=5) as opened:
+        yield opened
+    crashpoints.set_hook(None)
+    registry.unregister_provider("faulty")
+
+
+def _flush(db_url: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
+    """``dataflow lineage flush --json`` in this process: its exit status and its document."""
+    capsys.readouterr()
+    status = cli.main(["--db", db_url, "lineage", "flush", "--json"])
+    return status, json.loads(capsys.readouterr().out)
+
+
+def _expected_ids(platform: Platform, *run_ids: str) -> set[str]:
+    """The event id of every entry of these runs whose kind becomes an event."""
+    with platform.db.read() as conn:
+        chains = [ledger.read(conn, "dataflow", run_id) for run_id in run_ids]
+    mapped = [e for chain in chains for e in chain if e.kind in events.EVENT_TYPES]
+    return {events.event_id(e.module, e.subject_id, e.seq) for e in mapped}
+
+
+def _of_run(received: list[dict[str, Any]], run: Run) -> list[dict[str, Any]]:
+    return [e for e in received if e["run"]["runId"] == events.run_uuid(run.run_id)]
+
+
+def _validate_all(received: list[dict[str, Any]]) -> None:
+    for event in received:
+        VALIDATOR.validate(event)
+        for facets in (event["run"]["facets"], event["job"]["facets"]):
+            for facet in facets.values():
+                assert facet["_schemaURL"].startswith("https://"), facet
+
+
+def test_atomic_and_forward_runs_emit_start_and_complete(
+    lineage_platform: Platform, db_url: str, tmp_path: Path, lineage_on: Receiver,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A succeeded atomic run and a forward run publishing to a Parquet sink each give START then COMPLETE,
+    schema-valid; the forward COMPLETE names its output datasource, its version (the publication ref) and
+    the publication key; inputs carry kind and fingerprint; the job carries the definition hash."""
+    atomic = lineage_platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "a")).run
+    forward_defn = flows.definition(flows.parquet_target("parquet"))
+    forward = lineage_platform.runs.run_inline(flows.request(forward_defn, tmp_path, "f")).run
+    assert (atomic.status, forward.status) == ("succeeded", "succeeded")
+    assert cli.main(["--db", db_url, "lineage", "status", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["configured"] is True and status["pending"] > 0
+
+    code, outcome = _flush(db_url, capsys)
+    assert (code, outcome["pending"], outcome["failed"]) == (0, 0, False), outcome
+    received = lineage_on.received
+    _validate_all(received)
+    assert sorted(_ids(received)) == sorted(_expected_ids(lineage_platform, atomic.run_id, forward.run_id))
+    for run in (atomic, forward):
+        mine = _of_run(received, run)
+        assert [e["eventType"] for e in mine] == ["START", "COMPLETE"]
+        job = mine[0]["job"]
+        assert job["namespace"] == "durable-dataflow" and job["name"] == f"acme.{run.definition_name}"
+        assert job["facets"]["durableDataflow_definition"]["definitionHash"] == run.definition_hash
+        source = mine[1]["inputs"][0]["facets"]["durableDataflow_source"]
+        assert (source["kind"], source["fingerprint"].startswith("sha256:")) == ("inline", True)
+    assert _of_run(received, atomic)[1]["outputs"] == []
+    (output,) = _of_run(received, forward)[1]["outputs"]
+    assert (output["namespace"], output["name"]) == ("durable-dataflow/acme", "analytics.totals")
+    assert output["facets"]["version"]["datasetVersion"] == forward.publication_ref
+    publication = output["facets"]["durableDataflow_publication"]
+    assert publication["publicationKey"] == forward.publication_idempotency_key
+    assert publication["publicationRef"] == forward.publication_ref
+
+
+def _ids(received: list[dict[str, Any]]) -> list[str]:
+    return [e["run"]["facets"]["durableDataflow_ledgerEntry"]["eventId"] for e in received]
+
+
+def test_receiver_outage_delays_and_loses_nothing(
+    db_url: str, tmp_path: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A receiver answering 500 to its first requests: flush exits 3 with events pending; a later flush
+    delivers the rest; every expected event arrives, and any duplicate carries the same event id. The
+    transport is configured through OPENLINEAGE__TRANSPORT__* (retries off, so each 500 is one failure)."""
+    _clear_lineage_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "http")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__URL", receiver.url)
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__RETRY", json.dumps({"total": 0, "status_forcelist": []}))
+    receiver.fail_first = 2
+    with Platform(db_url, lease_ttl_s=5) as platform:
+        done = [platform.runs.run_inline(flows.request(flows.definition(), tmp_path, f"k{i}")).run for i in range(2)]
+        expected = _expected_ids(platform, *(run.run_id for run in done))
+        code, outcome = _flush(db_url, capsys)
+        assert (code, outcome["failed"], outcome["delivered"]) == (3, True, 0), outcome
+        assert outcome["pending"] > 0
+        code, outcome = _flush(db_url, capsys)  # the second request fails too: still pending
+        assert code == 3, outcome
+        code, outcome = _flush(db_url, capsys)
+        assert (code, outcome["pending"]) == (0, 0), outcome
+    assert set(receiver.event_ids()) == expected and len(expected) == 4
+    by_id: dict[str, dict[str, Any]] = {}
+    for event in receiver.received:
+        key = event["run"]["facets"]["durableDataflow_ledgerEntry"]["eventId"]
+        assert by_id.setdefault(key, event)["eventType"] == event["eventType"]
+    _validate_all(receiver.received)
+
+
+def test_events_committed_but_never_delivered_are_delivered_by_a_fresh_platform(
+    db_url: str, tmp_path: Path, lineage_on: Receiver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The crash between commit and delivery, in process: a run commits with lineage on and its platform
+    closes without delivering; a fresh platform's flush delivers every event of it."""
+    with Platform(db_url, lease_ttl_s=5) as first:
+        run = first.runs.run_inline(flows.request(flows.definition(), tmp_path, "k")).run
+        expected = _expected_ids(first, run.run_id)
+    assert lineage_on.received == []
+    with Platform(db_url, lease_ttl_s=5):
+        code, outcome = _flush(db_url, capsys)
+    assert (code, outcome["delivered"]) == (0, 2), outcome
+    assert set(lineage_on.event_ids()) == expected
+
+
+def test_sigkill_after_the_terminal_commit_loses_no_event(
+    db_url: str, tmp_path: Path, lineage_on: Receiver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dataflow run` with lineage configured, SIGKILLed right after its terminal commit: a later flush
+    delivers its START and COMPLETE."""
+    flow = tmp_path / "flow"
+    shutil.copytree(REPO / "examples" / "revenue_by_region", flow)
+    env = {**os.environ, "DATAFLOW_CRASH_AT": crashpoints.AFTER_TERMINAL_COMMIT}
+    command = [sys.executable, "-m", "durable_dataflow.cli", "--db", db_url, "run", str(flow / "dataflow.yaml"),
+               "--param", "day=2026-11-02"]  # fmt: skip
+    killed = subprocess.run(command, env=env, capture_output=True, timeout=120, cwd=tmp_path)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    code, outcome = _flush(db_url, capsys)
+    assert (code, outcome["delivered"], outcome["pending"]) == (0, 2, 0), outcome
+    assert [e["eventType"] for e in lineage_on.received] == ["START", "COMPLETE"]
+    _validate_all(lineage_on.received)
+
+
+def test_lineage_off_writes_no_outbox_row(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """With no OpenLineage configuration at all, a run writes no outbox row; status says not configured
+    and flush is refused (exit 2)."""
+    _clear_lineage_env(monkeypatch, tmp_path)
+    with Platform(db_url, lease_ttl_s=5) as platform:
+        assert platform.db.ledger_outbox is False
+        platform.runs.run_inline(flows.request(flows.definition(flows.parquet_target()), tmp_path, "k"))
+        with platform.db.read() as conn:
+            assert ledger.outbox_count(conn) == 0
+    capsys.readouterr()
+    assert cli.main(["--db", db_url, "lineage", "status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["configured"] is False
+    assert cli.main(["--db", db_url, "lineage", "flush"]) == 2
+
+
+def test_fail_abort_and_outcome_unknown(
+    lineage_platform: Platform, db_url: str, tmp_path: Path, lineage_on: Receiver,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A rejected publication gives FAIL with its error code; a cancelled queued run gives ABORT (and no
+    START: it never started); a publication whose answer was lost gives OTHER with the outcome facet and
+    names the datasource it may have published to."""
+    registry.register_provider("faulty", lambda: FaultInjectingProvider(registry.load_provider("parquet"), "reject"))
+    failed = lineage_platform.runs.run_inline(
+        flows.request(flows.definition(flows.parquet_target("faulty")), tmp_path, "rejected")
+    ).run
+    assert failed.status == "failed"
+    queued = lineage_platform.runs.submit(flows.request(flows.definition(), tmp_path, "queued")).run
+    access = AccessContext("acme", "tester", ("operator",), (), "test")
+    cancel.cancel(lineage_platform.runs, queued.run_id, access=access, provenance=Provenance("tester", "cli"))
+    registry.register_provider(
+        "faulty", lambda: FaultInjectingProvider(registry.load_provider("parquet"), "timeout_after_commit")
+    )
+    unknown = lineage_platform.runs.run_inline(
+        flows.request(flows.definition(flows.parquet_target("faulty")), tmp_path, "unknown")
+    ).run
+    assert unknown.status == "outcome_unknown"
+    assert _flush(db_url, capsys)[0] == 0
+    received = lineage_on.received
+    _validate_all(received)
+    fail = _of_run(received, failed)
+    assert [e["eventType"] for e in fail] == ["START", "FAIL"]
+    assert fail[1]["run"]["facets"]["durableDataflow_error"]["code"] == "publication_rejected"
+    assert [e["eventType"] for e in _of_run(received, queued)] == ["ABORT"]
+    other = _of_run(received, unknown)
+    assert [e["eventType"] for e in other] == ["START", "OTHER"]
+    facet = other[1]["run"]["facets"]["durableDataflow_outcome"]
+    assert (facet["outcome"], facet["mayHavePublished"], facet["kind"]) == (
+        "outcome_unknown", True, evidence.PUBLICATION_UNKNOWN,
+    )  # fmt: skip
+    assert [o["name"] for o in other[1]["outputs"]] == ["analytics.totals"]
+
+
+def test_each_event_names_only_its_own_tenant(
+    lineage_platform: Platform, db_url: str, tmp_path: Path, lineage_on: Receiver,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Two tenants publish to a datasource of the same name: each event's job, inputs and outputs name
+    its own tenant only, and no event's text holds the other tenant's name or run id."""
+    target = flows.parquet_target("parquet")
+    runs_by_tenant = {}
+    for tenant in ("acme", "globex"):
+        request = flows.request(flows.definition({**target, "location": f"sink-{tenant}"}), tmp_path, "k",
+                                tenant=tenant)  # fmt: skip
+        runs_by_tenant[tenant] = lineage_platform.runs.run_inline(request).run
+    assert _flush(db_url, capsys)[0] == 0
+    _validate_all(lineage_on.received)
+    for tenant, run in runs_by_tenant.items():
+        other = "globex" if tenant == "acme" else "acme"
+        mine = _of_run(lineage_on.received, run)
+        assert [e["eventType"] for e in mine] == ["START", "COMPLETE"]
+        for event in mine:
+            assert event["job"]["name"] == f"{tenant}.totals"
+            datasets = event["inputs"] + event["outputs"]
+            assert all(d["namespace"] == f"durable-dataflow/{tenant}" for d in datasets)
+            text = json.dumps(event)
+            assert other not in text and runs_by_tenant[other].run_id not in text
