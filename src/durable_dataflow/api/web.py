@@ -26,6 +26,7 @@ from durable_dataflow.api.errors import HTTP_STATUS_BY_CODE
 from durable_dataflow.api.tokens import Role
 from durable_dataflow.core.errors import DataflowError, Unauthenticated
 from durable_dataflow.core.text import printable
+from durable_dataflow.core.units import US_PER_S
 from durable_dataflow.dataflow.protocol import fleet, partitions, runs, views
 from durable_dataflow.dataflow.protocol.runs import RecoveryStatus, RunStatus
 from durable_dataflow.dataflow.schedules import schedules
@@ -49,8 +50,21 @@ router = APIRouter(prefix="/ui", include_in_schema=False)
 
 
 def age_text(seconds: float) -> str:
-    """A short human age: 42s, 3m 12s, 5h 2m, 3d 4h."""
-    return views.age_text(seconds, parts=2)
+    """A human age, in the pages' one duration form (``views.duration_text``): 850 ms, 12.3 s,
+    3 min 12 s, 5 h 02 min, 3 d 04 h."""
+    return views.duration_text(round(seconds * US_PER_S))
+
+
+def duration_cell(run: runs.Run, now_us: int) -> str:
+    """The run history's Duration: recorded → final transition (``12.3 s``); ``queued for …`` or
+    ``running for …`` since recorded, on the database clock; ``—`` for an unresolved run, whose row
+    moves with every reconcile attempt (``views.elapsed_us``)."""
+    elapsed = views.elapsed_us(run, now_us)
+    if elapsed is None:
+        return "—"
+    if run.status in views.FINISHED_STATUSES:
+        return views.duration_text(elapsed)
+    return f"{run.status} for {views.duration_text(elapsed)}"
 
 
 def time_text(us: int) -> str:
@@ -69,10 +83,12 @@ def json_value(value: Any) -> str:
 
 
 TEMPLATES.env.globals.update(age_text=age_text, time_text=time_text, parameters_cell=parameters_cell)
+TEMPLATES.env.globals.update(duration_cell=duration_cell, duration_text=views.duration_text)
 TEMPLATES.env.filters["json_value"] = json_value
 # The templates compare a run's mode, recovery status and a partition's state with these members, never
 # with string literals (a renamed member then fails where it is compared, not silently in a page).
 TEMPLATES.env.globals.update(Mode=runs.Mode, RecoveryStatus=RecoveryStatus, PartitionState=partitions.PartitionState)
+TEMPLATES.env.globals["FINISHED_STATUSES"] = views.FINISHED_STATUSES
 
 
 def printable_output(value: Any) -> Any:
@@ -155,8 +171,8 @@ def history(
     definition: str = Query(default="", max_length=FILTER_CHARS_MAX),
     param: str = Query(default="", max_length=FILTER_CHARS_MAX),
 ) -> Response:
-    """The run history: parameters, status, Core recovery status, attempts, rows, age, and every
-    warning; filtered by status, definition name and one ``NAME=VALUE`` parameter."""
+    """The run history: parameters, status, Core recovery status, attempts, rows, recorded time and
+    duration, and every warning; filtered by status, definition name and one ``NAME=VALUE`` parameter."""
     caller = web_caller(request, platform_wide=True)
     if caller.token.is_platform:  # the landing page after login: a platform operator's page is /ui/ops
         return RedirectResponse("/ui/ops", status_code=303)
@@ -184,16 +200,23 @@ def history(
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 def run_page(request: Request, run_id: str, reconciled: str = "", cancelled: str = "") -> HTMLResponse:
-    """One run: its state, warning, publication references, verification and ledger timeline."""
+    """One run: its state, times (milestones and phases), warning, publication references, verification
+    and ledger timeline."""
     caller = web_caller(request)
     found = operations.evidence_of(platform_of(request), caller, run_id)
     view = found.page.shown.view
     finding = reconciled if reconciled in FINDINGS else ""
+    ledger_times = [(entry.kind, entry.recorded_at_us) for entry in found.page.entries]
+    phases = views.run_phases(ledger_times, found.page.shown.now_us)
     context = {
         "caller": caller,
         "evidence": found.as_json(),  # the JSON of GET /v1/runs/{id}/evidence, rendered
         "run": view.run,
         "view": view,
+        # The Times block: the run's milestones and the phases between them, from its ledger entries.
+        "milestones": views.run_milestones(ledger_times),
+        "phases": phases,
+        "total_us": phases[-1].end_us - phases[0].start_us if phases else None,
         "is_operator": caller.token.allows(Role.OPERATOR),
         "finding": finding,
         "finding_text": FINDING_TEXT.get(finding, ""),

@@ -23,9 +23,10 @@ one ``as_json()``, so the same run is the same JSON everywhere; a reader adds on
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from sqlalchemy.engine import Connection
 
@@ -36,6 +37,7 @@ from durable_dataflow.core.units import US_PER_S
 from durable_dataflow.dataflow.definitions import catalog
 from durable_dataflow.dataflow.protocol import derivation, evidence, runs
 from durable_dataflow.dataflow.protocol.runs import MODULE, RecoveryStatus, Run, RunStatus
+from durable_dataflow.dataflow.protocol.transition_table import TABLE
 
 if TYPE_CHECKING:
     from durable_dataflow.core.secrets import Secret
@@ -68,6 +70,130 @@ def age_text(seconds: float, *, parts: int = 1) -> str:
         count, rest = divmod(rest, size)
         shown.append(f"{count}{unit}")
     return " ".join(shown)
+
+
+def duration_text(us: int) -> str:
+    """A human duration from its microseconds (the web pages' durations and ages): ``850 ms``,
+    ``12.3 s``, ``4 min 05 s``, ``2 h 03 min``, ``3 d 04 h``. Cut, never rounded up (59.99 s is
+    ``59.9 s``, not ``60.0 s``); a negative duration (clocks of two hosts) is ``0 ms``."""
+    us = max(0, int(us))
+    if us < US_PER_S:
+        return f"{us // 1_000} ms"
+    if us < 60 * US_PER_S:
+        tenths = us // (US_PER_S // 10)
+        return f"{tenths // 10}.{tenths % 10} s"
+    seconds = us // US_PER_S
+    if seconds < 3_600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    if seconds < 86_400:
+        return f"{seconds // 3_600} h {seconds % 3_600 // 60:02d} min"
+    return f"{seconds // 86_400} d {seconds % 86_400 // 3_600:02d} h"
+
+
+# ---- durations and phases of a run -------------------------------------------------------------
+
+# A run in one of these states changes no more (reconcile and resume never touch them but a
+# ``reconciled_absent`` run, which a resume makes running again): ``updated_at_us`` is the time of the
+# transition into it. An unresolved run's row is written by every reconcile attempt (reconcile.started,
+# reconcile.undecided keep its status), so its ``updated_at_us`` is not when it became unresolved.
+FINISHED_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+# The status a ledger entry leaves a run in: the last entry of every transition that sets one
+# (``transition_table.TABLE``). Every other entry keeps the status (dispatch.authorized of a running
+# attempt, reconcile.started, reconcile.undecided, the first entry of a two-entry transition).
+_STATUS_AFTER: Mapping[str, RunStatus] = {t.kinds[-1]: t.status for t in TABLE.values() if t.status is not None}
+# The name of the moment a run reached a state in which it waits for nobody (finished) or for an operator
+# (unresolved), by the entry that put it there.
+_END_NAMES: Mapping[str, str] = {
+    evidence.RUN_SUCCEEDED: "succeeded",
+    evidence.RUN_FAILED: "failed",
+    evidence.RECONCILE_ABSENT: "reconciled absent",
+    evidence.RUN_CANCELLED: "cancelled",
+    evidence.PUBLICATION_UNKNOWN: "outcome unknown",
+    evidence.ATTEMPT_OUTCOME_UNKNOWN: "outcome unknown",
+    evidence.PUBLICATION_MISMATCH: "publication mismatch",
+    evidence.RECONCILE_MISMATCH: "publication mismatch",
+    evidence.EVIDENCE_FAILED: "evidence failed",
+}
+_FIRST_NAMES: Mapping[str, str] = {
+    evidence.RUN_RECORDED: "recorded",
+    evidence.ATTEMPT_STARTED: "started",
+    evidence.DISPATCH_AUTHORIZED: "dispatch authorized",
+}
+
+
+class Milestone(NamedTuple):
+    """A moment of a run (``recorded``, ``started``, ``dispatch authorized``, ``confirmed``, …) on the
+    database clock, as its ledger entry recorded it."""
+
+    name: str
+    at_us: int
+
+
+class Phase(NamedTuple):
+    """The time between two milestones; the last phase of a run that has not finished ends now."""
+
+    name: str
+    start_us: int
+    end_us: int
+
+
+def run_milestones(entries: Iterable[tuple[str, int]]) -> list[Milestone]:
+    """A run's milestones from its ledger entries ``(kind, recorded_at_us)`` in ledger order: recorded,
+    the first attempt's start, the first dispatch authorization (forward recovery), and the entry that
+    put the run in its present state when that state is final or unresolved: ``confirmed`` (the sink's
+    confirmation, or a reconciliation that found the publication), ``succeeded``, ``failed``,
+    ``reconciled absent``, ``cancelled``, ``outcome unknown``, ``publication mismatch``, ``evidence
+    failed``. A queued or running run has no such entry yet."""
+    return _scan(list(entries))[0]
+
+
+def run_phases(entries: Iterable[tuple[str, int]], now_us: int) -> list[Phase]:
+    """The phases between a run's milestones (``run_milestones``), oldest first, each named
+    ``"A → B"``: ``recorded → started``, ``started → dispatch authorized``, ``dispatch authorized →
+    confirmed`` (or ``→ failed``, ``→ outcome unknown``, …). A run that has not finished ends with
+    an open phase to ``now_us`` (the database clock), named ``"A → now (still STATUS)"``: still
+    queued, running, or unresolved (outcome_unknown, evidence_failed)."""
+    marks, status = _scan(list(entries))
+    phases = [Phase(f"{a.name} → {b.name}", a.at_us, b.at_us) for a, b in pairwise(marks)]
+    if marks and status is not None and status not in FINISHED_STATUSES:
+        last = marks[-1]
+        phases.append(Phase(f"{last.name} → now (still {status})", last.at_us, max(now_us, last.at_us)))
+    return phases
+
+
+def _scan(entries: Sequence[tuple[str, int]]) -> tuple[list[Milestone], RunStatus | None]:
+    """``run_milestones`` and the status the entries leave the run in (None before ``run.recorded``)."""
+    marks: dict[str, tuple[int, int]] = {}  # name -> (index, at_us) of the first entry of its kind
+    status: RunStatus | None = None
+    entered = -1  # the index of the entry that put the run in ``status``
+    for index, (kind, at_us) in enumerate(entries):
+        if kind in _FIRST_NAMES and _FIRST_NAMES[kind] not in marks:
+            marks[_FIRST_NAMES[kind]] = (index, at_us)
+        after = _STATUS_AFTER.get(kind)
+        if after is not None and after != status:
+            status, entered = after, index
+    if entered >= 0 and entries[entered][0] in _END_NAMES:
+        kind, at_us = entries[entered]
+        name = _END_NAMES[kind]
+        if kind == evidence.RUN_SUCCEEDED and entered > 0 and entries[entered - 1][0] in evidence.CONCLUSIVE_PRESENCE:
+            entered, name, at_us = entered - 1, "confirmed", entries[entered - 1][1]
+        marks[name] = (entered, at_us)
+    ordered = sorted(marks.items(), key=lambda item: item[1][0])
+    return [Milestone(name, at_us) for name, (_, at_us) in ordered], status
+
+
+def elapsed_us(run: Run, now_us: int) -> int | None:
+    """How long a run has taken, from its projection alone (no ledger read: the run list is one query):
+    recorded → its final transition for a finished run, recorded → ``now_us`` for a queued or running
+    one, and None for an unresolved (or unreadable) run, whose ``updated_at_us`` moves with every
+    reconcile attempt (see ``FINISHED_STATUSES``)."""
+    if run.corrupt is not None:
+        return None
+    if run.status in FINISHED_STATUSES:
+        return max(0, run.updated_at_us - run.created_at_us)
+    if run.status in (RunStatus.QUEUED, RunStatus.RUNNING):
+        return max(0, now_us - run.created_at_us)
+    return None
 
 
 # ---- the ledger --------------------------------------------------------------------------------
