@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
+import sys
 import time
 import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -31,6 +36,39 @@ if TYPE_CHECKING:  # `run` and `reconcile` import what they execute with; `runs`
 
 PARAMS_MAX = 100
 REPLAY_NOTE = "replayed: existing run returned, nothing executed"
+# `--wait` (`run`, `submit`): how often the run is read again while it is queued or running. One read a
+# second is prompt enough for a person and costs the database one indexed row (and its lease) per second.
+WAIT_POLL_S_DEFAULT = 1.0
+WAIT_POLL_S_MIN = 0.01
+WAIT_POLL_S_MAX = 3600.0
+
+# `run` and `submit`: wait for the run to end (or to need a person) before printing it.
+Wait = Annotated[
+    bool,
+    typer.Option(
+        "--wait",
+        help="If the run is queued or running (a replay, or a submitted run), wait until it ends or is "
+        "unresolved, then print it and exit with its status.",
+    ),
+]
+PollInterval = Annotated[
+    float | None,
+    typer.Option(
+        "--poll-interval",
+        metavar="SECONDS",
+        help=f"With --wait: seconds between two reads of the run (default {WAIT_POLL_S_DEFAULT:g}).",
+        show_default=False,
+    ),
+]
+WaitTimeout = Annotated[
+    float | None,
+    typer.Option(
+        "--wait-timeout",
+        metavar="SECONDS",
+        help="With --wait: stop waiting after this long, print the run as it stands and exit 9 (default: no limit).",
+        show_default=False,
+    ),
+]
 
 
 def parse_params(pairs: list[str]) -> dict[str, str]:
@@ -68,6 +106,111 @@ def _announce(shown: Run | views.RunView, replayed: bool, ctx: typer.Context, as
     common.print_warning_block(console, shown, ctx)
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """``--wait``: read the run every ``poll_interval_s`` until it is settled, for at most ``timeout_s``."""
+
+    poll_interval_s: float
+    timeout_s: float | None
+
+
+def waiting_of(wait: bool, poll_interval: float | None, wait_timeout: float | None) -> Waiting | None:
+    """The ``--wait`` options checked (exit 2 before anything is recorded), or None without ``--wait``."""
+    if not wait:
+        for flag, given in (("--poll-interval", poll_interval), ("--wait-timeout", wait_timeout)):
+            if given is not None:
+                raise InputError(f"{flag} applies only with --wait")
+        return None
+    poll_s = WAIT_POLL_S_DEFAULT if poll_interval is None else poll_interval
+    if not (math.isfinite(poll_s) and WAIT_POLL_S_MIN <= poll_s <= WAIT_POLL_S_MAX):
+        raise InputError(
+            f"--poll-interval must be between {WAIT_POLL_S_MIN:g} and {WAIT_POLL_S_MAX:g} seconds, got {poll_s}"
+        )
+    if wait_timeout is not None and not (math.isfinite(wait_timeout) and wait_timeout >= 0):
+        raise InputError(f"--wait-timeout must be a number of seconds, 0 or more, got {wait_timeout}")
+    return Waiting(poll_s, wait_timeout)
+
+
+def settled(shown: Run | views.RunView) -> bool:
+    """The run ended (succeeded, failed, cancelled) or needs a person (unresolved, as shown): nothing more
+    comes without an operator. A run still queued or running (its lease expired before its dispatch
+    authorization too: a sweeper retries it) is not."""
+    return common.run_exit_code(shown) != common.EXIT_NOT_FINISHED
+
+
+def read_shown(platform: Platform, run_id: str) -> views.RunView:
+    """The run as every read view shows it now (one read transaction, as ``show``: never sweeps)."""
+    with platform.db.read() as conn:
+        return views.load_one(conn, platform.db, runs.get(conn, run_id))
+
+
+def read_shown_remotely(api: remote.Remote, run_id: str) -> views.RunView:
+    """Under --api: ``GET /v1/runs/{id}``, the run as the server reads it now."""
+    return remote.run_view(api.call("GET", f"/v1/runs/{_quoted(run_id)}")["run"])
+
+
+def wait_until_settled(
+    ctx: typer.Context, shown: views.RunView, read: Callable[[], views.RunView], waiting: Waiting
+) -> views.RunView:
+    """Read the run every poll interval until it is ``settled`` or the timeout passes; the run as last read.
+
+    On a terminal stderr shows one live status line; elsewhere one note says what is awaited (stdout is
+    left to the run, and stays one JSON document with --json). Ctrl-C stops waiting only: the run goes on
+    (it is never cancelled from here), stderr says so with the `show` command, and the exit status is 130.
+    """
+    if settled(shown):
+        return shown
+    run_id = shown.run.run_id
+    show_command = f"`dataflow {common.db_option_hint(ctx)}show {run_id}`"
+    started = time.monotonic()
+    deadline = None if waiting.timeout_s is None else started + waiting.timeout_s
+    try:
+        with _waiting_line(shown) as update:  # notes are printed after it: never under a live line
+            while not settled(shown) and (deadline is None or time.monotonic() < deadline):
+                pause_s = waiting.poll_interval_s
+                if deadline is not None:  # cut short by the timeout
+                    pause_s = max(0.0, min(pause_s, deadline - time.monotonic()))
+                time.sleep(pause_s)  # the poll interval: the run's state is read again after it
+                shown = read()
+                update(shown, time.monotonic() - started)
+    except KeyboardInterrupt:
+        _note(f"interrupted: stopped waiting; run {run_id} goes on (it was not cancelled): {show_command}")
+        raise typer.Exit(common.EXIT_INTERRUPTED) from None
+    if not settled(shown):
+        _note(
+            f"stopped waiting after {time.monotonic() - started:.1f} s (--wait-timeout): run {run_id} is still "
+            f"{_status_word(shown)} and goes on: {show_command}"
+        )
+    return shown
+
+
+def _status_word(shown: views.RunView) -> str:
+    return "UNRESOLVED" if shown.unresolved else str(shown.run.status)
+
+
+def _note(text: str) -> None:
+    common.stderr_console().print(Text(printable(text), style="bold"))
+
+
+@contextlib.contextmanager
+def _waiting_line(shown: views.RunView) -> Iterator[Callable[[views.RunView, float], None]]:
+    """How each read is shown: a live line on a terminal's stderr, else one note now and nothing after."""
+    run_id = shown.run.run_id
+
+    def line(view: views.RunView, elapsed_s: float) -> Text:
+        return Text(
+            f"waiting for run {common.short_id(run_id)}: {_status_word(view)}, attempt {view.run.attempt}"
+            f" · {elapsed_s:.0f} s · Ctrl-C stops waiting"
+        )
+
+    if not sys.stderr.isatty():
+        _note(f"waiting for run {run_id} ({_status_word(shown)}); Ctrl-C stops waiting, not the run")
+        yield lambda view, elapsed_s: None
+        return
+    with common.stderr_console().status(line(shown, 0.0)) as status:
+        yield lambda view, elapsed_s: status.update(line(view, elapsed_s))
+
+
 def build_request(
     loaded: LoadedDefinition, param: list[str] | None, idempotency_key: str | None, tenant: str, max_attempts: int
 ) -> RunRequest:
@@ -95,24 +238,32 @@ def run_command(
         int, typer.Option("--max-attempts", help="Attempts allowed before the run fails.")
     ] = MAX_ATTEMPTS_DEFAULT,
     as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON.")] = False,
+    wait: Wait = False,
+    poll_interval: PollInterval = None,
+    wait_timeout: WaitTimeout = None,
 ) -> None:
     """Register, submit and execute a dataflow in this process (under --api: on the server), then print the run."""
     from durable_dataflow.dataflow.definitions.definitions import load_definition
 
+    waiting = waiting_of(wait, poll_interval, wait_timeout)
     api = common.state_of(ctx).remote
     if api is not None:
-        _run_remotely(ctx, api, file, param, idempotency_key, max_attempts, as_json)
+        _run_remotely(ctx, api, file, param, idempotency_key, max_attempts, as_json, waiting)
     loaded = load_definition(file)
     request = build_request(loaded, param, idempotency_key, tenant, max_attempts)
-    with common.open_platform(ctx) as platform, progress_line.run_progress(loaded.definition.name, as_json) as sink:
-        ledger.require_key_setting(platform.db, platform.runs.config.evidence_key)
-        service = platform.runs
-        with interrupts.handled(service.interruption):
-            submission = interrupts.call_in_thread(
-                lambda: service.run_inline(request, sink), lambda: _stop_waiting(service.cancel_interrupted())
-            )
-        cause = service.interruption.cause
-        shown = common.as_shown(platform, submission.run)
+    with common.open_platform(ctx) as platform:
+        with progress_line.run_progress(loaded.definition.name, as_json) as sink:
+            ledger.require_key_setting(platform.db, platform.runs.config.evidence_key)
+            service = platform.runs
+            with interrupts.handled(service.interruption):
+                submission = interrupts.call_in_thread(
+                    lambda: service.run_inline(request, sink), lambda: _stop_waiting(service.cancel_interrupted())
+                )
+            cause = service.interruption.cause
+            shown = common.as_shown(platform, submission.run)
+        if waiting is not None and cause is None:  # a replay of a run another process executes, or queued
+            run_id = shown.run.run_id
+            shown = wait_until_settled(ctx, shown, lambda: read_shown(platform, run_id), waiting)
     _announce(shown, not submission.created, ctx, as_json)
     if cause is not None and submission.created:
         raise typer.Exit(_interrupted_exit(submission.run, cause.signal, file, param, idempotency_key))
@@ -127,9 +278,11 @@ def _run_remotely(
     key: str | None,
     max_attempts: int,
     as_json: bool,
+    waiting: Waiting | None,
 ) -> NoReturn:
     """`run` under --api: the definition file's text as a YAML body (the server parses it), executed inline
-    on the server for the token's tenant; printed and exited as the local run is."""
+    on the server for the token's tenant; printed and exited as the local run is. With --wait, a replayed
+    run still queued or running is read again with ``GET /v1/runs/{id}`` until it is settled."""
     from durable_dataflow.core.files import read_capped
     from durable_dataflow.dataflow.definitions.definitions import DEFINITION_BYTES_MAX
 
@@ -141,6 +294,9 @@ def _run_remotely(
     headers = {"Idempotency-Key": key} if key is not None else {}
     answer = api.call("POST", "/v1/runs", body=body, media_type=remote.YAML_MEDIA_TYPE, headers=headers)
     shown = remote.run_view(answer["run"])
+    if waiting is not None:
+        run_id = shown.run.run_id
+        shown = wait_until_settled(ctx, shown, lambda: read_shown_remotely(api, run_id), waiting)
     _announce(shown, not answer["created"], ctx, as_json)
     raise typer.Exit(common.run_exit_code(shown))
 

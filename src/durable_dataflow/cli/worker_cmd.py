@@ -107,20 +107,29 @@ def submit(
             "server stopped (docs/operations.md).",
         ),
     ] = False,
+    wait: cli_runs.Wait = False,
+    poll_interval: cli_runs.PollInterval = None,
+    wait_timeout: cli_runs.WaitTimeout = None,
 ) -> None:
     """Record a run and queue it for a worker; nothing is executed here. A replay returns the run."""
+    waiting = cli_runs.waiting_of(wait, poll_interval, wait_timeout)
     request = cli_runs.build_request(load_definition(file), param, idempotency_key, tenant, max_attempts)
     with common.open_platform(ctx) as platform:
         if not adopt_evidence_key:
             ledger.require_key_setting(platform.db, platform.runs.config.evidence_key)
         submission = platform.runs.submit(request)
         shown = common.as_shown(platform, submission.run)
+        if waiting is not None:  # a worker executes it: read it until it is settled
+            run_id = shown.run.run_id
+            shown = cli_runs.wait_until_settled(ctx, shown, lambda: cli_runs.read_shown(platform, run_id), waiting)
     if as_json:
         common.emit_json(common.run_json(shown, replayed=not submission.created))
         common.print_warning_block(common.stderr_console(), shown, ctx)
     else:
         typer.echo(_describe(shown, submission.created))
         common.print_warning_block(common.stdout_console(), shown, ctx)
+    if waiting is not None:  # the outcome as `run` exits with it (9: --wait-timeout passed first)
+        raise typer.Exit(common.run_exit_code(shown))
     if shown.unresolved:  # a replay of a run that may have published: exit 3, as `run`'s replay does
         raise typer.Exit(common.EXIT_UNRESOLVED)
 
