@@ -8,6 +8,7 @@ computed from its chain and compared one for one with what the receiver got.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
@@ -25,9 +26,12 @@ import pytest
 
 from durable_dataflow import cli
 from durable_dataflow.core import crashpoints, ledger
+from durable_dataflow.dataflow.definitions.definitions import Definition
+from durable_dataflow.dataflow.execution import workspace
 from durable_dataflow.dataflow.protocol import cancel, evidence
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
 from durable_dataflow.dataflow.protocol.runs import Run
+from durable_dataflow.dataflow.schedules import schedules
 from durable_dataflow.datasources import registry
 from durable_dataflow.datasources.testing import FaultInjectingProvider
 from durable_dataflow.lineage import events
@@ -325,3 +329,33 @@ def test_each_event_names_only_its_own_tenant(
             assert all(d["namespace"] == f"durable-dataflow/{tenant}" for d in datasets)
             text = json.dumps(event)
             assert other not in text and runs_by_tenant[other].run_id not in text
+
+
+def test_a_scheduled_partitioned_published_run(
+    lineage_platform: Platform, db_url: str, tmp_path: Path, lineage_on: Receiver,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Issue 32's "done when": a schedule tick's run replacing one day's partition of a Delta datasource
+    gives START and COMPLETE, schema-valid, naming its source with its fingerprint, its output's version
+    (the Delta publication ref) and the schedule as its parent job."""
+    document = flows.daily_partition_definition("analytics.daily", "delta").model_dump(mode="json", exclude_none=True)
+    document["schedule"] = {"cron": "0 2 * * *", "timezone": "UTC", "parameters": {"day": "{{ tick.date - 1 day }}"}}
+    definition = Definition.model_validate(document)
+    t0 = dt.datetime(2026, 3, 1, 0, 0, tzinfo=dt.UTC)
+    schedules.apply(lineage_platform.runs, definition, workspace.local(tmp_path), AccessContext.local("acme"), now=t0)
+    evaluation = schedules.evaluate(lineage_platform.db, lineage_platform.runs, t0 + dt.timedelta(hours=3))
+    assert [d.decision for d in evaluation.decisions] == ["submitted"]
+    while (claim := lineage_platform.runs.claim_next()) is not None:
+        lineage_platform.runs.execute(claim)
+    run = lineage_platform.runs.get(evaluation.decisions[0].run_id or "")
+    assert run.status == "succeeded" and run.publication_ref
+    assert _flush(db_url, capsys)[0] == 0
+    _validate_all(lineage_on.received)
+    start, complete = _of_run(lineage_on.received, run)
+    assert (start["eventType"], complete["eventType"]) == ("START", "COMPLETE")
+    (source,) = complete["inputs"]
+    assert source["facets"]["durableDataflow_source"]["fingerprint"].startswith("sha256:")
+    (output,) = complete["outputs"]
+    assert output["name"] == "analytics.daily"
+    assert output["facets"]["version"]["datasetVersion"] == run.publication_ref
+    assert complete["run"]["facets"]["parent"]["job"]["name"] == f"acme.schedule.{definition.name}"

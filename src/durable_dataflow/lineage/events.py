@@ -23,6 +23,7 @@ from openlineage.client.facet_v2 import (
     dataset_version_dataset,
     error_message_run,
     job_type_job,
+    parent_run,
 )
 
 from durable_dataflow import __version__
@@ -220,7 +221,7 @@ def event_for(run: DataflowRun, entry: Entry, chain: Sequence[Entry], namespace:
         eventType=state,
         eventTime=event_time(entry.recorded_at_us),
         producer=PRODUCER,
-        run=Run(runId=run_uuid(run.run_id), facets=_run_facets(entry)),
+        run=Run(runId=run_uuid(run.run_id), facets={**_run_facets(entry), **_parent(run, namespace)}),
         job=_job(run, namespace),
         inputs=[] if state == RunState.START else _inputs(run, earlier, namespace),
         outputs=_outputs(run, entry, earlier, namespace),
@@ -251,6 +252,27 @@ def _run_facets(entry: Entry) -> dict[str, RunFacet]:
             finding=RECONCILE_FINDINGS[entry.kind], reason=reason, producer=PRODUCER
         )
     return facets
+
+
+# Idempotency-key prefixes of the runs a schedule tick or a backfill day submits (schedules.schedule_key,
+# backfill): ``<prefix>:<tenant>:<schedule or definition name>:<tick or day>``.
+PARENT_PREFIXES = ("schedule", "backfill")
+
+
+def _parent(run: DataflowRun, namespace: str) -> dict[str, RunFacet]:
+    """The parent run facet of a scheduled or backfilled run: the schedule (or the definition's backfill)
+    as the parent job, its tick (or day) as the parent run. The key starts with the run's own tenant, so
+    the parent names nothing of another tenant."""
+    parts = run.idempotency_key.split(":", 3)
+    if len(parts) != 4 or parts[0] not in PARENT_PREFIXES or parts[1] != run.tenant or not parts[2]:
+        return {}
+    kind, tenant, name, _ = parts
+    facet = parent_run.ParentRunFacet(
+        run=parent_run.Run(runId=run_uuid(f"parent:{run.idempotency_key}")),
+        job=parent_run.Job(namespace=namespace, name=f"{tenant}.{kind}.{name}"),
+        producer=PRODUCER,
+    )
+    return {"parent": facet}
 
 
 def _job(run: DataflowRun, namespace: str) -> Job:
