@@ -141,7 +141,7 @@ def settled(shown: Run | views.RunView) -> bool:
 def read_shown(platform: Platform, run_id: str) -> views.RunView:
     """The run as every read view shows it now (one read transaction, as ``show``: never sweeps)."""
     with platform.db.read() as conn:
-        return views.load_one(conn, platform.db, runs.get(conn, run_id))
+        return views.shown_run(conn, platform.db, run_id).view
 
 
 def read_shown_remotely(api: remote.Remote, run_id: str) -> views.RunView:
