@@ -1,0 +1,53 @@
+"""Whether lineage is configured is read from the OpenLineage client's own sources (docs/lineage.md),
+without importing the client: each source alone turns it on, OPENLINEAGE_DISABLED turns it off."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from durable_dataflow.lineage import settings
+
+
+def test_nothing_set_is_off(tmp_path: Path) -> None:
+    """No variable and no file anywhere: off."""
+    assert settings.configured({"HOME": str(tmp_path)}, cwd=tmp_path) is False
+
+
+def test_each_source_alone_turns_it_on(tmp_path: Path) -> None:
+    """OPENLINEAGE_URL, any OPENLINEAGE__TRANSPORT__ variable, the file OPENLINEAGE_CONFIG names,
+    ./openlineage.yml and ~/.openlineage/openlineage.yml each turn lineage on."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    cwd.mkdir()
+    assert settings.configured({"HOME": str(home), "OPENLINEAGE_URL": "http://m:5000"}, cwd=cwd)
+    assert settings.configured({"HOME": str(home), "OPENLINEAGE__TRANSPORT__TYPE": "console"}, cwd=cwd)
+    named = tmp_path / "ol.yml"
+    assert not settings.configured({"HOME": str(home), "OPENLINEAGE_CONFIG": str(named)}, cwd=cwd)
+    named.write_text("transport: {type: console}\n")
+    assert settings.configured({"HOME": str(home), "OPENLINEAGE_CONFIG": str(named)}, cwd=cwd)
+    (cwd / "openlineage.yml").write_text("transport: {type: console}\n")
+    assert settings.configured({"HOME": str(home)}, cwd=cwd)
+    (cwd / "openlineage.yml").unlink()
+    (home / ".openlineage").mkdir(parents=True)
+    (home / ".openlineage" / "openlineage.yml").write_text("transport: {type: console}\n")
+    assert settings.configured({"HOME": str(home)}, cwd=cwd)
+
+
+def test_disabled_wins(tmp_path: Path) -> None:
+    """OPENLINEAGE_DISABLED=true turns lineage off whatever else is set, as it does in the client."""
+    env = {"HOME": str(tmp_path), "OPENLINEAGE_URL": "http://m:5000", "OPENLINEAGE_DISABLED": "True"}
+    assert settings.configured(env, cwd=tmp_path) is False
+
+
+def test_namespace_default_and_setting() -> None:
+    """The job namespace defaults to durable-dataflow; DATAFLOW_LINEAGE_NAMESPACE sets it."""
+    assert settings.namespace({}) == "durable-dataflow"
+    assert settings.namespace({"DATAFLOW_LINEAGE_NAMESPACE": " prod "}) == "prod"
+
+
+def test_opening_code_imports_no_openlineage() -> None:
+    """The Platform module (which reads the setting on every open) loads no OpenLineage code."""
+    probe = "import sys, durable_dataflow.platform; print(any(m.split('.')[0] == 'openlineage' for m in sys.modules))"
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+    assert found.stdout.strip() == "False"
