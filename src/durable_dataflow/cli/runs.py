@@ -283,6 +283,20 @@ def _run_remotely(
     """`run` under --api: the definition file's text as a YAML body (the server parses it), executed inline
     on the server for the token's tenant; printed and exited as the local run is. With --wait, a replayed
     run still queued or running is read again with ``GET /v1/runs/{id}`` until it is settled."""
+    answer = submit_remotely(api, file, param, key, max_attempts, queue=False)
+    shown = remote.run_view(answer["run"])
+    if waiting is not None:
+        run_id = shown.run.run_id
+        shown = wait_until_settled(ctx, shown, lambda: read_shown_remotely(api, run_id), waiting)
+    _announce(shown, not answer["created"], ctx, as_json)
+    raise typer.Exit(common.run_exit_code(shown))
+
+
+def submit_remotely(
+    api: remote.Remote, file: Path, param: list[str] | None, key: str | None, max_attempts: int, *, queue: bool
+) -> Any:
+    """``POST /v1/runs`` (``?queue=true``: only recorded, a worker executes it) with the definition file's
+    text as a YAML body the server parses, for the token's tenant; the API's answer (run and created)."""
     from durable_dataflow.core.files import read_capped
     from durable_dataflow.dataflow.definitions.definitions import DEFINITION_BYTES_MAX
 
@@ -292,13 +306,8 @@ def _run_remotely(
         raise InputError(f"{file}: the definition is not UTF-8 text") from None
     body = remote.run_body(text, parse_params(param or []), max_attempts)
     headers = {"Idempotency-Key": key} if key is not None else {}
-    answer = api.call("POST", "/v1/runs", body=body, media_type=remote.YAML_MEDIA_TYPE, headers=headers)
-    shown = remote.run_view(answer["run"])
-    if waiting is not None:
-        run_id = shown.run.run_id
-        shown = wait_until_settled(ctx, shown, lambda: read_shown_remotely(api, run_id), waiting)
-    _announce(shown, not answer["created"], ctx, as_json)
-    raise typer.Exit(common.run_exit_code(shown))
+    path = "/v1/runs?queue=true" if queue else "/v1/runs"
+    return api.call("POST", path, body=body, media_type=remote.YAML_MEDIA_TYPE, headers=headers)
 
 
 def _interrupted_exit(run: Run, signal_name: str, file: Path, param: list[str] | None, key: str | None) -> int:

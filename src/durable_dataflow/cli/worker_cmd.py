@@ -15,12 +15,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import structlog
 import typer
 
-from durable_dataflow.cli import common, options
+from durable_dataflow.cli import common, options, remote
 from durable_dataflow.cli import runs as cli_runs
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError, StorageUnavailable
@@ -113,6 +113,9 @@ def submit(
 ) -> None:
     """Record a run and queue it for a worker; nothing is executed here. A replay returns the run."""
     waiting = cli_runs.waiting_of(wait, poll_interval, wait_timeout)
+    api = common.state_of(ctx).remote
+    if api is not None:
+        _submit_remotely(ctx, api, file, param, idempotency_key, max_attempts, as_json, waiting, adopt_evidence_key)
     request = cli_runs.build_request(load_definition(file), param, idempotency_key, tenant, max_attempts)
     with common.open_platform(ctx) as platform:
         if not adopt_evidence_key:
@@ -122,16 +125,48 @@ def submit(
         if waiting is not None:  # a worker executes it: read it until it is settled
             run_id = shown.run.run_id
             shown = cli_runs.wait_until_settled(ctx, shown, lambda: cli_runs.read_shown(platform, run_id), waiting)
+    _announce_submitted(ctx, shown, submission.created, as_json, waiting)
+
+
+def _submit_remotely(
+    ctx: typer.Context,
+    api: remote.Remote,
+    file: Path,
+    param: list[str] | None,
+    key: str | None,
+    max_attempts: int,
+    as_json: bool,
+    waiting: cli_runs.Waiting | None,
+    adopt_evidence_key: bool,
+) -> NoReturn:
+    """`submit` under --api: ``POST /v1/runs?queue=true`` with the file's YAML, for the token's tenant (the
+    server checks its own evidence key); printed and exited as the local submit is."""
+    if adopt_evidence_key:
+        raise InputError("--adopt-evidence-key acts on the database: run it where the database URL is, not over --api")
+    answer = cli_runs.submit_remotely(api, file, param, key, max_attempts, queue=True)
+    shown = remote.run_view(answer["run"])
+    if waiting is not None:
+        run_id = shown.run.run_id
+        shown = cli_runs.wait_until_settled(ctx, shown, lambda: cli_runs.read_shown_remotely(api, run_id), waiting)
+    _announce_submitted(ctx, shown, bool(answer["created"]), as_json, waiting)
+
+
+def _announce_submitted(
+    ctx: typer.Context, shown: RunView, created: bool, as_json: bool, waiting: cli_runs.Waiting | None
+) -> NoReturn:
+    """Print the submitted (or replayed) run and exit: 0, or with --wait the run's exit code (9 when
+    --wait-timeout passed first), or 3 for a replay of an unresolved run."""
     if as_json:
-        common.emit_json(common.run_json(shown, replayed=not submission.created))
+        common.emit_json(common.run_json(shown, replayed=not created))
         common.print_warning_block(common.stderr_console(), shown, ctx)
     else:
-        typer.echo(_describe(shown, submission.created))
+        typer.echo(_describe(shown, created))
         common.print_warning_block(common.stdout_console(), shown, ctx)
     if waiting is not None:  # the outcome as `run` exits with it (9: --wait-timeout passed first)
         raise typer.Exit(common.run_exit_code(shown))
     if shown.unresolved:  # a replay of a run that may have published: exit 3, as `run`'s replay does
         raise typer.Exit(common.EXIT_UNRESOLVED)
+    raise typer.Exit(0)
 
 
 @common.with_limit_options
