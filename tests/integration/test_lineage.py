@@ -359,3 +359,32 @@ def test_a_scheduled_partitioned_published_run(
     assert output["name"] == "analytics.daily"
     assert output["facets"]["version"]["datasetVersion"] == run.publication_ref
     assert complete["run"]["facets"]["parent"]["job"]["name"] == f"acme.schedule.{definition.name}"
+
+
+def test_two_deliverers_share_the_outbox_on_postgres(
+    pg_url: str, tmp_path: Path, lineage_on: Receiver
+) -> None:
+    """On PostgreSQL a deliverer skips the keys another one holds (FOR UPDATE SKIP LOCKED): while one
+    transaction holds the oldest keys, a delivery sends only the others; once it lets go, the rest are
+    delivered, and no event arrives twice."""
+    from openlineage.client import OpenLineageClient
+
+    from durable_dataflow.lineage import delivery
+
+    with Platform(pg_url, lease_ttl_s=5) as platform:
+        done = [platform.runs.run_inline(flows.request(flows.definition(), tmp_path, f"k{i}")).run for i in range(2)]
+        expected = _expected_ids(platform, *(run.run_id for run in done))
+        client = OpenLineageClient()
+        with platform.db.begin() as holder:
+            held = ledger.pending_outbox(holder, 4, skip_locked=True)
+            first = delivery.deliver_pending(platform.db, client, namespace="durable-dataflow")
+            assert (len(held), first.delivered + first.skipped, first.failed) == (4, 4, False)
+            assert delivery.pending_count(platform.db) == len(held)
+            received_while_held = set(lineage_on.event_ids())
+            held_ids = {events.event_id(*key) for key in held}
+            assert not received_while_held & held_ids
+            holder.rollback()
+        rest = delivery.flush(platform.db, client, namespace="durable-dataflow")
+        assert not rest.failed and delivery.pending_count(platform.db) == 0
+    ids = lineage_on.event_ids()
+    assert len(ids) == len(set(ids)) and set(ids) == expected
