@@ -388,3 +388,31 @@ def test_two_deliverers_share_the_outbox_on_postgres(
         assert not rest.failed and delivery.pending_count(platform.db) == 0
     ids = lineage_on.event_ids()
     assert len(ids) == len(set(ids)) and set(ids) == expected
+
+
+def test_a_crash_between_emit_and_delete_resends_the_same_events(
+    lineage_platform: Platform, tmp_path: Path, lineage_on: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At least once: when the process dies after its emits and before the keys' deletion (here the
+    deletion raises), the next delivery sends the same events again, with the same event ids and content."""
+    from openlineage.client import OpenLineageClient
+
+    from durable_dataflow.lineage import delivery
+
+    run = lineage_platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k")).run
+    client = OpenLineageClient()
+    real_delete = ledger.delete_outbox
+
+    def crash(*args: Any) -> int:
+        raise RuntimeError("killed before the deletion")
+
+    monkeypatch.setattr(ledger, "delete_outbox", crash)
+    with pytest.raises(RuntimeError):
+        delivery.flush(lineage_platform.db, client, namespace="durable-dataflow")
+    first = [dict(e) for e in lineage_on.received]
+    assert [e["eventType"] for e in first] == ["START", "COMPLETE"]
+    monkeypatch.setattr(ledger, "delete_outbox", real_delete)
+    assert not delivery.flush(lineage_platform.db, client, namespace="durable-dataflow").failed
+    again = lineage_on.received[len(first):]
+    assert again == first and delivery.pending_count(lineage_platform.db) == 0
+    assert set(lineage_on.event_ids()) == _expected_ids(lineage_platform, run.run_id)
