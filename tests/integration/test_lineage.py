@@ -23,6 +23,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import structlog
 
 from durable_dataflow import cli
 from durable_dataflow.core import crashpoints, ledger
@@ -62,6 +63,7 @@ class Receiver:
         self.requests = 0
         self.fail_first = 0
         self.lock = threading.Lock()
+        self.arrived = threading.Condition(self.lock)
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -72,6 +74,7 @@ class Receiver:
                     failing = receiver.requests <= receiver.fail_first
                     if not failing:
                         receiver.received.append(json.loads(body))
+                        receiver.arrived.notify_all()
                 self.send_response(500 if failing else 200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -83,8 +86,22 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
+    def wait_for(self, count: int, timeout_s: float) -> bool:
+        """Whether ``count`` events arrived within ``timeout_s``."""
+        with self.arrived:
+            return self.arrived.wait_for(lambda: len(self.received) >= count, timeout_s)
+
     def event_ids(self) -> list[str]:
         return [e["run"]["facets"]["durableDataflow_ledgerEntry"]["eventId"] for e in self.received]
+
+
+@pytest.fixture(autouse=True)
+def _structlog_reset() -> Iterator[None]:
+    """`lineage flush` configures structlog to write to the sys.stderr of its moment (pytest's capture,
+    closed after the test): back to the defaults before and after, so no test logs into a closed file."""
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture
@@ -416,3 +433,61 @@ def test_a_crash_between_emit_and_delete_resends_the_same_events(
     again = lineage_on.received[len(first):]
     assert again == first and delivery.pending_count(lineage_platform.db) == 0
     assert set(lineage_on.event_ids()) == _expected_ids(lineage_platform, run.run_id)
+
+
+def test_background_delivery_sends_what_commits_and_never_raises(
+    lineage_platform: Platform, tmp_path: Path, lineage_on: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dataflow serve`'s background delivery (lineage/background.py): its thread delivers a committed
+    run's events in its first round, then waits; a round whose database fails is logged, not raised."""
+    from openlineage.client import OpenLineageClient
+
+    from durable_dataflow.core.errors import StorageUnavailable
+    from durable_dataflow.lineage import background, delivery
+
+    run = lineage_platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k")).run
+    waited, stopping = threading.Event(), threading.Event()
+
+    def wait(seconds: float) -> None:
+        waited.set()
+        stopping.wait(seconds)
+
+    deliverer = background.BackgroundDelivery(
+        lineage_platform.db, OpenLineageClient(), "durable-dataflow", interval_s=60, wait=wait
+    )
+    deliverer.start()
+    assert waited.wait(30), "the first round never ended"
+    stopping.set()
+    deliverer.stop()
+    assert set(lineage_on.event_ids()) == _expected_ids(lineage_platform, run.run_id)
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise StorageUnavailable("the database is down")
+
+    monkeypatch.setattr(delivery, "flush", down)
+    outcome = background.BackgroundDelivery(lineage_platform.db, OpenLineageClient(), "ns").deliver_once()
+    assert (outcome.failed, outcome.error_type) == (True, "StorageUnavailable")
+
+
+def test_serve_delivers_in_the_background(db_url: str, tmp_path: Path, lineage_on: Receiver) -> None:
+    """`dataflow serve` with lineage configured delivers the events of a run another process committed,
+    without any flush; SIGTERM still stops it cleanly (exit 0) and nothing stays pending."""
+    with Platform(db_url, lease_ttl_s=5) as platform:
+        run = platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k")).run
+        expected = _expected_ids(platform, run.run_id)
+    argv = [sys.executable, "-m", "durable_dataflow.cli", "--db", db_url, "serve", "--port", "0",
+            "--data-root", str(tmp_path / "data"), "--sink-root", str(tmp_path / "sinks")]  # fmt: skip
+    server = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert lineage_on.wait_for(len(expected), 90), "serve delivered nothing"
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=90) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        assert server.stderr is not None
+        server.stderr.close()
+    assert set(lineage_on.event_ids()) == expected
+    with Platform(db_url, lease_ttl_s=5) as platform, platform.db.read() as conn:
+        assert ledger.outbox_count(conn) == 0

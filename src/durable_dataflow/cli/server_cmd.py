@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import typer
@@ -38,6 +38,9 @@ from durable_dataflow.dataflow.execution.interruption import Interruption
 from durable_dataflow.dataflow.protocol import fleet, sweeper
 from durable_dataflow.dataflow.worker import SWEEP_INTERVAL_S_DEFAULT
 from durable_dataflow.platform import Platform
+
+if TYPE_CHECKING:
+    from durable_dataflow.lineage.background import BackgroundDelivery
 
 DEFAULT_PORT = 8080
 PORT_MAX = 65_535
@@ -171,6 +174,8 @@ def serve(
         sweeping = ServeSweeper(platform, sweep_interval) if sweep_interval > 0 else None
         if sweeping is not None:
             sweeping.start()
+        # Lineage configured: the outbox is delivered in the background (docs/lineage.md); off, nothing starts.
+        delivering = _lineage_delivery(platform)
         previous = signal.signal(signal.SIGTERM, _stop_serving)
         try:
             _run_uvicorn(application, host, port, log_level, platform.runs.interruption)
@@ -178,6 +183,17 @@ def serve(
             signal.signal(signal.SIGTERM, previous)
             if sweeping is not None:
                 sweeping.stop()
+            if delivering is not None:
+                delivering.stop()
+
+
+def _lineage_delivery(platform: Platform) -> BackgroundDelivery | None:
+    """The started background delivery of the lineage outbox, or None when lineage is not configured."""
+    if not platform.lineage_configured:
+        return None
+    from durable_dataflow.lineage import background, settings
+
+    return background.start_if_configured(platform.db, True, settings.namespace())
 
 
 def _check_serve_options(host: str, port: int, log_level: str, sweep_interval: float) -> None:
