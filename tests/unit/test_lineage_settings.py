@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from durable_dataflow.lineage import settings
 
 
@@ -43,3 +45,12 @@ def test_namespace_default_and_setting() -> None:
     assert settings.namespace({}) == "durable-dataflow"
     assert settings.namespace({"DATAFLOW_LINEAGE_NAMESPACE": " prod "}) == "prod"
 
+
+
+def test_a_removed_working_directory_is_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process whose working directory was removed still opens its platform: no ./openlineage.yml."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert settings.configured({"HOME": str(tmp_path)}) is False

@@ -6,6 +6,7 @@ turns it off whatever else is set, as it does in the client. The job namespace i
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,7 +30,9 @@ def configured(environ: Mapping[str, str] | None = None, cwd: Path | None = None
 
 def _config_files(env: Mapping[str, str], cwd: Path | None) -> list[Path]:
     files = [Path(env["OPENLINEAGE_CONFIG"])] if env.get("OPENLINEAGE_CONFIG") else []
-    files.append((cwd or Path.cwd()) / CONFIG_FILE)
+    # A removed working directory holds no file, and opening the platform must not fail on it.
+    with contextlib.suppress(OSError):
+        files.append((cwd or Path.cwd()) / CONFIG_FILE)
     home = env.get("HOME")
     if home:
         files.append(Path(home) / ".openlineage" / CONFIG_FILE)
