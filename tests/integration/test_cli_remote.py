@@ -6,6 +6,7 @@ in argv, the output or an error."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -45,14 +46,17 @@ class Served:
     examples: Path
 
 
-@pytest.fixture
-def served(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
-    """A real server over a socket for tenant acme (data root holding the revenue example's data)."""
+@contextlib.contextmanager
+def serving(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tenants: tuple[str, ...] = ("acme",)
+) -> Iterator[Served]:
+    """A real server over a socket whose tenants' data roots hold the revenue example's data; an acme
+    operator token and a platform token (tests/integration/test_cli_remote_more.py serves with it too)."""
     for name in (*SCRUBBED_ENV, remote.API_URL_VARIABLE, remote.TOKEN_VARIABLE):
         monkeypatch.delenv(name, raising=False)
     platform = Platform(db_url)
     examples = copy_examples(tmp_path)
-    app = create_app(platform, data_root=tenant_data_root(tmp_path, examples, ("acme",)), sink_root=tmp_path / "sinks")
+    app = create_app(platform, data_root=tenant_data_root(tmp_path, examples, tenants), sink_root=tmp_path / "sinks")
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
@@ -73,6 +77,13 @@ def served(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
         thread.join(SERVER_START_S)
         listener.close()
         platform.close()
+
+
+@pytest.fixture
+def served(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    """A real server over a socket for tenant acme (data root holding the revenue example's data)."""
+    with serving(db_url, tmp_path, monkeypatch) as found:
+        yield found
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ REQUEST_TIMEOUT_S = 300.0  # an inline `run` answers when the run ends
 ANSWER_BYTES_MAX = 64 * 1024 * 1024
 TOKEN_FILE_BYTES_MAX = 4096
 # The commands that talk to the API under --api; any other exits 2 naming itself.
-REMOTE_COMMANDS = ("run", "runs", "show", "verify", "reconcile", "cancel", "ops")
+REMOTE_COMMANDS = ("run", "submit", "runs", "show", "verify", "reconcile", "cancel", "ops")
 YAML_MEDIA_TYPE = "application/yaml"
 
 
