@@ -8,15 +8,21 @@ commands print (``run_view``), and its errors are the platform's own codes (``{"
 "message"}}``, api/errors.py) raised as DataflowError, so ``common.report_error`` prints them and exits
 with the same status as the local command. Only the standard library speaks HTTP here: the CLI installs
 without the server extra.
+
+A command that runs over --api reads what the API answers (the same JSON its local ``--json`` prints) and
+prints it with the local command's own renderer. Options that have no meaning over the API (``--tenant``:
+the token's tenant is used; ``--now``: the server's database clock is the present) are refused when given
+(``refuse_options``), never silently ignored.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +30,10 @@ from typing import TYPE_CHECKING, Any
 from durable_dataflow.core.errors import DataflowError, InputError, StorageUnavailable
 
 if TYPE_CHECKING:
+    from http.client import HTTPResponse
+
+    from rich.text import Text
+
     from durable_dataflow.dataflow.protocol.views import RunView
 
 API_URL_VARIABLE = "DATAFLOW_API_URL"
@@ -32,8 +42,12 @@ REQUEST_TIMEOUT_S = 300.0  # an inline `run` answers when the run ends
 ANSWER_BYTES_MAX = 64 * 1024 * 1024
 TOKEN_FILE_BYTES_MAX = 4096
 # The commands that talk to the API under --api; any other exits 2 naming itself.
-REMOTE_COMMANDS = ("run", "submit", "runs", "show", "verify", "reconcile", "cancel", "ops")
+REMOTE_COMMANDS = (
+    "run", "submit", "runs", "show", "verify", "reconcile", "cancel", "schedules", "backfill", "partitions",
+    "ops",
+)  # fmt: skip
 YAML_MEDIA_TYPE = "application/yaml"
+JSON_MEDIA_TYPE = "application/json"
 
 
 @dataclass(frozen=True)
@@ -50,10 +64,27 @@ class Remote:
         *,
         query: Mapping[str, str | list[str]] | None = None,
         body: bytes | None = None,
-        media_type: str = "application/json",
+        media_type: str = JSON_MEDIA_TYPE,
         headers: Mapping[str, str] | None = None,
     ) -> Any:
         """The answer's JSON; an error answer raised as the DataflowError its code names."""
+        with self._opened(method, path, query, body, media_type, headers, JSON_MEDIA_TYPE) as answer:
+            try:
+                return json.loads(answer.read(ANSWER_BYTES_MAX))
+            except ValueError:  # an answer that is not JSON: --api names some other server
+                raise self._not_the_api() from None
+
+    @contextlib.contextmanager
+    def _opened(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str | list[str]] | None,
+        body: bytes | None,
+        media_type: str,
+        headers: Mapping[str, str] | None,
+        accept: str,
+    ) -> Iterator[HTTPResponse]:
         import urllib.error  # here, not at the top: http.client and email cost `dataflow --help` ≈ 17 ms
         import urllib.request
 
@@ -62,14 +93,14 @@ class Remote:
             url += "?" + urllib.parse.urlencode(query, doseq=True)
         request = urllib.request.Request(url, data=body, method=method)
         request.add_header("Authorization", f"Bearer {self.token}")
-        request.add_header("Accept", "application/json")
+        request.add_header("Accept", accept)
         if body is not None:
             request.add_header("Content-Type", media_type)
         for name, value in (headers or {}).items():
             request.add_header(name, value)
         try:
             with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as answer:  # http(s) only
-                return json.loads(answer.read(ANSWER_BYTES_MAX))
+                yield answer
         except urllib.error.HTTPError as error:
             raise _error_of(error.code, error.read(ANSWER_BYTES_MAX)) from None
         except TimeoutError:
@@ -80,8 +111,9 @@ class Remote:
         except (urllib.error.URLError, ConnectionError) as error:
             reason = getattr(error, "reason", error)
             raise StorageUnavailable(f"the API at {self.url} cannot be reached: {type(reason).__name__}") from None
-        except ValueError:  # an answer that is not JSON: --api names some other server
-            raise InputError(f"{self.url} answered with something other than the API's JSON: is --api right?") from None
+
+    def _not_the_api(self) -> InputError:
+        return InputError(f"{self.url} answered with something other than the API's JSON: is --api right?")
 
 
 def _error_of(status: int, raw: bytes) -> DataflowError:
@@ -149,8 +181,74 @@ def run_view(data: Mapping[str, Any]) -> RunView:
 def run_body(definition_text: str, parameters: Mapping[str, str], max_attempts: int) -> bytes:
     """The POST /v1/runs document as YAML: the definition file's text indented under ``definition:`` (the
     server parses it with the strict loader), then the parameters and attempts."""
+    return _yaml_body(definition_text, {"parameters": dict(parameters), "max_attempts": max_attempts})
+
+
+def _yaml_body(definition_text: str, rest: Mapping[str, Any]) -> bytes:
     import yaml
 
     indented = "".join(f"  {line}\n" for line in definition_text.splitlines())
-    rest = yaml.safe_dump({"parameters": dict(parameters), "max_attempts": max_attempts}, sort_keys=False)
-    return f"definition:\n{indented}{rest}".encode()
+    tail = yaml.safe_dump(dict(rest), sort_keys=False) if rest else ""
+    return f"definition:\n{indented}{tail}".encode()
+
+
+@dataclass(frozen=True)
+class Body:
+    """A request body and its media type."""
+
+    data: bytes
+    media_type: str
+
+
+def definition_body(file: Path, **rest: Any) -> Body:
+    """A body holding the definition file as ``definition`` and ``rest`` beside it, once the file parses and
+    validates here as the local command's does (the same refusals, naming the file; nothing is sent
+    otherwise). A YAML file's text is sent as YAML, parsed by the server with the same strict loader; a
+    ``.json`` file (which the local command reads as JSON) as a JSON document."""
+    from durable_dataflow.core import strictjson
+    from durable_dataflow.core.files import read_capped
+    from durable_dataflow.dataflow.definitions.definitions import DEFINITION_BYTES_MAX, parse_definition
+
+    try:
+        text = read_capped(file, DEFINITION_BYTES_MAX, f"{file}: the definition").decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{file}: the definition is not UTF-8 text") from None
+    parse_definition(text, str(file))
+    if str(file).lower().endswith(".json"):  # as parse_definition reads it: JSON, not YAML
+        document = {"definition": strictjson.loads(text), **rest}
+        return Body(json.dumps(document).encode(), JSON_MEDIA_TYPE)
+    return Body(_yaml_body(text, rest), YAML_MEDIA_TYPE)
+
+
+def quoted(segment: str) -> str:
+    """One path segment of a URL (a run id, a schedule or datasource name), every reserved character escaped."""
+    return urllib.parse.quote(segment, safe="")
+
+
+def refuse_options(ctx: Any, reason: str, *names: str) -> None:
+    """Under --api: an InputError naming each option of ``names`` (parameter names) given on the command
+    line, which has no meaning over the API (``reason`` says why). ``ctx`` is the command's Typer context."""
+    given: list[str] = []
+    for name in names:
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name != "DEFAULT":
+            given.extend(p.opts[0] for p in ctx.command.params if p.name == name)
+    if given:
+        raise InputError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply under --api: {reason}")
+
+
+def status_cell(status: str, unresolved: bool) -> Text:
+    """A run's status cell from its JSON (status, unresolved) exactly as ``common.status_text`` draws it from
+    the run: UNRESOLVED in bold yellow, never 'failed'."""
+    from rich.text import Text
+
+    if unresolved:
+        return Text("UNRESOLVED", style="bold yellow")
+    style = {"succeeded": "green", "failed": "red", "cancelled": "magenta"}.get(status, "cyan")
+    return Text(status, style=style)
+
+
+def run_views(api: Remote, run_ids: Sequence[str]) -> list[RunView]:
+    """The runs as the server reads them now (``GET /v1/runs/{id}`` each), in order: what a warning block
+    needs beyond a listing's JSON (the keys, digest and next step of an unresolved run)."""
+    return [run_view(api.call("GET", f"/v1/runs/{quoted(run_id)}")["run"]) for run_id in run_ids]
