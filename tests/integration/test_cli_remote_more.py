@@ -1,29 +1,37 @@
-"""The remote CLI's schedules, backfills and partitions (issue 33 item 5): `dataflow --api URL
-schedules list|apply|pause|resume`, `backfill [cancel]` and `partitions` against a real HTTP server
+"""The remote CLI's schedules, backfills, partitions and results (issue 33 item 5): `dataflow --api URL
+schedules list|apply|pause|resume`, `backfill [cancel]`, `partitions` and `result` against a real HTTP server
 (uvicorn in a thread, over a socket, as tests/integration/test_cli_remote.py serves it), each compared with
 the local command on the same database: the same output and exit status. A viewer token cannot apply or
 pause (the API's 403 exits 1 as a permission error does), another tenant's schedule, datasource and run
 are not found (exit 4), and the options that have no meaning over the API exit 2.
 
-SQLite only: the commands read and print the API's JSON, whose engine-specific reads the API's tests prove.
+SQLite only but for `result`, whose bytes are read in pieces differently on each engine (SQLite's blob I/O,
+PostgreSQL's substring): it runs on both.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import re
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 from test_cli_remote import Said, Served, dataflow, remote_dataflow, serving
 
-from durable_dataflow.api import tokens
+from durable_dataflow.api import tokens, v1
+from durable_dataflow.dataflow.execution import results
 from durable_dataflow.dataflow.schedules import schedules
 from durable_dataflow.platform import Platform
 from support import flows
+from support.api_runs import make_atomic_run, make_queued_run
 
 SCHEDULE = """\
 schedule:
@@ -37,6 +45,7 @@ DATASOURCE = "analytics.daily_totals"
 RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 SHORT_ID = re.compile(r"\b[0-9a-f]{12}\b")
 BOX_DRAWING = re.compile(r"[\u2500-\u257f]")
+UNKNOWN_RUN = "01a00000-0000-7000-8000-000000000000"
 
 
 @pytest.fixture
@@ -300,3 +309,125 @@ def test_partitions_print_and_exit_as_locally(
     assert unknown not in theirs.output
     tenant = over_api(served, capsys, monkeypatch, "partitions", DATASOURCE, "--tenant", "acme")
     assert tenant.code == 2 and "--tenant does not apply under --api" in tenant.stderr
+
+
+# ---- results -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def served_both(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    with serving(db_url, tmp_path, monkeypatch, ("acme", "globex")) as found:
+        yield found
+
+
+def test_result_writes_what_the_local_result_writes(
+    served_both: Served, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`result RUN` over --api writes the local command's CSV and JSON to stdout and its Parquet to --output
+    (the same table), read from GET /v1/runs/{id}/result in pieces of READ_CHUNK_BYTES (made small here: the
+    server reads the stored bytes a piece at a time, each in its own read transaction); a run without a
+    stored result exits 4 with the local
+    message, another tenant's run 4 (not found), an unknown run 4."""
+    served = served_both
+    run = make_atomic_run(served.platform, served.examples, "acme")
+    readers: list[results.StoredReader] = []
+    opened = results.open_stored
+
+    def counted(conn: Any, run_id: str) -> Any:
+        manager = opened(conn, run_id)
+        found = manager.__enter__()
+        if found is not None:
+            readers.append(found[1])
+        return _Entered(manager, found)
+
+    monkeypatch.setattr(results, "READ_CHUNK_BYTES", 64)
+    monkeypatch.setattr(results, "open_stored", counted)
+    for fmt in ("csv", "json"):
+        readers.clear()
+        said = over_api(served, capsys, monkeypatch, "result", run.run_id, "--format", fmt)
+        local_said = local(served, capsys, "result", run.run_id, "--format", fmt)
+        assert said.code == local_said.code == 0, said.output
+        assert said.stdout == local_said.stdout and said.stdout
+        # One reader to check the result exists, then one per piece: each in its own read transaction.
+        size = readers[0].size
+        assert size > 4 * 64 and len(readers) == 1 + -(-size // 64), (size, len(readers))
+        assert [r.chunks_read for r in readers] == [0] + [1] * (len(readers) - 1)
+    api_file, local_file = tmp_path / "api.parquet", tmp_path / "local.parquet"
+    written = over_api(served, capsys, monkeypatch, "result", run.run_id, "-f", "parquet", "-o", str(api_file))
+    local_written = local(served, capsys, "result", run.run_id, "-f", "parquet", "-o", str(local_file))
+    assert written.code == local_written.code == 0, written.output
+    assert pq.read_table(api_file).equals(pq.read_table(local_file))
+    assert written.stderr.replace(str(api_file), "FILE") == local_written.stderr.replace(str(local_file), "FILE")
+
+    queued = make_queued_run(served.platform, served.examples, "acme", key="no-result")
+    said = over_api(served, capsys, monkeypatch, "result", queued.run_id)
+    local_said = local(served, capsys, "result", queued.run_id)
+    assert said.code == local_said.code == 4 and said.stderr == local_said.stderr, said.output
+    globex = token_of(served, "globex", "operator")
+    for token, run_id in ((globex, run.run_id), ("", UNKNOWN_RUN)):
+        missing = over_api(served, capsys, monkeypatch, "result", run_id, token=token)
+        assert missing.code == 4 and missing.stderr.startswith("error [not_found]:"), missing.output
+        assert missing.stdout == ""
+
+
+class _Entered:
+    """The context manager ``results.open_stored`` returned, already entered (the test counts its reader)."""
+
+    def __init__(self, manager: Any, found: Any) -> None:
+        self.manager, self.found = manager, found
+
+    def __enter__(self) -> Any:
+        return self.found
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.manager.__exit__(*exc)
+
+
+def test_the_result_route_streams_arrow_and_answers_404_and_409(served: Served) -> None:
+    """GET /v1/runs/{id}/result answers the stored bytes exactly (Arrow IPC stream media type, Content-Length
+    its size) to a viewer; 404 to another tenant, as for an unknown run; 409 `conflict` for a run that
+    stored no result."""
+    run = make_atomic_run(served.platform, served.examples, "acme")
+    queued = make_queued_run(served.platform, served.examples, "acme", key="queued")
+    viewer, globex = token_of(served, "acme", "viewer"), token_of(served, "globex", "viewer")
+
+    def get(run_id: str, token: str) -> tuple[int, str, bytes]:
+        request = urllib.request.Request(f"{served.url}/v1/runs/{run_id}/result",
+                                         headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, answer.headers["Content-Type"], answer.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.headers["Content-Type"], error.read()
+
+    status, media_type, body = get(run.run_id, viewer)
+    with served.platform.db.read() as conn:
+        stored = results.stored_bytes(conn, run.run_id)
+    assert (status, media_type, body) == (200, v1.ARROW_STREAM_MEDIA_TYPE, stored)
+    assert results.decode_ipc(body).num_rows == run.row_count
+    for run_id, token in ((run.run_id, globex), (UNKNOWN_RUN, viewer)):
+        status, _, body = get(run_id, token)
+        assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
+    status, _, body = get(queued.run_id, viewer)
+    assert status == 409 and json.loads(body)["error"] == {
+        "code": "conflict", "message": f"run {queued.run_id} has no stored result"
+    }  # fmt: skip
+
+
+def test_a_result_stream_cut_short_exits_7(
+    served: Served, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the server stops sending before the whole result (its database lost half way), `result` exits 7
+    (storage_unavailable) saying so, and writes nothing to stdout."""
+    run = make_atomic_run(served.platform, served.examples, "acme")
+    whole = v1._stored_pieces
+
+    def cut_short(db: Any, run_id: str) -> Iterator[bytes]:
+        piece = next(whole(db, run_id))
+        yield piece[: len(piece) // 2]
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(v1, "_stored_pieces", cut_short)
+    said = over_api(served, capsys, monkeypatch, "result", run.run_id)
+    assert said.code == 7 and said.stdout == "" and "stopped sending its answer" in said.stderr, said.output
+    assert io.StringIO(said.stderr).read().count("\n") == 1

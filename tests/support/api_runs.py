@@ -136,6 +136,7 @@ API_ROUTES: list[tuple[str, str, dict[str, Any] | None]] = [
     ("GET", "/v1/runs", None),
     ("GET", "/v1/runs/{run}", None),
     ("GET", "/v1/runs/{run}/evidence", None),
+    ("GET", "/v1/runs/{run}/result", None),
     ("POST", "/v1/runs/{run}/reconcile", {"resume": False}),
     ("POST", "/v1/runs/{run}/cancel", None),
     ("GET", "/v1/definitions", None),

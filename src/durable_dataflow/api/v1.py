@@ -6,11 +6,13 @@ execution never holds a thread that reads need."""
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -19,7 +21,10 @@ from durable_dataflow.api.auth import api_caller, platform_of
 from durable_dataflow.api.bodies import body_openapi, json_body
 from durable_dataflow.api.operations import Caller
 from durable_dataflow.api.tokens import Role
-from durable_dataflow.core.errors import PermissionDenied
+from durable_dataflow.core.db import Database
+from durable_dataflow.core.errors import Conflict, PermissionDenied
+from durable_dataflow.core.invariants import InvariantViolation
+from durable_dataflow.dataflow.execution import results
 from durable_dataflow.dataflow.protocol import fleet, partitions, runs
 from durable_dataflow.dataflow.protocol.requests import (
     IDEMPOTENCY_KEY_CHARS_MAX,
@@ -152,6 +157,61 @@ def get_run(request: Request, run_id: str, caller: Viewer) -> dict[str, Any]:
 def get_evidence(request: Request, run_id: str, caller: Viewer) -> dict[str, Any]:
     """The run's ledger entries, the verification result and the latest verified checkpoint."""
     return operations.evidence_of(platform_of(request), caller, run_id).as_json()
+
+
+ARROW_STREAM_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
+
+
+@router.get(
+    "/runs/{run_id}/result",
+    response_class=StreamingResponse,
+    responses={
+        **ERROR_RESPONSES,
+        200: {
+            "description": "The stored result: the exact committed bytes, an Arrow IPC stream",
+            "content": {ARROW_STREAM_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+        },
+        409: {"description": "The run stored no result (queued or running yet, or it failed or was cancelled first)"},
+    },
+)
+def get_result(request: Request, run_id: str, caller: Viewer) -> StreamingResponse:
+    """The run's stored result bytes (what `dataflow result` exports), as an Arrow IPC stream sent in pieces
+    of ``results.READ_CHUNK_BYTES``, each read from the database in its own short read transaction (a stored
+    result never changes), so a download holds one piece in memory and no database connection while the
+    client reads; ``Content-Length`` is its size. 404 for another tenant's run, as for one that does not
+    exist; 409 when the run stored no result."""
+    db = platform_of(request).db
+    with db.read() as conn:
+        runs.get(conn, run_id, caller.tenant)  # NotFound for another tenant's run too
+        with results.open_stored(conn, run_id) as found:
+            if found is None:
+                raise Conflict(f"run {run_id} has no stored result")
+            size = found[1].size
+    headers = {"Content-Length": str(size)}
+    return StreamingResponse(_result_pieces(db, run_id, size), media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
+
+
+async def _result_pieces(db: Database, run_id: str, size: int) -> AsyncIterator[bytes]:
+    """The stored bytes piece by piece, each read in the thread pool (the event loop never waits on the
+    database)."""
+    pieces = _stored_pieces(db, run_id, size)
+    while (piece := await run_in_threadpool(next, pieces, None)) is not None:
+        yield piece
+
+
+def _stored_pieces(db: Database, run_id: str, size: int) -> Iterator[bytes]:
+    """The ``size`` stored bytes, a piece at a time, each read by ``results.open_stored``'s chunked reader in a
+    read transaction that ends before the piece is handed on (none is open while the client reads it)."""
+    position = 0
+    while position < size:
+        with db.read() as conn, results.open_stored(conn, run_id) as found:
+            if found is None or found[1].size != size:
+                raise InvariantViolation("a stored result is never deleted or changed, and the route found it")
+            reader = found[1]
+            reader.seek(position)
+            piece = bytes(reader.read(min(results.READ_CHUNK_BYTES, size - position)))
+        position += len(piece)
+        yield piece
 
 
 @router.post(

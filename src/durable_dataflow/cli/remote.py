@@ -18,6 +18,7 @@ the token's tenant is used; ``--now``: the server's database clock is the presen
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import stat
@@ -43,11 +44,12 @@ ANSWER_BYTES_MAX = 64 * 1024 * 1024
 TOKEN_FILE_BYTES_MAX = 4096
 # The commands that talk to the API under --api; any other exits 2 naming itself.
 REMOTE_COMMANDS = (
-    "run", "submit", "runs", "show", "verify", "reconcile", "cancel", "schedules", "backfill", "partitions",
+    "run", "submit", "runs", "show", "verify", "result", "reconcile", "cancel", "schedules", "backfill", "partitions",
     "ops",
 )  # fmt: skip
 YAML_MEDIA_TYPE = "application/yaml"
 JSON_MEDIA_TYPE = "application/json"
+ARROW_STREAM_MEDIA_TYPE = "application/vnd.apache.arrow.stream"  # GET /v1/runs/{id}/result
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,16 @@ class Remote:
                 return json.loads(answer.read(ANSWER_BYTES_MAX))
             except ValueError:  # an answer that is not JSON: --api names some other server
                 raise self._not_the_api() from None
+
+    @contextlib.contextmanager
+    def stream(self, method: str, path: str, media_type: str) -> Iterator[io.RawIOBase]:
+        """A successful answer of ``media_type`` (not JSON: ``GET /v1/runs/{id}/result``'s Arrow stream), to
+        be read inside the block, to its Content-Length or StorageUnavailable (``_Whole``). An error answer
+        is raised as the DataflowError its code names; one of another media type as "is --api right?"."""
+        with self._opened(method, path, None, None, JSON_MEDIA_TYPE, None, media_type) as answer:
+            if answer.headers.get_content_type() != media_type:
+                raise self._not_the_api()
+            yield _Whole(answer, self.url)
 
     @contextlib.contextmanager
     def _opened(
@@ -114,6 +126,36 @@ class Remote:
 
     def _not_the_api(self) -> InputError:
         return InputError(f"{self.url} answered with something other than the API's JSON: is --api right?")
+
+
+class _Whole(io.RawIOBase):
+    """A streamed answer read to its very end: each read fills what it is asked for unless the answer ends
+    (a reader such as pyarrow's takes a short read for the end of the stream). http.client ends a read
+    quietly when the server closes the connection before Content-Length (the server lost its database half
+    way); this raises StorageUnavailable instead, so a truncated stream is never taken for a whole one."""
+
+    def __init__(self, answer: HTTPResponse, url: str) -> None:
+        super().__init__()
+        self._answer = answer
+        self._url = url
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, into: Any) -> int:
+        view = memoryview(into).cast("B")
+        filled = 0
+        while filled < len(view):
+            read = self._answer.readinto(view[filled:])
+            if not read:
+                missing = self._answer.length  # what Content-Length still promised (None: not declared)
+                if missing:
+                    raise StorageUnavailable(
+                        f"the API at {self._url} stopped sending its answer {missing} bytes before its end"
+                    )
+                break
+            filled += read
+        return filled
 
 
 def _error_of(status: int, raw: bytes) -> DataflowError:

@@ -1,7 +1,9 @@
 """``dataflow show``, ``dataflow verify`` and ``dataflow result``: read one run and its evidence.
 
 Human renderings pass every stored value through ``printable`` (ledger payloads hold a submitter's
-parameters and error messages); ``--json`` stays exact JSON.
+parameters and error messages); ``--json`` stays exact JSON. Under ``--api`` each reads the API instead of
+the database: ``show`` and ``verify`` the run's evidence, ``result`` the stored bytes as an Arrow IPC stream
+(``GET /v1/runs/{id}/result``), exported here exactly as the local command exports them.
 """
 
 from __future__ import annotations
@@ -9,18 +11,21 @@ from __future__ import annotations
 import sys
 import urllib.parse
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from durable_dataflow.cli import common, remote, render
-from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.errors import DataflowError, InputError, NotFound
 from durable_dataflow.core.text import printable
 from durable_dataflow.dataflow.execution import results
 from durable_dataflow.dataflow.execution.results import EXPORT_FORMATS, ExportFormat
 from durable_dataflow.dataflow.protocol import runs, views
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run id (or its tail as `runs` shows it).")]
 
@@ -133,12 +138,16 @@ def result_command(
     export_format: ExportFormat = fmt  # narrowed by the membership check above
     if export_format == "parquet" and output is None and sys.stdout.isatty():
         raise InputError("refusing to write Parquet (binary) to a terminal: pass --output PATH or redirect stdout")
-    with common.open_platform(ctx) as platform:
-        with platform.db.read() as conn:
-            full_id = runs.resolve_run_id(conn, run_id)
-        with platform.db.read() as conn:  # what RunService.result_bytes reads, without importing the engine
-            stored = results.stored_bytes(conn, full_id)
-        table = results.decode_ipc(stored)
+    api = common.state_of(ctx).remote
+    if api is not None:
+        table = _result_remotely(api, run_id)
+    else:
+        with common.open_platform(ctx) as platform:
+            with platform.db.read() as conn:
+                full_id = runs.resolve_run_id(conn, run_id)
+            with platform.db.read() as conn:  # what RunService.result_bytes reads, without importing the engine
+                stored = results.stored_bytes(conn, full_id)
+            table = results.decode_ipc(stored)
     data = results.export(table, export_format)
     if output is None:
         sys.stdout.buffer.write(data)
@@ -149,6 +158,23 @@ def result_command(
     except OSError as error:
         raise InputError(f"cannot write {output}: {error.strerror or error}") from None
     common.stderr_console().print(Text(f"wrote {table.num_rows} rows ({len(data)} bytes, {fmt}) to {output}"))
+
+
+def _result_remotely(api: remote.Remote, run_id: str) -> pa.Table:
+    """`result` under --api: ``GET /v1/runs/{id}/result``, the stored Arrow IPC stream read batch by batch
+    as it arrives (never held as bytes besides the table); an answer cut short is storage_unavailable
+    (exit 7). A run that stored no result answers 409 there; here it is the local command's not_found
+    (exit 4), with the same message."""
+    try:
+        with (
+            api.stream("GET", f"/v1/runs/{remote.quoted(run_id)}/result", remote.ARROW_STREAM_MEDIA_TYPE) as answer,
+            results.ipc_reader(answer) as reader,
+        ):
+            return reader.read_all()
+    except DataflowError as error:
+        if error.code == "conflict":  # the route's one conflict: the run stored no result
+            raise NotFound(error.message) from None
+        raise
 
 
 def register(app: typer.Typer) -> None:
