@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from test_cli_remote import Served, dataflow, remote_dataflow, serving
 
 from durable_dataflow.dataflow.schema import dataflow_runs
 from durable_dataflow.dataflow.worker import Worker, WorkerOptions
-from test_cli_remote import Served, dataflow, remote_dataflow, serving
 
 
 @pytest.fixture
@@ -52,10 +52,15 @@ def test_submit_queues_over_the_api_as_locally(
 def test_submit_over_the_api_refuses_what_acts_on_the_database(
     served: Served, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`--adopt-evidence-key` changes the database's key setting: over --api it exits 2 and records nothing."""
+    """`--adopt-evidence-key` changes the database's key setting, and `--tenant` names a tenant the token does
+    not choose: over --api each exits 2 naming the option (for `run` too), and nothing is recorded."""
     definition = str(served.examples / "revenue_by_region" / "dataflow.yaml")
     said = remote_dataflow(served, capsys, monkeypatch, "submit", definition, "-p", "day=2026-11-02",
                            "--adopt-evidence-key")  # fmt: skip
     assert said.code == 2 and "--adopt-evidence-key" in said.stderr, said.output
+    for command in ("submit", "run"):
+        other = remote_dataflow(served, capsys, monkeypatch, command, definition, "-p", "day=2026-11-02",
+                                "--tenant", "globex")  # fmt: skip
+        assert other.code == 2 and "--tenant does not apply under --api" in other.stderr, other.output
     with served.platform.db.read() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(dataflow_runs)).scalar_one() == 0

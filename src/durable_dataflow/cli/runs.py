@@ -248,6 +248,7 @@ def run_command(
     waiting = waiting_of(wait, poll_interval, wait_timeout)
     api = common.state_of(ctx).remote
     if api is not None:
+        remote.refuse_options(ctx, "the API records the run for the token's tenant", "tenant")
         _run_remotely(ctx, api, file, param, idempotency_key, max_attempts, as_json, waiting)
     loaded = load_definition(file)
     request = build_request(loaded, param, idempotency_key, tenant, max_attempts)

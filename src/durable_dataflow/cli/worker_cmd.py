@@ -115,6 +115,7 @@ def submit(
     waiting = cli_runs.waiting_of(wait, poll_interval, wait_timeout)
     api = common.state_of(ctx).remote
     if api is not None:
+        remote.refuse_options(ctx, "the API records the run for the token's tenant", "tenant")
         _submit_remotely(ctx, api, file, param, idempotency_key, max_attempts, as_json, waiting, adopt_evidence_key)
     request = cli_runs.build_request(load_definition(file), param, idempotency_key, tenant, max_attempts)
     with common.open_platform(ctx) as platform:
