@@ -72,9 +72,12 @@ class Remote:
         """The answer's JSON; an error answer raised as the DataflowError its code names."""
         with self._opened(method, path, query, body, media_type, headers, JSON_MEDIA_TYPE) as answer:
             try:
-                return json.loads(answer.read(ANSWER_BYTES_MAX))
+                document = json.loads(answer.read(ANSWER_BYTES_MAX))
             except ValueError:  # an answer that is not JSON: --api names some other server
                 raise self._not_the_api() from None
+        if not isinstance(document, dict):  # every answer of the API is one JSON object
+            raise self._not_the_api()
+        return document
 
     @contextlib.contextmanager
     def stream(self, method: str, path: str, media_type: str) -> Iterator[io.RawIOBase]:
@@ -110,10 +113,18 @@ class Remote:
             request.add_header("Content-Type", media_type)
         for name, value in (headers or {}).items():
             request.add_header(name, value)
+        # No redirect is followed: urllib's handler would carry the Authorization header to whatever host
+        # (or scheme) a 30x names. The API never redirects, so one is an answer from something else.
+        opener = urllib.request.build_opener(_no_redirect_handler())
         try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as answer:  # http(s) only
+            with opener.open(request, timeout=REQUEST_TIMEOUT_S) as answer:  # http(s) only
                 yield answer
         except urllib.error.HTTPError as error:
+            if 300 <= error.code < 400:
+                raise InputError(
+                    f"{self.url} answered with a redirect (HTTP {error.code}), which is not followed: the token is "
+                    "sent only to the URL given; give the API's own URL to --api"
+                ) from None
             raise _error_of(error.code, error.read(ANSWER_BYTES_MAX)) from None
         except TimeoutError:
             raise StorageUnavailable(
@@ -126,6 +137,16 @@ class Remote:
 
     def _not_the_api(self) -> InputError:
         return InputError(f"{self.url} answered with something other than the API's JSON: is --api right?")
+
+
+def _no_redirect_handler() -> Any:
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None  # urllib then raises HTTPError with the 30x code
+
+    return NoRedirect
 
 
 class _Whole(io.RawIOBase):
@@ -206,18 +227,30 @@ def api_url_of(given: str | None, environ: Mapping[str, str] = os.environ) -> st
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc or parsed.username or parsed.password:
         raise InputError("--api must be an http:// or https:// URL without a user or password")
+    if parsed.query or parsed.fragment or "?" in url or "#" in url:  # never echo it: it may hold a secret
+        raise InputError("--api must be the API's base URL, without a query (?…) or fragment (#…)")
     return url
 
 
 def run_view(data: Mapping[str, Any]) -> RunView:
     """The API's run JSON (``ShownRun.as_json``) as the read view the local commands print."""
+    from pydantic import ValidationError
+
     from durable_dataflow.dataflow.protocol.runs import Run
     from durable_dataflow.dataflow.protocol.views import RunView
 
     derived = ("unresolved", "lease_expired", "age_s")
-    run = Run.model_validate({**{k: v for k, v in data.items() if k not in derived}, "base_dir": ""})
-    return RunView(run, lease_expired=bool(data["lease_expired"]), unresolved=bool(data["unresolved"]),
-                   warning=data.get("warning"))  # fmt: skip
+    try:
+        run = Run.model_validate({**{k: v for k, v in data.items() if k not in derived}, "base_dir": ""})
+        return RunView(run, lease_expired=bool(data["lease_expired"]), unresolved=bool(data["unresolved"]),
+                       warning=data.get("warning"))  # fmt: skip
+    except (KeyError, TypeError, AttributeError, ValidationError):
+        raise not_the_api() from None
+
+
+def not_the_api() -> InputError:
+    """An answer whose JSON is not shaped as the API's: --api names some other server."""
+    return InputError("the server at --api answered JSON that is not the API's: is --api right?")
 
 
 def run_body(definition_text: str, parameters: Mapping[str, str], max_attempts: int) -> bytes:
