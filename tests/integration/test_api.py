@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from durable_dataflow.api import tokens
+from durable_dataflow.api import tokens, v1
 from durable_dataflow.api.app import create_app
 from durable_dataflow.api.errors import HTTP_STATUS_BY_CODE
 from durable_dataflow.core import errors
@@ -316,6 +316,25 @@ def test_serve_observes_the_duration_of_each_run_it_executes_inline(world: World
                         {**body, "parameters": {"day": "2026-11-06"}})  # fmt: skip
     assert queued.status_code == 201 and queued.json()["run"]["status"] == "queued"
     assert f"{series} 1.0" in world.call("GET", "/metrics", world.tokens.operator).text
+
+
+def test_result_downloads_at_once_are_bounded_and_each_slot_comes_back(world: World) -> None:
+    """Proves GET /v1/runs/{id}/result takes one of RESULT_DOWNLOADS_MAX slots for its stream: with every slot
+    held (clients that never read) the next download answers 503 storage_unavailable at once (a hostile
+    review pinned ≈ 10 MiB of server memory per stalled download, without bound); a finished download gives
+    its slot back."""
+    slots = world.client.app.state.result_downloads  # type: ignore[attr-defined]
+    url = f"/v1/runs/{world.atomic.run_id}/result"
+    taken = [slots.acquire(blocking=False) for _ in range(v1.RESULT_DOWNLOADS_MAX)]
+    assert all(taken)
+    busy = world.call("GET", url, world.tokens.viewer)
+    assert busy.status_code == 503 and busy.json()["error"]["code"] == "storage_unavailable", busy.text
+    slots.release()
+    whole = world.call("GET", url, world.tokens.viewer)
+    assert whole.status_code == 200 and len(whole.content) == int(whole.headers["Content-Length"]) > 0
+    assert slots.acquire(blocking=False), "the finished download kept its slot"
+    for _ in range(v1.RESULT_DOWNLOADS_MAX):
+        slots.release()
 
 
 def test_invented_http_methods_share_one_metrics_label(world: World) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -69,6 +70,9 @@ def create_app(
     app.state.metrics = Metrics(platform.db)
     # Inline submits execute here, bounded per server and per tenant, never in FastAPI's thread pool.
     app.state.inline = inline.InlineExecutor(platform.config.quotas)
+    # Result downloads in progress at once (GET /v1/runs/{id}/result): each holds a few MiB while its client
+    # reads, so a client that never reads cannot make many of them hold the server's memory.
+    app.state.result_downloads = threading.BoundedSemaphore(v1.RESULT_DOWNLOADS_MAX)
     # The CSRF key lives only in this process: a restart invalidates open forms, nothing else.
     app.state.csrf_key = secrets.token_bytes(CSRF_KEY_BYTES)
     _install_error_handlers(app)

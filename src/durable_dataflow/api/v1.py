@@ -5,6 +5,7 @@ execution never holds a thread that reads need."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict
@@ -22,7 +23,7 @@ from durable_dataflow.api.bodies import body_openapi, json_body
 from durable_dataflow.api.operations import Caller
 from durable_dataflow.api.tokens import Role
 from durable_dataflow.core.db import Database
-from durable_dataflow.core.errors import Conflict, PermissionDenied
+from durable_dataflow.core.errors import Conflict, PermissionDenied, StorageUnavailable
 from durable_dataflow.core.invariants import InvariantViolation
 from durable_dataflow.dataflow.execution import results
 from durable_dataflow.dataflow.protocol import fleet, partitions, runs
@@ -45,6 +46,8 @@ Operator = Annotated[Caller, Depends(api_caller(Role.OPERATOR))]
 OpsReader = Annotated[Caller, Depends(api_caller(Role.OPERATOR, platform_wide=True))]
 OpsActor = OpsReader
 DEFINITION_NAME_CHARS_MAX = 200
+# Result downloads one server streams at once (each holds about 10 MiB while its client reads); past it 503.
+RESULT_DOWNLOADS_MAX = 8
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"description": 'No valid token: `{"error": {"code": "unauthenticated", ...}}`'},
@@ -187,16 +190,31 @@ def get_result(request: Request, run_id: str, caller: Viewer) -> StreamingRespon
             if found is None:
                 raise Conflict(f"run {run_id} has no stored result")
             size = found[1].size
+    slots: threading.BoundedSemaphore = request.app.state.result_downloads
+    if not slots.acquire(blocking=False):
+        raise StorageUnavailable(
+            f"{RESULT_DOWNLOADS_MAX} result downloads are in progress on this server: ask again shortly"
+        )
     headers = {"Content-Length": str(size)}
-    return StreamingResponse(_result_pieces(db, run_id, size), media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
+    try:
+        pieces = _result_pieces(db, run_id, size, slots)
+    except BaseException:
+        slots.release()
+        raise
+    return StreamingResponse(pieces, media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
 
 
-async def _result_pieces(db: Database, run_id: str, size: int) -> AsyncIterator[bytes]:
+async def _result_pieces(
+    db: Database, run_id: str, size: int, slot: threading.BoundedSemaphore
+) -> AsyncIterator[bytes]:
     """The stored bytes piece by piece, each read in the thread pool (the event loop never waits on the
-    database)."""
-    pieces = _stored_pieces(db, run_id, size)
-    while (piece := await run_in_threadpool(next, pieces, None)) is not None:
-        yield piece
+    database); the download's slot is released when the stream ends, fails or its client goes away."""
+    try:
+        pieces = _stored_pieces(db, run_id, size)
+        while (piece := await run_in_threadpool(next, pieces, None)) is not None:
+            yield piece
+    finally:
+        slot.release()
 
 
 def _stored_pieces(db: Database, run_id: str, size: int) -> Iterator[bytes]:
