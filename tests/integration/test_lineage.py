@@ -491,3 +491,44 @@ def test_serve_delivers_in_the_background(db_url: str, tmp_path: Path, lineage_o
     assert set(lineage_on.event_ids()) == expected
     with Platform(db_url, lease_ttl_s=5) as platform, platform.db.read() as conn:
         assert ledger.outbox_count(conn) == 0
+
+
+def test_dataflow_run_delivers_its_own_events_before_it_exits(
+    db_url: str, tmp_path: Path, lineage_on: Receiver
+) -> None:
+    """Proves `dataflow run` with lineage configured delivers its run's START and COMPLETE itself before it
+    exits (no serve, no flush), leaving nothing pending; a receiver that refuses leaves them pending instead
+    (exit 0 all the same: the run succeeded)."""
+    flow = tmp_path / "flow"
+    shutil.copytree(REPO / "examples" / "revenue_by_region", flow)
+    command = [sys.executable, "-m", "durable_dataflow.cli", "--db", db_url, "run", str(flow / "dataflow.yaml"),
+               "--param", "day=2026-11-02"]  # fmt: skip
+    done = subprocess.run(command, env=dict(os.environ), capture_output=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert [e["eventType"] for e in lineage_on.received] == ["START", "COMPLETE"]
+    _validate_all(lineage_on.received)
+    lineage_on.fail_first = lineage_on.requests + 1000  # every later request answers 500
+    again = subprocess.run([*command[:-1], "day=2026-11-03"], env=dict(os.environ), capture_output=True,
+                           timeout=120, cwd=tmp_path)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    with Platform(db_url, lease_ttl_s=5) as platform, platform.db.read() as conn:
+        assert ledger.outbox_count(conn) > 0  # the refused events wait for a worker, serve or a flush
+
+
+def test_a_worker_delivers_the_events_of_the_runs_it_executes(
+    db_url: str, tmp_path: Path, lineage_on: Receiver
+) -> None:
+    """Proves `dataflow worker --until-idle` with lineage configured delivers the events of the queued runs it
+    executed before it exits (its background delivery, then one last round after its loop), nothing pending."""
+    with Platform(db_url, lease_ttl_s=5) as platform:
+        queued = [platform.runs.submit(flows.request(flows.definition(), tmp_path, f"k-{n}")).run for n in range(2)]
+    argv = [sys.executable, "-m", "durable_dataflow.cli", "--db", db_url, "worker", "--until-idle",
+            "--poll-interval", "0.05"]  # fmt: skip
+    done = subprocess.run(argv, env=dict(os.environ), capture_output=True, timeout=180, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    with Platform(db_url, lease_ttl_s=5) as platform:
+        expected = _expected_ids(platform, *(run.run_id for run in queued))
+        with platform.db.read() as conn:
+            assert ledger.outbox_count(conn) == 0
+    assert set(lineage_on.event_ids()) == expected
+    _validate_all(lineage_on.received)

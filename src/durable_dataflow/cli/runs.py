@@ -262,6 +262,10 @@ def run_command(
                 )
             cause = service.interruption.cause
             shown = common.as_shown(platform, submission.run)
+        if platform.lineage_configured:  # its own events before it exits; what the receiver refuses waits
+            from durable_dataflow.lineage import background, settings
+
+            background.deliver_now(platform.db, settings.namespace())
         if waiting is not None and cause is None:  # a replay of a run another process executes, or queued
             run_id = shown.run.run_id
             shown = wait_until_settled(ctx, shown, lambda: read_shown(platform, run_id), waiting)

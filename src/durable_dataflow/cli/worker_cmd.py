@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import structlog
 import typer
@@ -30,6 +30,9 @@ from durable_dataflow.dataflow.execution import isolation
 from durable_dataflow.dataflow.protocol.requests import MAX_ATTEMPTS_DEFAULT
 from durable_dataflow.dataflow.protocol.views import RunView
 from durable_dataflow.platform import Platform
+
+if TYPE_CHECKING:
+    from durable_dataflow.lineage.background import BackgroundDelivery
 
 PORT_MAX = 65_535
 OPEN_TRIES_MAX = 12  # with the back-off doubling from 0.1 s to 10 s: about a minute of outage
@@ -215,6 +218,8 @@ def worker(
         # A worker extends the chains of runs others recorded: its key setting must be the ledger's.
         ledger.require_key_setting(platform.db, platform.runs.config.evidence_key)
         stop_metrics, observe = _serve_metrics(platform, metrics_port, metrics_host)
+        # Lineage configured: the outbox is delivered in the background (docs/lineage.md); off, nothing starts.
+        delivering = _lineage_delivery(platform)
         loop = worker_loop.Worker(platform.runs, options, observe=observe)
         previous = worker_loop.install_signal_handlers(loop)
         try:
@@ -222,8 +227,20 @@ def worker(
         finally:
             worker_loop.restore_signal_handlers(previous)
             stop_metrics()
+            if delivering is not None:  # the events of the last runs too, when the receiver takes them
+                delivering.stop(final_round=True)
     finally:
         platform.close()
+
+
+def _lineage_delivery(platform: Platform) -> BackgroundDelivery | None:
+    """The started background delivery of the lineage outbox, or None when lineage is not configured (then
+    nothing of lineage is imported)."""
+    if not platform.lineage_configured:
+        return None
+    from durable_dataflow.lineage import background, settings
+
+    return background.start_if_configured(platform.db, True, settings.namespace())
 
 
 def _serve_metrics(

@@ -50,11 +50,17 @@ class BackgroundDelivery:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout_s: float = STOP_WAIT_S) -> None:
+    def stop(self, timeout_s: float = STOP_WAIT_S, *, final_round: bool = False) -> None:
+        """Stop the thread (waiting up to ``timeout_s`` for a round in progress); with ``final_round``, one
+        more flush after it stopped (a worker's last runs committed after the last round)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
-        self.client.close()
+        try:
+            if final_round and not self._thread.is_alive():
+                self.deliver_once()
+        finally:
+            self.client.close()
 
     def deliver_once(self) -> Delivery:
         """One flush; never raises (what failed is logged and the next round tries again)."""
@@ -84,3 +90,19 @@ def start_if_configured(db: Database, configured: bool, namespace: str) -> Backg
     started = BackgroundDelivery(db, OpenLineageClient(), namespace)
     started.start()
     return started
+
+
+def deliver_now(db: Database, namespace: str) -> Delivery | None:
+    """One flush from a short-lived process (``dataflow run``, before it exits): what the receiver takes is
+    delivered, the rest waits in the outbox for a worker, ``serve`` or ``dataflow lineage flush``. Never
+    raises; None when ``openlineage-python`` is not installed (logged: the events wait)."""
+    try:
+        from openlineage.client import OpenLineageClient
+    except ImportError:
+        _log.warning("lineage.unavailable", note="install durable-dataflow[lineage]; events wait in the outbox")
+        return None
+    client = OpenLineageClient()
+    try:
+        return BackgroundDelivery(db, client, namespace).deliver_once()
+    finally:
+        client.close()
