@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 from test_cli_remote import Served, dataflow, remote_dataflow, serving
 
+from durable_dataflow.dataflow.protocol import fleet
 from durable_dataflow.dataflow.schema import dataflow_runs
 from durable_dataflow.dataflow.worker import Worker, WorkerOptions
 
@@ -64,3 +65,29 @@ def test_submit_over_the_api_refuses_what_acts_on_the_database(
         assert other.code == 2 and "--tenant does not apply under --api" in other.stderr, other.output
     with served.platform.db.read() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(dataflow_runs)).scalar_one() == 0
+
+
+def test_workers_over_the_api_with_a_platform_token(
+    served: Served, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves an operator with only a platform token sees the fleet over --api (issue 33's done-when): `workers
+    --json` equals the local one, the table names each process and its state; a tenant's token exits 1
+    permission_denied, as GET /v1/workers refuses it."""
+    fleet.register(served.platform.db, holder="h:1:a", role=fleet.Role.WORKER, concurrency=2, ttl_s=60,
+                   holder_locked=False)  # fmt: skip
+    fleet.register(served.platform.db, holder="h:2:b", role=fleet.Role.WORKER, concurrency=1, ttl_s=60,
+                   holder_locked=False)  # fmt: skip
+    fleet.mark_stopped(served.platform.db, "h:2:b")
+    local = dataflow(capsys, "--db", served.db_url, "workers", "--json")
+    over_api = remote_dataflow(served, capsys, monkeypatch, "workers", "--json", token=served.platform_token)
+    assert (over_api.code, local.code) == (0, 0), over_api.output
+    local_doc, api_doc = json.loads(local.stdout), json.loads(over_api.stdout)
+    drop = ("last_beat_age_s",)  # counted on each read's clock
+    assert [{k: v for k, v in w.items() if k not in drop} for w in api_doc["workers"]] == [
+        {k: v for k, v in w.items() if k not in drop} for w in local_doc["workers"]
+    ]
+    assert (api_doc["alive"], api_doc["stopped"]) == (1, 1)
+    table = remote_dataflow(served, capsys, monkeypatch, "workers", token=served.platform_token)
+    assert table.code == 0 and "h:1:a" in table.stdout and "1 alive" in table.stdout, table.output
+    tenant = remote_dataflow(served, capsys, monkeypatch, "workers")
+    assert tenant.code == 1 and tenant.stderr.startswith("error [permission_denied]:"), tenant.output

@@ -45,7 +45,7 @@ TOKEN_FILE_BYTES_MAX = 4096
 # The commands that talk to the API under --api; any other exits 2 naming itself.
 REMOTE_COMMANDS = (
     "run", "submit", "runs", "show", "verify", "result", "reconcile", "cancel", "schedules", "backfill", "partitions",
-    "ops",
+    "ops", "workers",
 )  # fmt: skip
 YAML_MEDIA_TYPE = "application/yaml"
 JSON_MEDIA_TYPE = "application/json"

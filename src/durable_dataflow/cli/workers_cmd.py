@@ -2,7 +2,8 @@
 alive, dead or stopped (docs/cli.md, docs/operations.md "Workers").
 
 It reads ``dataflow.protocol.fleet``, as ``GET /v1/workers`` and the Ops page do. Whoever holds the database
-URL is the platform operator, so the command needs no token.
+URL is the platform operator, so the command needs no token; under ``--api`` it reads ``GET /v1/workers`` with
+a platform_operator token.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from durable_dataflow.cli import common
+from durable_dataflow.cli import common, remote
 from durable_dataflow.core.text import printable
 
 if TYPE_CHECKING:
@@ -30,14 +31,22 @@ def workers_command(
     session gone) or stopped, with its host, pid, version, start, last beat and attempts in flight."""
     from durable_dataflow.dataflow.protocol import fleet
 
-    with common.open_platform(ctx) as platform:
-        found = fleet.list_workers(platform.db)
+    api = common.state_of(ctx).remote
+    if api is not None:  # GET /v1/workers: a platform_operator token (a tenant's is refused, exit 1)
+        document = api.call("GET", "/v1/workers")
+        try:
+            found = [fleet.view_from_json(row) for row in document["workers"]]
+        except (KeyError, TypeError, ValueError):
+            raise remote.not_the_api() from None
+    else:
+        with common.open_platform(ctx) as platform:
+            found = fleet.list_workers(platform.db)
+        document = fleet.document(found)
     if as_json:
-        common.emit_json(fleet.document(found))
+        common.emit_json(document)
         return
     console = common.stdout_console()
     console.print(_table(found))
-    document = fleet.document(found)
     console.print(f"{len(found)} process(es): {document['alive']} alive, {document['dead']} dead, "
                   f"{document['stopped']} stopped")  # fmt: skip
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +89,19 @@ class WorkerView:
             "last_beat_age_s": round(self.last_beat_age_s, 3), "inflight": self.inflight,
             "concurrency": self.concurrency, "ttl_s": self.ttl_s,
         }  # fmt: skip
+
+
+def view_from_json(data: Mapping[str, Any]) -> WorkerView:
+    """A row of ``document``'s ``workers`` (``GET /v1/workers``) as the view it was made from: the remote
+    ``dataflow workers`` prints what the local one prints."""
+    return WorkerView(
+        holder=str(data["holder"]), role=str(data["role"]), host=str(data["host"]), pid=int(data["pid"]),
+        version=str(data["version"]), state=WorkerState(data["state"]), started_at_us=int(data["started_at_us"]),
+        beat_at_us=int(data["last_beat_at_us"]),
+        stopped_at_us=None if data["stopped_at_us"] is None else int(data["stopped_at_us"]),
+        last_beat_age_s=float(data["last_beat_age_s"]), inflight=int(data["inflight"]),
+        concurrency=int(data["concurrency"]), ttl_s=float(data["ttl_s"]),
+    )  # fmt: skip
 
 
 def ttl_from_env(explicit: float | None = None) -> float:
