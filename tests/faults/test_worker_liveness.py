@@ -32,7 +32,7 @@ def _states(db_url: str) -> dict[int, WorkerState]:
 def test_a_sigkilled_worker_reads_dead_and_a_sigtermed_one_stopped(db_url: str, tmp_path: Path) -> None:
     """Two idle `dataflow worker` processes register alive; the SIGKILLed one reads dead — on PostgreSQL
     within PG_DEAD_WITHIN_S although its TTL is 120 s, on SQLite once its 1.5 s TTL has passed —, the
-    SIGTERMed one reads stopped, and `dataflow workers --json` shows the same."""
+    SIGTERMed one reads stopped, and `dataflow workers --json` and dataflow_workers_alive show the same."""
     postgres = db_url.startswith("postgresql")
     ttl_s = PG_TTL_S if postgres else SQLITE_TTL_S
     log = tmp_path / "workers.log"
@@ -49,6 +49,7 @@ def test_a_sigkilled_worker_reads_dead_and_a_sigtermed_one_stopped(db_url: str, 
             lambda: _states(db_url)[killed.pid] == WorkerState.DEAD,
             PG_DEAD_WITHIN_S if postgres else ttl_s + START_WAIT_S, "the killed worker dead",
         )  # fmt: skip
+        assert _alive_metric(db_url) == 1.0  # the metrics count the killed one out, as the view does
         stopped.send_signal(signal.SIGTERM)
         assert harness.wait_exit(stopped, log) == 0, harness.tail(log)
     finally:
