@@ -532,3 +532,40 @@ def test_a_worker_delivers_the_events_of_the_runs_it_executes(
             assert ledger.outbox_count(conn) == 0
     assert set(lineage_on.event_ids()) == expected
     _validate_all(lineage_on.received)
+
+
+def test_metrics_show_the_backlog_and_count_deliveries(lineage_platform: Platform, lineage_on: Receiver,
+                                                        tmp_path: Path) -> None:  # fmt: skip
+    """Proves /metrics carries dataflow_lineage_pending (the outbox's backlog, platform-wide) and
+    dataflow_lineage_events_total: a committed run's events are pending until a round delivers them, which
+    the delivering process counts as delivered; a round a receiver refuses counts one failed and leaves
+    the backlog."""
+    from openlineage.client import OpenLineageClient
+
+    from durable_dataflow.api.metrics import Metrics
+    from durable_dataflow.lineage.background import BackgroundDelivery
+
+    metrics = Metrics(lineage_platform.db, scrape_interval_s=0.0)
+    before = metrics.render().decode()
+    assert "dataflow_lineage_pending 0.0" in before
+    assert 'dataflow_lineage_events_total{outcome="failed"} 0.0' in before
+    run = lineage_platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "m-1")).run
+    pending = len(_expected_ids(lineage_platform, run.run_id))
+    with lineage_platform.db.read() as conn:
+        entries = ledger.outbox_count(conn)
+    assert f"dataflow_lineage_pending {float(entries)}" in metrics.render().decode()
+    lineage_on.fail_first = lineage_on.requests + 1000  # refuse everything for now
+    delivering = BackgroundDelivery(lineage_platform.db, OpenLineageClient(), "durable-dataflow",
+                                    observe=metrics.lineage.observe_delivery)  # fmt: skip
+    try:
+        delivering.deliver_once()
+        refused = metrics.render().decode()
+        assert 'dataflow_lineage_events_total{outcome="failed"} 1.0' in refused
+        assert "dataflow_lineage_pending 0.0" not in refused
+        lineage_on.fail_first = 0
+        delivering.deliver_once()
+    finally:
+        delivering.client.close()
+    after = metrics.render().decode()
+    assert "dataflow_lineage_pending 0.0" in after
+    assert f'dataflow_lineage_events_total{{outcome="delivered"}} {float(pending)}' in after

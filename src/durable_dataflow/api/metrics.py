@@ -15,11 +15,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from durable_dataflow.core import leases
+from durable_dataflow.core import leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.units import US_PER_S
 from durable_dataflow.dataflow.protocol import evidence, fleet, runs
@@ -87,6 +87,7 @@ class _DatabaseCollector(Collector):
             failures = runs.failures_by_error_code(conn)
             expired = leases.held_counts(conn, self.db, module=runs.MODULE).get(runs.MODULE, (0, 0))[1]
             oldest_due_us = schedules.oldest_due_us(conn)
+            lineage_pending = ledger.outbox_count(conn)
         found = fleet.list_workers(self.db)
         return [
             *_run_families(by_status, by_recovery, unresolved_total, oldest[0].age_s if oldest else 0.0),
@@ -99,6 +100,8 @@ class _DatabaseCollector(Collector):
                      {o: sum(kinds.get(k, 0) for k in ks) for o, ks in ATTEMPT_OUTCOME_KINDS.items()}),
             _counter("dataflow_run_failures", "Failed runs by error code", "error_code", failures),
             *_fleet_families(found),
+            _gauge("dataflow_lineage_pending", "Ledger entries waiting for lineage delivery (0 when lineage is off)",
+                   lineage_pending),
         ]  # fmt: skip
 
 
@@ -175,6 +178,28 @@ class RunMetrics:
         self.duration_seconds.labels(shown, str(run.mode)).observe(seconds)
 
 
+class LineageMetrics:
+    """Lineage events this process delivered, and its delivery rounds that failed (docs/lineage.md)."""
+
+    OUTCOMES = ("delivered", "failed")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.events = Counter(
+            "dataflow_lineage_events",
+            "Lineage events delivered by this process, and its delivery rounds stopped by a failed emit",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in self.OUTCOMES:  # a zero series for each, so alerts need no `or vector(0)`
+            self.events.labels(outcome)
+
+    def observe_delivery(self, delivered: int, failed: bool) -> None:
+        if delivered:
+            self.events.labels("delivered").inc(delivered)
+        if failed:
+            self.events.labels("failed").inc()
+
+
 class Metrics:
     """One application's metrics."""
 
@@ -200,6 +225,7 @@ class Metrics:
             registry=self.registry,
         )
         self.runs = RunMetrics(self.registry)
+        self.lineage = LineageMetrics(self.registry)
         self.registry.register(_DatabaseCollector(db, scrape_interval_s, clock))
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
@@ -220,6 +246,7 @@ class WorkerMetrics:
     def __init__(self, db: Database, scrape_interval_s: float = SCRAPE_INTERVAL_S_MIN) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.runs = RunMetrics(self.registry)
+        self.lineage = LineageMetrics(self.registry)
         self.registry.register(_DatabaseCollector(db, scrape_interval_s))
 
     def serve(self, port: int, host: str = METRICS_HOST_DEFAULT) -> tuple[Callable[[], None], int]:

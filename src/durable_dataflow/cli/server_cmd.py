@@ -175,7 +175,7 @@ def serve(
         if sweeping is not None:
             sweeping.start()
         # Lineage configured: the outbox is delivered in the background (docs/lineage.md); off, nothing starts.
-        delivering = _lineage_delivery(platform)
+        delivering = _lineage_delivery(platform, application.state.metrics.lineage.observe_delivery)
         previous = signal.signal(signal.SIGTERM, _stop_serving)
         try:
             _run_uvicorn(application, host, port, log_level, platform.runs.interruption)
@@ -187,13 +187,14 @@ def serve(
                 delivering.stop()
 
 
-def _lineage_delivery(platform: Platform) -> BackgroundDelivery | None:
-    """The started background delivery of the lineage outbox, or None when lineage is not configured."""
+def _lineage_delivery(platform: Platform, observe: Callable[[int, bool], None]) -> BackgroundDelivery | None:
+    """The started background delivery of the lineage outbox (its rounds counted by ``observe``: /metrics),
+    or None when lineage is not configured."""
     if not platform.lineage_configured:
         return None
     from durable_dataflow.lineage import background, settings
 
-    return background.start_if_configured(platform.db, True, settings.namespace())
+    return background.start_if_configured(platform.db, True, settings.namespace(), observe)
 
 
 def _check_serve_options(host: str, port: int, log_level: str, sweep_interval: float) -> None:

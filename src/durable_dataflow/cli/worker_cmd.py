@@ -217,9 +217,9 @@ def worker(
     try:
         # A worker extends the chains of runs others recorded: its key setting must be the ledger's.
         ledger.require_key_setting(platform.db, platform.runs.config.evidence_key)
-        stop_metrics, observe = _serve_metrics(platform, metrics_port, metrics_host)
+        stop_metrics, observe, observe_lineage = _serve_metrics(platform, metrics_port, metrics_host)
         # Lineage configured: the outbox is delivered in the background (docs/lineage.md); off, nothing starts.
-        delivering = _lineage_delivery(platform)
+        delivering = _lineage_delivery(platform, observe_lineage)
         loop = worker_loop.Worker(platform.runs, options, observe=observe)
         previous = worker_loop.install_signal_handlers(loop)
         try:
@@ -233,23 +233,26 @@ def worker(
         platform.close()
 
 
-def _lineage_delivery(platform: Platform) -> BackgroundDelivery | None:
-    """The started background delivery of the lineage outbox, or None when lineage is not configured (then
-    nothing of lineage is imported)."""
+def _lineage_delivery(
+    platform: Platform, observe: Callable[[int, bool], None] | None
+) -> BackgroundDelivery | None:
+    """The started background delivery of the lineage outbox (its rounds counted by ``observe`` when the
+    worker serves metrics), or None when lineage is not configured (then nothing of lineage is imported)."""
     if not platform.lineage_configured:
         return None
     from durable_dataflow.lineage import background, settings
 
-    return background.start_if_configured(platform.db, True, settings.namespace())
+    return background.start_if_configured(platform.db, True, settings.namespace(), observe)
 
 
 def _serve_metrics(
     platform: Platform, port: int | None, host: str
-) -> tuple[Callable[[], None], worker_loop.RunObserver | None]:
+) -> tuple[Callable[[], None], worker_loop.RunObserver | None, Callable[[int, bool], None] | None]:
     """With ``--metrics-port``: serve the worker's metrics (api.metrics.WorkerMetrics) from this process and
-    observe its runs; returns how to stop serving and the observer (nothing to stop, None, without)."""
+    observe its runs and lineage deliveries; returns how to stop serving and the two observers (nothing to
+    stop, None, None without)."""
     if port is None:
-        return (lambda: None), None
+        return (lambda: None), None, None
     if not 0 <= port <= PORT_MAX:
         raise InputError(f"--metrics-port must be between 0 and {PORT_MAX}, got {port}")
     from durable_dataflow.api.metrics import WorkerMetrics  # prometheus-client only when asked for
@@ -260,7 +263,7 @@ def _serve_metrics(
     except OSError as error:
         raise InputError(f"--metrics-port {port} on {host}: cannot listen ({error.strerror or error})") from error
     structlog.get_logger("dataflow.worker").info("metrics.listening", host=host, port=bound_port)
-    return stop, metrics.runs.observe_run
+    return stop, metrics.runs.observe_run, metrics.lineage.observe_delivery
 
 
 def _open_platform(state: common.CliState, options: worker_loop.WorkerOptions) -> Platform:

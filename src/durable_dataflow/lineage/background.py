@@ -38,8 +38,10 @@ class BackgroundDelivery:
         interval_s: float = DELIVERY_INTERVAL_S,
         *,
         wait: Callable[[float], object] | None = None,
+        observe: Callable[[int, bool], None] | None = None,
     ) -> None:
         self.db = db
+        self._observe = observe  # (events delivered, whether an emit failed) after each round: the metrics
         self.client = client
         self.namespace = namespace
         self.interval_s = interval_s
@@ -65,10 +67,13 @@ class BackgroundDelivery:
     def deliver_once(self) -> Delivery:
         """One flush; never raises (what failed is logged and the next round tries again)."""
         try:
-            return delivery.flush(self.db, self.client, namespace=self.namespace)
+            done = delivery.flush(self.db, self.client, namespace=self.namespace)
         except Exception as error:  # a database outage or a bug: the keys stay, the next round retries
             _log.warning("lineage.delivery_failed", error_type=type(error).__name__)
-            return Delivery(failed=True, error_type=type(error).__name__)
+            done = Delivery(failed=True, error_type=type(error).__name__)
+        if self._observe is not None:
+            self._observe(done.delivered, done.failed)
+        return done
 
     def _loop(self) -> None:
         """Runs until stopped: this loop is meant to run for the process's whole life."""
@@ -77,7 +82,9 @@ class BackgroundDelivery:
             self._wait(self.interval_s)
 
 
-def start_if_configured(db: Database, configured: bool, namespace: str) -> BackgroundDelivery | None:
+def start_if_configured(
+    db: Database, configured: bool, namespace: str, observe: Callable[[int, bool], None] | None = None
+) -> BackgroundDelivery | None:
     """A started BackgroundDelivery when lineage is configured and the client is installed, else None
     (lineage configured without ``openlineage-python`` is logged once: the outbox keeps the events)."""
     if not configured:
@@ -87,7 +94,7 @@ def start_if_configured(db: Database, configured: bool, namespace: str) -> Backg
     except ImportError:
         _log.warning("lineage.unavailable", note="install durable-dataflow[lineage]; events wait in the outbox")
         return None
-    started = BackgroundDelivery(db, OpenLineageClient(), namespace)
+    started = BackgroundDelivery(db, OpenLineageClient(), namespace, observe=observe)
     started.start()
     return started
 
