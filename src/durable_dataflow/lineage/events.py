@@ -60,6 +60,13 @@ EVENT_TYPES: Mapping[str, RunState] = {
     evidence.RECONCILE_UNDECIDED: RunState.OTHER,
     evidence.RECONCILE_INVALID_TARGET: RunState.OTHER,
 }
+# The entry kinds that become no event: they feed the events above (sources, key, references) or record a
+# step a catalog has no state for. Every kind the transition table appends is in exactly one of the two
+# (tests/unit/test_lineage_events.py): a new kind must be given its event, or none, here.
+NO_EVENT_KINDS = frozenset({
+    evidence.RUN_RECORDED, evidence.RESULT_COMMITTED, evidence.DISPATCH_AUTHORIZED, evidence.PUBLICATION_CONFIRMED,
+    evidence.PUBLICATION_REJECTED, evidence.RECONCILE_STARTED, evidence.ATTEMPT_RECOVERED,
+})  # fmt: skip
 # Entries after which the run may have published, and no one knows whether it did.
 OUTCOME_UNKNOWN_KINDS = frozenset({
     evidence.ATTEMPT_OUTCOME_UNKNOWN, evidence.PUBLICATION_UNKNOWN, evidence.PUBLICATION_MISMATCH,
