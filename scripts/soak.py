@@ -59,6 +59,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import sqlalchemy as sa  # noqa: E402
 from soak_flood import FLOOD_RUNS, OWN_TENANT, Flood, fairness_summary, first_claims, flood_runs  # noqa: E402
+from soak_lineage import LineageCheck  # noqa: E402
 
 from durable_dataflow.core import crashpoints as cp  # noqa: E402
 from durable_dataflow.core import leases  # noqa: E402
@@ -216,6 +217,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--db", default=None, help="a PostgreSQL URL (default: a throwaway cluster)")
     parser.add_argument(
         "--flood", action="store_true", help="a hostile tenant floods meanwhile (scripts/soak_flood.py)"
+    )
+    parser.add_argument(
+        "--lineage", action="store_true",
+        help="every process delivers OpenLineage events to a local receiver; they must equal the ledger's "
+        "transitions one for one (scripts/soak_lineage.py)",
     )
     parser.add_argument(
         "--sink-db",
@@ -617,6 +623,10 @@ def main(argv: list[str]) -> int:
     phases: dict[str, float] = {}  # phase -> seconds it took
     server = None if args.db else PostgresServer.launch()
     stats = Stats()
+    lineage = LineageCheck() if args.lineage else None
+    if lineage is not None:
+        lineage.start()  # before the first process: each inherits OPENLINEAGE_URL
+    lineage_report: tuple[str, list[str]] = ("", [])
     try:
         url = args.db or harness.fresh_database(server, "soak")
         sink_dsn = str(args.sink_db or harness.fresh_database(server, "soak_sink"))
@@ -648,6 +658,8 @@ def main(argv: list[str]) -> int:
             partition_violations, partitions_held = check_partitions(platform.db, flows)
             flooded, flooded_inline = flood_runs(platform.db)
             waits = fairness_summary(first_claims(platform.db)) if flood is not None else ("", [])
+            if lineage is not None:
+                lineage_report = lineage.check(platform.db)
         per_kind = final_states(url, flows)
         phases["check"] = time.monotonic() - mark
     finally:
@@ -657,7 +669,9 @@ def main(argv: list[str]) -> int:
                 proc.wait()
         if server is not None:
             server.destroy()
-    report.violations += stats.violations + partition_violations + waits[1]
+        if lineage is not None:
+            lineage.stop()
+    report.violations += stats.violations + partition_violations + waits[1] + lineage_report[1]
     if flood is not None:
         report.violations += flood.violations()
     total = sum(report.states.values()) - flooded  # the soak's own runs
@@ -696,6 +710,8 @@ def main(argv: list[str]) -> int:
     if flood is not None:
         print(f"soak: {flood.report()}; {flooded} runs of the flood recorded")
         print(f"soak: {waits[0]}")
+    if lineage is not None:
+        print(f"soak: {lineage_report[0]}")
     print(f"soak: {report.summary()}")
     for violation in report.violations[:VIOLATIONS_SHOWN_MAX]:
         print(f"  VIOLATION {violation}")
