@@ -569,3 +569,34 @@ def test_metrics_show_the_backlog_and_count_deliveries(lineage_platform: Platfor
     after = metrics.render().decode()
     assert "dataflow_lineage_pending 0.0" in after
     assert f'dataflow_lineage_events_total{{outcome="delivered"}} {float(pending)}' in after
+
+
+@pytest.mark.parametrize("kind", sorted(events.EVENT_TYPES))
+def test_every_event_bearing_entry_kind_gives_a_schema_valid_event(
+    lineage_platform: Platform, tmp_path: Path, kind: str
+) -> None:
+    """Proves each entry kind a transition appends that maps to an event (every START, COMPLETE, FAIL, ABORT
+    and OTHER of the transition table: outcome unknown, mismatches, each reconcile finding) gives an event of
+    its type that validates against the OpenLineage schema, on a forward run's real chain (sources, dispatch
+    and publication entries before it), with its facets (error, outcome, reconcile) where they belong."""
+    from openlineage.client.serde import Serde
+
+    defn = flows.definition(flows.parquet_target("parquet"))
+    run = lineage_platform.runs.run_inline(flows.request(defn, tmp_path, f"kind-{kind}")).run
+    with lineage_platform.db.read() as conn:
+        chain = ledger.read(conn, "dataflow", run.run_id)
+    head = chain[-1]
+    entry = ledger.Entry(module=head.module, subject_id=head.subject_id, seq=head.seq + 1, attempt=head.attempt,
+                         kind=kind, payload={"reason": "why, as recorded", "code": "some_code"},
+                         prev_hash=head.entry_hash, entry_hash="sha256:" + "0" * 64, entry_mac=None,
+                         recorded_at_us=head.recorded_at_us + 1)  # fmt: skip
+    event = events.event_for(run, entry, [*chain, entry], "durable-dataflow")
+    assert event is not None
+    document = json.loads(Serde.to_json(event))
+    assert document["eventType"] == str(events.EVENT_TYPES[kind].value)
+    _validate_all([document])
+    facets = document["run"]["facets"]
+    assert facets["durableDataflow_ledgerEntry"]["eventId"] == events.event_id("dataflow", run.run_id, entry.seq)
+    assert ("durableDataflow_error" in facets) == (document["eventType"] == "FAIL")
+    assert ("durableDataflow_outcome" in facets) == (kind in events.OUTCOME_UNKNOWN_KINDS)
+    assert ("durableDataflow_reconcile" in facets) == (kind in events.RECONCILE_FINDINGS)
