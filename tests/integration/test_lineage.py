@@ -96,6 +96,18 @@ class Receiver:
 
 
 @pytest.fixture(autouse=True)
+def _openlineage_environment_restored() -> Iterator[None]:
+    """The OpenLineage client writes OPENLINEAGE__TRANSPORT__TRANSPORTS__* into os.environ when it reads
+    OPENLINEAGE_URL (monkeypatch restores only what it set): every OPENLINEAGE variable is put back as it
+    was, so no later test in this process, nor its subprocesses, finds lineage configured."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("OPENLINEAGE")}
+    yield
+    for name in [k for k in os.environ if k.startswith("OPENLINEAGE")]:
+        del os.environ[name]
+    os.environ.update(before)
+
+
+@pytest.fixture(autouse=True)
 def _structlog_reset() -> Iterator[None]:
     """`lineage flush` configures structlog to write to the sys.stderr of its moment (pytest's capture,
     closed after the test): back to the defaults before and after, so no test logs into a closed file."""

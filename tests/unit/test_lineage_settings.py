@@ -16,7 +16,7 @@ def test_nothing_set_is_off(tmp_path: Path) -> None:
 
 
 def test_each_source_alone_turns_it_on(tmp_path: Path) -> None:
-    """OPENLINEAGE_URL, any OPENLINEAGE__TRANSPORT__ variable, the file OPENLINEAGE_CONFIG names,
+    """OPENLINEAGE_URL, OPENLINEAGE__TRANSPORT__TYPE, the file OPENLINEAGE_CONFIG names,
     ./openlineage.yml and ~/.openlineage/openlineage.yml each turn lineage on."""
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     cwd.mkdir()
@@ -54,3 +54,15 @@ def test_a_removed_working_directory_is_no_error(tmp_path: Path, monkeypatch: py
     monkeypatch.chdir(gone)
     gone.rmdir()
     assert settings.configured({"HOME": str(tmp_path)}) is False
+
+
+def test_transport_variables_without_a_type_are_not_a_configuration(tmp_path: Path) -> None:
+    """Proves OPENLINEAGE__TRANSPORT__* variables without OPENLINEAGE__TRANSPORT__TYPE do not turn lineage on:
+    the client finds no transport in them and prints events to the console (stdout) instead. It also writes
+    OPENLINEAGE__TRANSPORT__TRANSPORTS__DEFAULT_HTTP__* into its own process's environment when it reads
+    OPENLINEAGE_URL: left behind in a test process, they turned lineage on in every later `dataflow run`
+    there (CI: events printed on stderr of an unrelated test)."""
+    env = {"HOME": str(tmp_path), "OPENLINEAGE__TRANSPORT__TRANSPORTS__DEFAULT_HTTP__TYPE": "http",
+           "OPENLINEAGE__TRANSPORT__TRANSPORTS__DEFAULT_HTTP__URL": "http://127.0.0.1:9"}  # fmt: skip
+    assert settings.configured(env, cwd=tmp_path) is False
+    assert settings.configured({**env, "OPENLINEAGE__TRANSPORT__TYPE": " "}, cwd=tmp_path) is False

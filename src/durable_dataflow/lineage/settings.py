@@ -1,5 +1,6 @@
 """Whether lineage is configured, read from the OpenLineage client's own configuration sources without
-importing the client: ``OPENLINEAGE_URL``, ``OPENLINEAGE__TRANSPORT__*``, the file named by
+importing the client: ``OPENLINEAGE_URL``, ``OPENLINEAGE__TRANSPORT__TYPE`` (with the other
+``OPENLINEAGE__TRANSPORT__*`` variables), the file named by
 ``OPENLINEAGE_CONFIG``, ``./openlineage.yml`` or ``~/.openlineage/openlineage.yml``. ``OPENLINEAGE_DISABLED=true``
 turns it off whatever else is set, as it does in the client. The job namespace is ``DATAFLOW_LINEAGE_NAMESPACE``.
 """
@@ -14,7 +15,11 @@ from pathlib import Path
 NAMESPACE_NAME = "DATAFLOW_LINEAGE_NAMESPACE"
 NAMESPACE_DEFAULT = "durable-dataflow"
 NAMESPACE_CHARS_MAX = 200
-TRANSPORT_PREFIX = "OPENLINEAGE__TRANSPORT__"
+# The variable that makes the client build its transport from OPENLINEAGE__TRANSPORT__* variables: without a
+# type the client finds no transport there and prints events to the console (on stdout) instead. The client
+# itself writes OPENLINEAGE__TRANSPORT__TRANSPORTS__* variables into its process's environment when it reads
+# OPENLINEAGE_URL, so those alone say nothing about what an operator configured.
+TRANSPORT_TYPE = "OPENLINEAGE__TRANSPORT__TYPE"
 CONFIG_FILE = "openlineage.yml"
 
 
@@ -23,7 +28,7 @@ def configured(environ: Mapping[str, str] | None = None, cwd: Path | None = None
     env = os.environ if environ is None else environ
     if env.get("OPENLINEAGE_DISABLED", "").strip().lower() == "true":
         return False
-    if env.get("OPENLINEAGE_URL") or any(name.startswith(TRANSPORT_PREFIX) for name in env):
+    if env.get("OPENLINEAGE_URL") or env.get(TRANSPORT_TYPE, "").strip():
         return True
     return any(_readable(path) for path in _config_files(env, cwd))
 
