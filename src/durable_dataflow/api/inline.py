@@ -19,7 +19,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from durable_dataflow.core.errors import QuotaExceeded
 from durable_dataflow.core.invariants import invariant
@@ -60,13 +60,19 @@ class InlineExecutor:
         return await asyncio.wrap_future(future)
 
     def _carry(self, tenant: str, work: Callable[[], ResultT], future: Future[ResultT]) -> None:
+        """Run ``work`` and free its slot *before* handing its outcome to the awaiting request: a client that
+        has its answer finds the slot free (it was released after the answer, so an immediate next submit
+        could be refused as if the finished execution were still running)."""
         try:
-            if future.set_running_or_notify_cancel():
-                future.set_result(work())
+            running = future.set_running_or_notify_cancel()
+            value = work() if running else None
         except BaseException as error:  # handed to the awaiting request, which answers it
-            future.set_exception(error)
-        finally:
             self._release(tenant)
+            future.set_exception(error)
+            return
+        self._release(tenant)
+        if running:
+            future.set_result(cast(ResultT, value))
 
     def _reserve(self, tenant: str) -> None:
         tenant_max = self._quotas.of(tenant).inline_executions
