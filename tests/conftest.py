@@ -14,6 +14,7 @@ import shutil
 import signal
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -21,8 +22,10 @@ import pytest
 
 import hypothesis_profiles  # noqa: F401  (registers the ci and long profiles before any test module loads)
 from support.pg import PostgresServer, PostgresUnavailable, find_bindir, reap_orphans, save_log
+from support.s3 import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 
 POSTGRES_FIXTURES = frozenset({"postgres_server", "pg_url"})
+S3_FIXTURES = frozenset({"moto_server", "s3"})
 SAVED_LOG = pytest.StashKey[Path]()
 
 
@@ -31,13 +34,15 @@ def _postgres_required() -> bool:
 
 
 # Markers whose tests .ci/run requires to have run and passed (counted from the JUnit XML).
-COUNTED_MARKERS = ("postgres", "spark", "browser")
+COUNTED_MARKERS = ("postgres", "spark", "browser", "s3")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if POSTGRES_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.postgres)
+        if S3_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.s3)
         for marker in COUNTED_MARKERS:
             if item.get_closest_marker(marker) is not None:
                 item.user_properties.append((marker, "1"))
@@ -135,3 +140,56 @@ def db_url(request: pytest.FixtureRequest) -> str:
     fixture = "sqlite_url" if request.param == "sqlite" else "pg_url"
     url: str = request.getfixturevalue(fixture)
     return url
+
+
+# ---- S3: a real S3 API server (moto_server) on loopback, one per test session ----------------------
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """`moto_server` for the whole session. Without moto[server] the S3 tests skip locally and FAIL
+    where they are required ($CI, DATAFLOW_REQUIRE_POSTGRES=1), like the PostgreSQL tests."""
+    missing = importlib.util.find_spec("moto") is None or importlib.util.find_spec("boto3") is None
+    if missing:
+        message = "moto[server] and boto3 are not installed (the dev extra)"
+        if _postgres_required():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass(frozen=True)
+class S3Place:
+    """A fresh bucket on the session's store, and how a definition reaches it."""
+
+    server: MotoServer
+    bucket: str
+    endpoint: str
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def options(self, endpoint: str | None = None) -> dict[str, object]:
+        """A definition's store options: the endpoint and credentials as secret references."""
+        return {
+            "endpoint": endpoint or self.endpoint,
+            "allow_http": True,
+            "region": REGION,
+            "access_key_id": {"secret": "S3_TEST_ACCESS_KEY"},
+            "secret_access_key": {"secret": "S3_TEST_SECRET_KEY"},
+        }
+
+    def client(self) -> object:
+        return self.server.client()
+
+
+@pytest.fixture
+def s3(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> S3Place:
+    """A bucket of this test's own; the credential secrets set in the environment (the local scope)."""
+    monkeypatch.setenv("S3_TEST_ACCESS_KEY", ACCESS_KEY)
+    monkeypatch.setenv("S3_TEST_SECRET_KEY", SECRET_KEY)
+    return S3Place(moto_server, moto_server.new_bucket(), moto_server.endpoint)

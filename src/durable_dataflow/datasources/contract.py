@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 from durable_dataflow.core import credentials
 from durable_dataflow.core.errors import DataflowError, InputError
 from durable_dataflow.core.secrets import SecretScope
+from durable_dataflow.datasources.objectstore import StoreGrant
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -151,6 +152,9 @@ class PublishTarget:
     secrets: SecretScope = field(default_factory=SecretScope.local)
     partition: Mapping[str, Any] | None = None
     partition_token: int | None = None
+    # An s3:// location must lie in one of these prefixes granted for writing (`objectstore.confine`);
+    # None: the local operator, who may use any bucket its credentials reach.
+    store_grants: tuple[StoreGrant, ...] | None = None
 
 
 def partition_of(target: PublishTarget) -> tuple[Mapping[str, Any], int]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from durable_dataflow.core import secrets
+from durable_dataflow.datasources.objectstore import StoreGrant
 from durable_dataflow.dataflow.definitions.definitions import LoadedDefinition
 from durable_dataflow.dataflow.execution import interruption
 from durable_dataflow.dataflow.execution.limits import ExecutionLimits
@@ -39,6 +40,9 @@ class ExecutionContext:
     secrets: secrets.SecretScope = field(default_factory=secrets.SecretScope.local)
     # The process's interruption, which stops the engine (None: nothing interrupts this execution).
     interruption: interruption.Interruption | None = None
+    # The object-store prefixes an s3:// source may read (`objectstore.confine`); None: any bucket the
+    # credentials reach (the local operator).
+    store_grants: tuple[StoreGrant, ...] | None = None
 
     def started(self) -> ExecutionContext:
         """This context with the time limit counting from now (resolution and engine together)."""

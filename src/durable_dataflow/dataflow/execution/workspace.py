@@ -32,6 +32,8 @@ from durable_dataflow.core import secrets
 from durable_dataflow.core.errors import InputError, PermissionDenied
 from durable_dataflow.core.files import read_capped
 from durable_dataflow.core.secrets import SecretGrant, SecretScope
+from durable_dataflow.datasources import objectstore
+from durable_dataflow.datasources.objectstore import StoreGrant
 
 GRANTS_ENV = "DATAFLOW_GRANTS"
 DATA_ROOT_ENV = "DATAFLOW_DATA_ROOT"
@@ -74,25 +76,37 @@ class Workspace:
     data_roots: tuple[Path, ...]  # every source must resolve inside one of these
     sink_root: Path  # relative sink locations start here
     absolute_locations: bool = False  # may a sink location be an absolute path?
+    # The object-store prefixes the run may read and write (`objectstore.confine`); None: any bucket its
+    # credentials reach (the local operator). A tenant's are its grants, recorded with the run.
+    object_stores: tuple[StoreGrant, ...] | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        recorded: dict[str, Any] = {
             "scope": self.scope,
             "base_dir": str(self.base_dir),
             "data_roots": [str(p) for p in self.data_roots],
             "sink_root": str(self.sink_root),
             "absolute_locations": self.absolute_locations,
         }
+        if self.object_stores is not None:
+            recorded["object_stores"] = [grant.as_json() for grant in self.object_stores]
+        return recorded
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Workspace:
         scope: Scope = "tenant" if data.get("scope") == "tenant" else "local"
+        stores = data.get("object_stores")
         return cls(
             scope=scope,
             base_dir=Path(str(data["base_dir"])),
             data_roots=tuple(Path(str(p)) for p in data.get("data_roots") or ()),
             sink_root=Path(str(data["sink_root"])),
             absolute_locations=bool(data.get("absolute_locations", False)),
+            # A tenant run recorded before object stores existed may use none; a local one any.
+            object_stores=(
+                tuple(StoreGrant.from_json(g) for g in stores) if stores is not None
+                else (() if scope == "tenant" else None)
+            ),
         )
 
 
@@ -108,7 +122,8 @@ def of_run(workspace_json: Mapping[str, Any] | None, base_dir: str, trigger: obj
     if workspace_json is None:
         base = Path(base_dir)
         scope: Scope = "tenant" if trigger == "api" else "local"
-        return Workspace(scope, base, (base, *data_roots_from_env()), base, absolute_locations=True)
+        stores = () if scope == "tenant" else None
+        return Workspace(scope, base, (base, *data_roots_from_env()), base, absolute_locations=True, object_stores=stores)
     return Workspace.from_json(workspace_json)
 
 
@@ -130,11 +145,23 @@ class _RootGrantModel(BaseModel):
     tenants: list[str] = Field(min_length=1)
 
 
+class _StoreGrantModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prefix: str = Field(min_length=6, max_length=1100)
+    tenants: list[str] = Field(min_length=1)
+    access: list[Literal["read", "write"]] = Field(min_length=1)
+    endpoint: str | None = Field(default=None, max_length=300)
+    region: str | None = Field(default=None, max_length=64)
+    allow_http: bool = False
+
+
 class _GrantsModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     secrets: dict[str, _SecretGrantModel] = {}
     data_roots: list[_RootGrantModel] = []
+    object_stores: list[_StoreGrantModel] = []
 
 
 @dataclass(frozen=True)
@@ -143,9 +170,13 @@ class Grants:
 
     secrets: Mapping[str, SecretGrant] = field(default_factory=dict)
     data_roots: tuple[tuple[Path, frozenset[str]], ...] = ()
+    object_stores: tuple[tuple[StoreGrant, frozenset[str]], ...] = ()
 
     def roots_for(self, tenant: str) -> tuple[Path, ...]:
         return tuple(p for p, tenants in self.data_roots if secrets.EVERY_TENANT in tenants or tenant in tenants)
+
+    def stores_for(self, tenant: str) -> tuple[StoreGrant, ...]:
+        return tuple(g for g, tenants in self.object_stores if secrets.EVERY_TENANT in tenants or tenant in tenants)
 
     def scope(self, tenant: str | None) -> SecretScope:
         """The secrets a run may name: a tenant's grants, or (``None``) the local operator's scope."""
@@ -181,7 +212,16 @@ def parse_grants(text: str, origin: str) -> Grants:
         if not path.is_absolute():
             raise InputError(f"grants file {origin}: data_roots: every path must be absolute")
         roots.append((path, frozenset(root.tenants)))
-    return Grants(granted, tuple(roots))
+    stores = []
+    for index, store in enumerate(model.object_stores):
+        where = f"grants file {origin}: object_stores[{index}]"
+        prefix = objectstore.parse_url(store.prefix, where)
+        endpoint = None
+        if store.endpoint is not None:
+            endpoint = objectstore.check_endpoint(store.endpoint, store.allow_http, where)
+        store_grant = StoreGrant(prefix, frozenset(store.access), endpoint, store.region, store.allow_http)
+        stores.append((store_grant, frozenset(store.tenants)))
+    return Grants(granted, tuple(roots), tuple(stores))
 
 
 def grants_from_env() -> Grants:
@@ -206,7 +246,8 @@ class Tenancy:
 
     def workspace(self, tenant: str) -> Workspace:
         base = self.data_root / tenant
-        return Workspace("tenant", base, (base, *self.grants.roots_for(tenant)), self.sink_root / tenant)
+        roots = (base, *self.grants.roots_for(tenant))
+        return Workspace("tenant", base, roots, self.sink_root / tenant, object_stores=self.grants.stores_for(tenant))
 
 
 def _contains(root: Path, path: Path) -> bool:
@@ -283,6 +324,16 @@ def check_location(workspace: Workspace, location: str) -> None:
     """A sink location must stay inside the workspace's sink root (absolute only when allowed)."""
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in location):
         raise InputError("target location must not contain control characters")
+    if objectstore.is_store_url(location):
+        url = objectstore.parse_url(location, "target location")
+        if workspace.object_stores is not None and not any(
+            "write" in g.access and url.within(g.prefix) for g in workspace.object_stores
+        ):
+            raise InputError(
+                "target location: the s3:// location is outside the object-store prefixes granted to this "
+                "tenant for writing (the grants file's object_stores)"
+            )
+        return
     path = Path(location)
     if ".." in path.parts:
         raise InputError("target location must not contain '..'")

@@ -75,7 +75,8 @@ def context_for(
     """The workspace's roots and secrets; never readable: the secrets folder and platform_files."""
     forbidden = (*platform_files, *context.secrets_folders())
     return context.ExecutionContext(
-        base_dir=space.base_dir, allowed_roots=space.data_roots, limits=bounds, forbidden=forbidden, secrets=scope
+        base_dir=space.base_dir, allowed_roots=space.data_roots, limits=bounds, forbidden=forbidden, secrets=scope,
+        store_grants=space.object_stores,
     )
 
 

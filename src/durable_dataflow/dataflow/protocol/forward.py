@@ -117,6 +117,7 @@ def publish_target(run: Run, scope: SecretScope | None = None, partition_token: 
         secrets=scope or SecretScope(tenant=run.tenant if space.scope == "tenant" else None),
         partition=partition,
         partition_token=partition_token if partition is not None else None,
+        store_grants=space.object_stores,
     )
 
 

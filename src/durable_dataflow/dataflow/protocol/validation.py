@@ -74,7 +74,7 @@ def _check_target(
     target = contract.PublishTarget(
         datasource=d.target.datasource, location=d.target.location, mode=d.target.mode, options=options,
         absolute_locations=space.absolute_locations, secrets=service.secret_scope(space, access.tenant),
-        partition=partition,
+        partition=partition, store_grants=space.object_stores,
     )  # fmt: skip
     try:
         provider = registry.load_provider(d.target.provider)

@@ -1,0 +1,221 @@
+"""A real S3 API server for tests, and a proxy in front of it that loses answers.
+
+`MotoServer` runs `moto_server` (moto[server]: S3 over HTTP, with conditional writes) on loopback, one
+process per test session; never the in-process mock. Each test gets a bucket of its own.
+
+`FaultProxy` sits between the platform and the store: a plain HTTP forwarder on loopback that counts
+requests and, when armed, forwards a matching request to the store and then *drops the answer* (closes
+the client's connection without a byte): the store did the write, the client never hears so. With
+``then_blackhole`` every later request is dropped the same way (forwarded or not, as configured), so the
+client's retries cannot learn the outcome either: the publication ends Inconclusive, exactly the
+textbook lost answer. ``heal()`` lets requests through again (reconcile then sees the store).
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from support.pg import free_port
+
+ACCESS_KEY = "testing-access-key"
+SECRET_KEY = "testing-secret-key"
+REGION = "us-east-1"
+START_TIMEOUT_S = 30.0
+
+
+class MotoServer:
+    """`moto_server` on 127.0.0.1:PORT, stopped by `stop()`."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        binary = Path(sys.executable).with_name("moto_server")
+        self._log = log_path.open("wb")
+        self._process = subprocess.Popen(
+            [str(binary), "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:  # ends when the server accepts a connection, exits, or the deadline passes
+            if self._process.poll() is not None:
+                raise RuntimeError(f"moto_server exited with {self._process.returncode}; see {log_path}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"moto_server did not listen within {START_TIMEOUT_S} s") from None
+                time.sleep(0.05)
+
+    def client(self, endpoint: str | None = None) -> Any:
+        import boto3
+
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=endpoint or self.endpoint,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name=REGION,
+        )
+
+    def new_bucket(self) -> str:
+        name = f"dataflow-{uuid.uuid4().hex[:16]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def stop(self) -> None:
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._log.close()
+
+
+@dataclass
+class _Rule:
+    method: str
+    path: re.Pattern[str]
+    forward: bool  # forward the request before dropping its answer (the store does the write)
+    then_blackhole: bool
+    then_forward: bool
+    fired: int = 0
+
+
+@dataclass
+class FaultProxy:
+    """A forwarding proxy on loopback to ``upstream`` (host:port) that can lose answers."""
+
+    upstream: str
+    requests: Counter[str] = field(default_factory=Counter)
+    log: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+    _rule: _Rule | None = None
+    _blackhole: bool = False
+    _blackhole_forwards: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> FaultProxy:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    chunks = []
+                    while True:  # ends at the zero-length chunk
+                        size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                        if size == 0:
+                            self.rfile.readline()
+                            break
+                        chunks.append(self.rfile.read(size))
+                        self.rfile.readline()
+                    return b"".join(chunks)
+                length = int(self.headers.get("Content-Length") or 0)
+                return self.rfile.read(length) if length else b""
+
+            def _handle(self) -> None:
+                body = self._body()
+                path = self.path.split("?", 1)[0]
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "transfer-encoding"}
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    headers["Content-Length"] = str(len(body))
+                drop, forward = proxy._decide(self.command, path, headers)
+                status = None
+                if forward:
+                    status, reason, answer_headers, answer = proxy._forward(self.command, self.path, headers, body)
+                if drop or status is None:
+                    self.close_connection = True
+                    try:
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    return
+                self.send_response_only(status, reason)
+                for name, value in answer_headers:
+                    if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(answer)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def lose_answer(
+        self, method: str, path_pattern: str, *, forward: bool = True, then_blackhole: bool = True,
+        then_forward: bool = False,
+    ) -> None:
+        """Arm: the next ``method`` request whose path matches is forwarded (``forward``) and its answer
+        dropped; with ``then_blackhole`` every later request is dropped too (forwarded when
+        ``then_forward``), until ``heal()``."""
+        with self._lock:
+            self._rule = _Rule(method, re.compile(path_pattern), forward, then_blackhole, then_forward)
+
+    def heal(self) -> None:
+        with self._lock:
+            self._rule = None
+            self._blackhole = False
+
+    @property
+    def fired(self) -> int:
+        return 0 if self._rule is None else self._rule.fired
+
+    def _decide(self, method: str, path: str, headers: dict[str, str]) -> tuple[bool, bool]:
+        """(drop the answer, forward the request)."""
+        with self._lock:
+            self.requests[method] += 1
+            self.log.append((method, path, headers))
+            if self._blackhole:
+                return True, self._blackhole_forwards
+            rule = self._rule
+            if rule is not None and rule.fired == 0 and method == rule.method and rule.path.search(path):
+                rule.fired += 1
+                if rule.then_blackhole:
+                    self._blackhole = True
+                    self._blackhole_forwards = rule.then_forward
+                return True, rule.forward
+            return False, True
+
+    def _forward(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        host, _, port = self.upstream.partition(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            connection.request(method, path, body=body, headers=headers)
+            answer = connection.getresponse()
+            data = answer.read()
+            return answer.status, answer.reason, answer.getheaders(), data
+        finally:
+            connection.close()
