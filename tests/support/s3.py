@@ -13,6 +13,7 @@ textbook lost answer. ``heal()`` lets requests through again (reconcile then see
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import re
 import socket
@@ -145,10 +146,8 @@ class FaultProxy:
                     status, reason, answer_headers, answer = proxy._forward(self.command, self.path, headers, body)
                 if drop or status is None:
                     self.close_connection = True
-                    try:
+                    with contextlib.suppress(OSError):
                         self.connection.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
                     return
                 self.send_response_only(status, reason)
                 for name, value in answer_headers:

@@ -233,7 +233,8 @@ def _is_secret_reference(value: object) -> bool:
 
 def secret_references(options: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(option, secret name) of each credential option."""
-    return [(name, str(options[name]["secret"])) for name in CREDENTIAL_OPTIONS if _is_secret_reference(options.get(name))]
+    named = [name for name in CREDENTIAL_OPTIONS if _is_secret_reference(options.get(name))]
+    return [(name, str(options[name]["secret"])) for name in named]
 
 
 def store_options(options: Mapping[str, Any], scope: SecretScope, what: str) -> StoreOptions:

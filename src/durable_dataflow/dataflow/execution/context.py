@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from durable_dataflow.core import secrets
-from durable_dataflow.datasources.objectstore import StoreGrant
 from durable_dataflow.dataflow.definitions.definitions import LoadedDefinition
 from durable_dataflow.dataflow.execution import interruption
 from durable_dataflow.dataflow.execution.limits import ExecutionLimits
 from durable_dataflow.dataflow.execution.workspace import data_roots_from_env
+from durable_dataflow.datasources.objectstore import StoreGrant
 
 
 def secrets_folders() -> tuple[Path, ...]:

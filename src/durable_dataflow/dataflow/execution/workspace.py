@@ -123,7 +123,8 @@ def of_run(workspace_json: Mapping[str, Any] | None, base_dir: str, trigger: obj
         base = Path(base_dir)
         scope: Scope = "tenant" if trigger == "api" else "local"
         stores = () if scope == "tenant" else None
-        return Workspace(scope, base, (base, *data_roots_from_env()), base, absolute_locations=True, object_stores=stores)
+        roots = (base, *data_roots_from_env())
+        return Workspace(scope, base, roots, base, absolute_locations=True, object_stores=stores)
     return Workspace.from_json(workspace_json)
 
 
