@@ -14,7 +14,6 @@ import shutil
 import signal
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -22,7 +21,7 @@ import pytest
 
 import hypothesis_profiles  # noqa: F401  (registers the ci and long profiles before any test module loads)
 from support.pg import PostgresServer, PostgresUnavailable, find_bindir, reap_orphans, save_log
-from support.s3 import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
+from support.s3 import ACCESS_KEY, SECRET_KEY, MotoServer, S3Place
 
 POSTGRES_FIXTURES = frozenset({"postgres_server", "pg_url"})
 S3_FIXTURES = frozenset({"moto_server", "s3"})
@@ -160,31 +159,6 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer
         yield server
     finally:
         server.stop()
-
-
-@dataclass(frozen=True)
-class S3Place:
-    """A fresh bucket on the session's store, and how a definition reaches it."""
-
-    server: MotoServer
-    bucket: str
-    endpoint: str
-
-    def url(self, key: str) -> str:
-        return f"s3://{self.bucket}/{key}"
-
-    def options(self, endpoint: str | None = None) -> dict[str, object]:
-        """A definition's store options: the endpoint and credentials as secret references."""
-        return {
-            "endpoint": endpoint or self.endpoint,
-            "allow_http": True,
-            "region": REGION,
-            "access_key_id": {"secret": "S3_TEST_ACCESS_KEY"},
-            "secret_access_key": {"secret": "S3_TEST_SECRET_KEY"},
-        }
-
-    def client(self) -> object:
-        return self.server.client()
 
 
 @pytest.fixture

@@ -90,7 +90,7 @@ def test_stale_fence_conflicts_with_a_concurrent_publication(tmp_path: Path) -> 
     stale = DeltaTable(str(path))
     published = provider.publish("K", 1, table(), sha256_bytes(b"k"), target(path))
     assert isinstance(published, Published)
-    assert provider._inspect_on(stale, path, "K", 5, target(path)) is None
+    assert provider._inspect_on(stale, delta_module._Place.of(target(path)), "K", 5) is None
     assert provider.inspect("K", target(path), fence=5) == Present(published.refs, sha256_bytes(b"k"), 1)
     assert DeltaTable(str(path)).transaction_version("K" + FENCE_SUFFIX) is None
 

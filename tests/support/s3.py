@@ -89,6 +89,31 @@ class MotoServer:
         self._log.close()
 
 
+@dataclass(frozen=True)
+class S3Place:
+    """A fresh bucket on the session's store, and how a definition reaches it."""
+
+    server: MotoServer
+    bucket: str
+    endpoint: str
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def options(self, endpoint: str | None = None) -> dict[str, object]:
+        """A definition's store options: the endpoint and credentials as secret references."""
+        return {
+            "endpoint": endpoint or self.endpoint,
+            "allow_http": True,
+            "region": REGION,
+            "access_key_id": {"secret": "S3_TEST_ACCESS_KEY"},
+            "secret_access_key": {"secret": "S3_TEST_SECRET_KEY"},
+        }
+
+    def client(self) -> Any:
+        return self.server.client()
+
+
 @dataclass
 class _Rule:
     method: str
@@ -150,10 +175,14 @@ class FaultProxy:
                         self.connection.shutdown(socket.SHUT_RDWR)
                     return
                 self.send_response_only(status, reason)
+                # A HEAD answer's Content-Length is the object's size (it has no body): passed as it is.
+                passed = ("transfer-encoding", "connection") if self.command == "HEAD" else (
+                    "transfer-encoding", "connection", "content-length")
                 for name, value in answer_headers:
-                    if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                    if name.lower() not in passed:
                         self.send_header(name, value)
-                self.send_header("Content-Length", str(len(answer)))
+                if self.command != "HEAD":
+                    self.send_header("Content-Length", str(len(answer)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(answer)
@@ -218,3 +247,48 @@ class FaultProxy:
             return answer.status, answer.reason, answer.getheaders(), data
         finally:
             connection.close()
+
+
+def delta_log_rows(client: Any, bucket: str, prefix: str) -> Any:
+    """The Delta table's current rows read without delta-rs: its JSON log replayed with boto3 (add and
+    remove actions; the small tables of the tests have no checkpoint, which is asserted) and the live
+    data files read with pyarrow over the store's API. An independent reader of what was published."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/_delta_log/")
+    names = sorted(o["Key"] for o in listed.get("Contents", []))
+    assert not any(n.endswith(".checkpoint.parquet") for n in names), "a checkpoint: replay it too"
+    live: dict[str, None] = {}
+    for name in names:
+        if not re.search(r"/\d{20}\.json$", name):
+            continue
+        for line in client.get_object(Bucket=bucket, Key=name)["Body"].read().decode().splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "add" in action:
+                live[action["add"]["path"]] = None
+            elif "remove" in action:
+                live.pop(action["remove"]["path"], None)
+    tables = []
+    for path in live:
+        body = client.get_object(Bucket=bucket, Key=f"{prefix}/{path}")["Body"].read()
+        tables.append(pq.read_table(pa.BufferReader(body)))
+    return pa.concat_tables(tables, promote_options="permissive") if tables else None
+
+
+def delta_publication_commits(client: Any, bucket: str, prefix: str, key: str) -> int:
+    """How many commits of the table's log carry key's publication (an app transaction above 0)."""
+    import json
+
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/_delta_log/")
+    count = 0
+    for name in (o["Key"] for o in listed.get("Contents", [])):
+        if not re.search(r"/\d{20}\.json$", name):
+            continue
+        text = client.get_object(Bucket=bucket, Key=name)["Body"].read().decode()
+        actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+        if any("txn" in a and a["txn"]["appId"] == key and a["txn"]["version"] > 0 for a in actions):
+            count += 1
+    return count

@@ -61,6 +61,7 @@ import pyarrow as pa
 
 from durable_dataflow.core import hashing
 from durable_dataflow.core.errors import InputError
+from durable_dataflow.datasources import objectstore
 from durable_dataflow.datasources.contract import (
     LOCATION_MISSING,
     Absent,
@@ -82,7 +83,6 @@ from durable_dataflow.datasources.contract import (
     describe_exception,
     partition_of,
     partition_values,
-    resolve_location,
     resolve_location_named,
     superseded,
 )
@@ -164,6 +164,86 @@ def describe_failure(exc: BaseException) -> str:
 
 
 @dataclass(frozen=True)
+class _Place:
+    """Where a table lives: a local folder, or a prefix of an S3-compatible store (issue 31).
+
+    `uri` is what delta-rs opens, `storage` its storage options (None for a folder), `where` the name
+    the refs give the table (relative to the sink root for a folder, the s3:// URL for a store), and
+    `place` what `locate` reports (for a store it names the endpoint too: one bucket name at two
+    endpoints is two places). On a store there are no folders: the table "has a log" when an object
+    lies under `<prefix>/_delta_log/`; a bucket that cannot be listed is an error, never "no log"."""
+
+    uri: str
+    where: str
+    place: str
+    folder: Path | None = None
+    storage: dict[str, str] | None = None
+    filesystem: Any = None
+    log_prefix: str = ""
+
+    @classmethod
+    def local_folder(cls, path: Path, where: str) -> _Place:
+        return cls(str(path), where, f"delta:{path}", folder=path)
+
+    @classmethod
+    def of(cls, target: PublishTarget) -> _Place:
+        """The target's place; for an s3:// location, confined to the run's granted prefixes and with its
+        credentials resolved in the run's secret scope (InputError before the store is touched)."""
+        if not objectstore.is_store_url(target.location):
+            path, where = resolve_location_named(target)
+            return cls.local_folder(path, where)
+        url = objectstore.parse_url(target.location, "target location")
+        options = objectstore.confine(url, target.options, target.store_grants, "write", "target")
+        store = objectstore.store_options(options, target.secrets, "target")
+        return cls(
+            uri=url.url,
+            where=url.url,
+            place=f"delta:{store.endpoint or 'aws'}/{url.url}",
+            storage=store.delta_storage_options(),
+            filesystem=store.filesystem(),
+            log_prefix=url.child("_delta_log").path,
+        )
+
+    @property
+    def on_store(self) -> bool:
+        return self.folder is None
+
+    def has_log(self) -> bool:
+        """Whether the table's log is there: a `_delta_log` folder, or objects under the log's prefix.
+        A store that cannot be listed (a missing bucket, no access) raises: it proves nothing."""
+        if self.folder is not None:
+            return (self.folder / "_delta_log").is_dir()
+        from pyarrow import fs
+
+        found = self.filesystem.get_file_info(fs.FileSelector(self.log_prefix, allow_not_found=True))
+        return bool(found)
+
+    def log_entries(self) -> list[tuple[str, int]]:
+        """(name, size) of each entry of the log."""
+        if self.folder is not None:
+            log_dir = self.folder / "_delta_log"
+            return [(p.name, p.stat().st_size) for p in log_dir.iterdir()]
+        from pyarrow import fs
+
+        infos = self.filesystem.get_file_info(fs.FileSelector(self.log_prefix, allow_not_found=True))
+        return [(info.base_name, int(info.size or 0)) for info in infos if info.type == fs.FileType.File]
+
+    def read_log_entry(self, name: str) -> str:
+        if self.folder is not None:
+            return (self.folder / "_delta_log" / name).read_text("utf-8")
+        with self.filesystem.open_input_stream(f"{self.log_prefix}/{name}") as stream:
+            data: bytes = stream.read()
+        return data.decode("utf-8")
+
+    def make(self) -> None:
+        """Create the table's folder (a store has none: its bucket must exist, `has_log` proves it)."""
+        if self.folder is not None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        else:
+            self.has_log()  # raises when the bucket cannot be listed
+
+
+@dataclass(frozen=True)
 class _Commit:
     """A publication commit found in the log."""
 
@@ -172,15 +252,14 @@ class _Commit:
     token: int
 
 
-def find_publication_commit(table_path: Path, key: str) -> _Commit | None:
+def find_publication_commit(table_path: Path | _Place, key: str) -> _Commit | None:
     """Scan the JSON commits newest first for K's publication (commit info and txn both match)."""
-    log_dir = table_path / "_delta_log"
-    names = sorted((p.name for p in log_dir.iterdir() if COMMIT_FILE.match(p.name)), reverse=True)
-    for name in names[:LOG_SCAN_COMMITS_MAX]:
-        path = log_dir / name
-        if path.stat().st_size > COMMIT_FILE_BYTES_MAX:
+    place = table_path if isinstance(table_path, _Place) else _Place.local_folder(table_path, str(table_path))
+    names = sorted(((n, size) for n, size in place.log_entries() if COMMIT_FILE.match(n)), reverse=True)
+    for name, size in names[:LOG_SCAN_COMMITS_MAX]:
+        if size > COMMIT_FILE_BYTES_MAX:
             continue  # a huge commit is a data commit of another writer, never one of our markers
-        found = _publication_in_commit(path.read_text("utf-8"), key)
+        found = _publication_in_commit(place.read_log_entry(name), key)
         if found is not None:
             return _Commit(int(name[:20]), found[0], found[1])
     return None
@@ -234,65 +313,66 @@ class DeltaProvider:
         self._dl = _deltalake()
 
     def _refs(self, where: str, key: str, version: int) -> PublicationRefs:
-        """`where` names the table as `resolve_location_named` does: relative to the sink root."""
+        """`where` names the table as `_Place.where` does: relative to the sink root, or its s3:// URL."""
+        scheme = "delta+" if objectstore.is_store_url(where) else "delta://"
         return PublicationRefs(
-            publication_ref=f"delta://{where}#txn={key}",
-            datasource_ref=f"delta://{where}",
-            materialization_ref=f"delta://{where}@v{version}",
+            publication_ref=f"{scheme}{where}#txn={key}",
+            datasource_ref=f"{scheme}{where}",
+            materialization_ref=f"{scheme}{where}@v{version}",
         )
 
-    def _load(self, path: Path) -> Any:
+    def _load(self, place: _Place) -> Any:
         """Load the table; never create it (only `prepare` does)."""
-        return self._dl.DeltaTable(str(path))
+        return self._dl.DeltaTable(place.uri, storage_options=place.storage)
 
-    def _open(self, path: Path, schema: pa.Schema | None) -> Any:
+    def _open(self, place: _Place, schema: pa.Schema | None) -> Any:
         """Load the table; create it without rows first when missing (schema None: placeholder).
         Only `prepare` creates a table: `publish` and `inspect` load it with `_load`."""
         try:
-            return self._dl.DeltaTable(str(path))
+            return self._load(place)
         except self._dl.exceptions.TableNotFoundError:
             pass
         create_schema = schema if schema is not None else pa.schema([(PLACEHOLDER_COLUMN, pa.int8())])
         # A concurrent creator may win the race for version 0; loading below settles it.
         with contextlib.suppress(self._dl.exceptions.DeltaError):
-            self._dl.DeltaTable.create(str(path), schema=create_schema, mode="ignore")
-        return self._dl.DeltaTable(str(path))
+            self._dl.DeltaTable.create(place.uri, schema=create_schema, mode="ignore", storage_options=place.storage)
+        return self._load(place)
 
-    def _stored(self, path: Path, where: str, key: str) -> tuple[PublicationRefs, _Commit]:
-        commit = find_publication_commit(path, key)
+    def _stored(self, place: _Place, key: str) -> tuple[PublicationRefs, _Commit]:
+        commit = find_publication_commit(place, key)
         if commit is None:
             raise DigestUnprovable(
                 f"key {key!r} is published (txn recorded) but its commit info is no longer in the log "
                 "(log retention): the digest cannot be proven"
             )
-        return self._refs(where, key, commit.version), commit
+        return self._refs(place.where, key, commit.version), commit
 
     def preflight(self, target: PublishTarget) -> None:
-        """What is knowable without writing: the table's location resolves inside its root."""
-        resolve_location(target)
+        """What is knowable without writing: the table's location resolves inside its root (a folder), or
+        inside the run's granted prefixes with its credentials resolving (a store)."""
+        _Place.of(target)
 
     def prepare(self, target: PublishTarget) -> None:
         """Create the table before dispatch is authorized (`contract.prepare`): its folder and, when
         there is no table yet, the placeholder-schema table without rows; an existing table is only
         loaded. From then on a location without `_delta_log` is missing, never "nothing published"."""
-        path = resolve_location(target)
-        path.mkdir(parents=True, exist_ok=True)
-        self._open(path, None)
+        place = _Place.of(target)
+        place.make()
+        self._open(place, None)
 
     def locate(self, target: PublishTarget) -> Location:
         """The resolved table folder and the table's id (`contract.locate`: Delta's metadata id, kept
         for the life of the table); None when there is no `_delta_log` there."""
-        path = resolve_location(target)
-        place = f"delta:{path}"
-        if not (path / "_delta_log").is_dir():
-            return Location(place, None)
+        place = _Place.of(target)
+        if not place.has_log():
+            return Location(place.place, None)
         try:
-            table = self._load(path)
+            table = self._load(place)
         except self._dl.exceptions.TableNotFoundError:
             # A log without a first commit (a concurrent first preparer between creating the folder and
             # committing version 0, or one that crashed there): no table is there yet.
-            return Location(place, None)
-        return Location(place, f"delta-table:{table.metadata().id}")
+            return Location(place.place, None)
+        return Location(place.place, f"delta-table:{table.metadata().id}")
 
     def publish(
         self, key: str, token: int, table: pa.Table, digest: str, target: PublishTarget
@@ -300,19 +380,24 @@ class DeltaProvider:
         """Check the txn and fence on one snapshot and commit on that snapshot (DESIGN §9)."""
         check_key(key)
         check_token(token)
-        path = resolve_location(target)
+        place = _Place.of(target)
         predicate: str | None = None
         if target.mode == "replace_partition":
             partition, _ = partition_of(target)
             predicate = partition_predicate(partition_values(partition, table.schema))
-        if not (path / "_delta_log").is_dir():
+        try:
+            present = place.has_log()
+        except Exception as exc:  # a store that cannot be listed proves nothing either way
+            reason = f"the table's location cannot be listed ({describe_failure(exc)})"
+            raise Inconclusive(f"delta publish of key {key!r}: {reason}") from exc
+        if not present:
             # The table was prepared before dispatch was authorized and is never created here: without
             # its log now (moved, not mounted: an empty mount point), an earlier publication may be in it.
             raise Inconclusive(f"delta publish of key {key!r}: {LOCATION_MISSING}")
         try:
             for _ in range(COMMIT_ATTEMPTS_MAX):
-                dt = self._load(path)
-                outcome = self._publish_on(dt, path, key, token, table, digest, target, predicate)
+                dt = self._load(place)
+                outcome = self._publish_on(dt, place, key, token, table, digest, target, predicate)
                 if outcome is not None:
                     return outcome
         except Exception as exc:
@@ -327,7 +412,7 @@ class DeltaProvider:
     def _publish_on(
         self,
         dt: Any,
-        path: Path,
+        place: _Place,
         key: str,
         token: int,
         table: pa.Table,
@@ -337,10 +422,9 @@ class DeltaProvider:
     ) -> PublishOutcome | None:
         """One decision on one snapshot; None when the commit conflicted and must be decided again.
         With a predicate (replace_partition) the commit replaces that partition only."""
-        where = resolve_location_named(target)[1]
         published = dt.transaction_version(key)
         if published is not None and published > FENCE_MARKER_VERSION:
-            refs, commit = self._stored(path, where, key)
+            refs, commit = self._stored(place, key)
             return AlreadyPublished(refs, commit.digest)
         fence = dt.transaction_version(key + FENCE_SUFFIX)
         if fence is not None and token < fence:
@@ -384,7 +468,7 @@ class DeltaProvider:
             )
         except self._dl.exceptions.CommitFailedError:
             return None
-        return Published(self._refs(where, key, int(dt.version())), digest)
+        return Published(self._refs(place.where, key, int(dt.version())), digest)
 
     def inspect(self, key: str, target: PublishTarget, fence: int | None = None) -> InspectOutcome:
         """Decide from the table's txn state; with a fence, commit it on the checked snapshot.
@@ -394,14 +478,14 @@ class DeltaProvider:
         check_key(key)
         if fence is not None:
             check_token(fence, "fence")
-        path = resolve_location(target)
+        place = _Place.of(target)
         try:
-            if not (path / "_delta_log").is_dir():
+            if not place.has_log():
                 # The table was prepared before dispatch was authorized, so no log now means unseen, never absent.
                 return Undecided(f"delta inspection of key {key!r}: {LOCATION_MISSING}")
             for _ in range(COMMIT_ATTEMPTS_MAX):
-                dt = self._load(path)
-                outcome = self._inspect_on(dt, path, key, fence, target)
+                dt = self._load(place)
+                outcome = self._inspect_on(dt, place, key, fence)
                 if outcome is not None:
                     return outcome
         except Exception as exc:
@@ -409,12 +493,10 @@ class DeltaProvider:
             return Undecided(f"delta inspection of key {key!r} failed: {describe_failure(exc)}")
         return Undecided(f"delta inspection of key {key!r}: {COMMIT_ATTEMPTS_MAX} fence commits conflicted")
 
-    def _inspect_on(
-        self, dt: Any, path: Path, key: str, fence: int | None, target: PublishTarget
-    ) -> InspectOutcome | None:
+    def _inspect_on(self, dt: Any, place: _Place, key: str, fence: int | None) -> InspectOutcome | None:
         published = dt.transaction_version(key)
         if published is not None and published > FENCE_MARKER_VERSION:
-            refs, commit = self._stored(path, resolve_location_named(target)[1], key)
+            refs, commit = self._stored(place, key)
             return Present(refs, commit.digest, int(published))
         current = dt.transaction_version(key + FENCE_SUFFIX)
         if fence is None or (current is not None and current >= fence):
@@ -438,5 +520,5 @@ class DeltaProvider:
 
         Not part of the contract (no capability; the platform never reads a sink): the tests read
         the sink with it."""
-        table: pa.Table = self._dl.DeltaTable(str(resolve_location(target))).to_pyarrow_table()
+        table: pa.Table = self._load(_Place.of(target)).to_pyarrow_table()
         return table

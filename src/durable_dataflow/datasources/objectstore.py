@@ -46,6 +46,9 @@ REQUEST_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
 
 Access = Literal["read", "write"]
+# Target options the platform itself adds or reads (the sink root, a registered datasource's overwrite
+# permission): accepted beside the store options of an s3:// target.
+PLATFORM_OPTIONS = frozenset({"base_dir", "allow_overwrite"})
 
 
 def is_store_url(text: str) -> bool:
@@ -237,11 +240,14 @@ def secret_references(options: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [(name, str(options[name]["secret"])) for name in named]
 
 
-def store_options(options: Mapping[str, Any], scope: SecretScope, what: str) -> StoreOptions:
+def store_options(
+    options: Mapping[str, Any], scope: SecretScope, what: str, extra: frozenset[str] = PLATFORM_OPTIONS
+) -> StoreOptions:
     """The options resolved: credentials through the run's secret scope (InputError naming the option,
-    never a value, when one does not resolve). Keys that are not store options are ignored here."""
+    never a value, when one does not resolve). An option that is neither a store option nor in ``extra``
+    is refused (a misspelt ``endpoint`` would otherwise send the requests to AWS)."""
+    check_options(options, what, extra)
     relevant = {k: v for k, v in options.items() if k in STORE_OPTIONS}
-    check_options(relevant, what)
     allow_http = bool(relevant.get("allow_http", False))
     endpoint = check_endpoint(relevant["endpoint"], allow_http, what) if "endpoint" in relevant else None
     resolved: dict[str, str | None] = {}
