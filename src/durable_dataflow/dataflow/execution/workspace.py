@@ -321,19 +321,17 @@ def check_secrets(scope: SecretScope, references: list[tuple[str, str]]) -> None
             raise InputError(f"{where}: {error.message}") from None
 
 
-def check_location(workspace: Workspace, location: str) -> None:
-    """A sink location must stay inside the workspace's sink root (absolute only when allowed)."""
+def check_location(workspace: Workspace, location: str, options: Mapping[str, Any] | None = None) -> None:
+    """A sink location must stay inside the workspace's sink root (absolute only when allowed); an s3://
+    location inside a prefix granted for writing, with the store options a tenant may give
+    (`objectstore.confine`: credentials as secrets, the grant's endpoint)."""
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in location):
         raise InputError("target location must not contain control characters")
     if objectstore.is_store_url(location):
         url = objectstore.parse_url(location, "target location")
-        if workspace.object_stores is not None and not any(
-            "write" in g.access and url.within(g.prefix) for g in workspace.object_stores
-        ):
-            raise InputError(
-                "target location: the s3:// location is outside the object-store prefixes granted to this "
-                "tenant for writing (the grants file's object_stores)"
-            )
+        given = dict(options or {})
+        confined = objectstore.confine(url, given, workspace.object_stores, "write", "target")
+        objectstore.check_options(confined, "target", objectstore.PLATFORM_OPTIONS)
         return
     path = Path(location)
     if ".." in path.parts:

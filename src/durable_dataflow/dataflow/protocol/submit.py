@@ -161,7 +161,7 @@ class Submitter:
         workspace.check_secrets(scope, workspace.secret_names(target, iter(defn.sources.items())))
         if target is None:
             return
-        workspace.check_location(space, str(target["location"]))
+        workspace.check_location(space, str(target["location"]), target.get("options") or {})
         if target.get("mode") == "replace_partition":
             check_partition_provider(defn, str(target["provider"]), target.get("partition") or {})
         if target.get("mode") == "overwrite":
