@@ -89,3 +89,30 @@ def test_a_request_that_never_reached_the_store_is_reconciled_absent_and_resumed
     assert resumed.resumed and resumed.run.status == "succeeded"
     assert delta_publication_commits(s3.client(), s3.bucket, TABLE, str(run.publication_idempotency_key)) == 1
     assert regions(s3) == ["north", "south"]
+
+
+def test_a_table_deleted_from_the_store_is_never_recreated_and_never_proven_absent(
+    platform: Platform, s3: S3Place, tmp_path: Path
+) -> None:
+    """The table's location was registered when the first run created it. Once its objects are gone
+    (deleted, or the prefix moved), a new run fails before dispatch (`location_missing`) and creates
+    nothing, and an unresolved run's reconcile stays undecided: absence is never inferred from a
+    missing prefix on a store either."""
+    proxy = FaultProxy(s3.endpoint.removeprefix("http://")).start()
+    try:
+        proxy.lose_answer("PUT", LATER_COMMIT, forward=False, then_blackhole=True)
+        unknown = run_to(platform, tmp_path, s3_target(s3, proxy.endpoint), key="lost")
+        assert unknown.status == "outcome_unknown"
+        proxy.heal()
+        client = s3.client()
+        for item in client.list_objects_v2(Bucket=s3.bucket, Prefix=TABLE + "/").get("Contents", []):
+            client.delete_object(Bucket=s3.bucket, Key=item["Key"])
+        result = flows.reconcile_as_operator(platform, unknown.run_id)
+        # The same place: the same endpoint (one bucket name at another endpoint is another place).
+        fresh = run_to(platform, tmp_path, s3_target(s3, proxy.endpoint), key="after")
+    finally:
+        proxy.stop()
+    assert (result.finding, result.run.status) == ("undecided", "outcome_unknown")
+    assert fresh.error_code == "location_missing"
+    assert (fresh.status, fresh.recovery_status) == ("failed", "no_external_output")
+    assert s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=TABLE + "/").get("KeyCount") == 0
