@@ -16,6 +16,9 @@ once, never replaced): `locate` names the folder by it, so a folder re-created b
 empty mount point) is never taken for the one the platform prepared. `inspect` creates nothing, and a
 missing folder is `Undecided`.
 Proof horizon: as long as nobody deletes the manifests (they are the only record).
+
+A location that is an ``s3://bucket/prefix`` URL is a folder on an object store: there the key's record
+is one state object moved by conditional puts (`parquet_store`, which documents that encoding).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from durable_dataflow.core.errors import InputError
+from durable_dataflow.datasources import parquet_store
 from durable_dataflow.datasources.contract import (
     LOCATION_MISSING,
     Absent,
@@ -59,6 +63,7 @@ from durable_dataflow.datasources.contract import (
     resolve_location,
     resolve_location_named,
 )
+from durable_dataflow.datasources.objectstore import is_store_url
 
 LOCK_WAIT_S = 30.0
 LOCK_POLL_S = 0.01
@@ -161,13 +166,19 @@ class ParquetFolderProvider:
         _fsync_dir(folder)
 
     def prepare(self, target: PublishTarget) -> None:
-        """Create the folder, its subfolders and its marker before dispatch is authorized (`contract.prepare`)."""
+        """Create the folder, its subfolders and its marker before dispatch is authorized (`contract.prepare`);
+        on an object store, probe its conditional writes and create the location's marker."""
+        if is_store_url(target.location):
+            parquet_store.prepare(target)
+            return
         self._prepare(resolve_location(target))
 
     def locate(self, target: PublishTarget) -> Location:
         """The resolved folder and its marker's id (`contract.locate`); None when the folder, a subfolder
         or the marker is missing (occupied: a folder laid out before folders carried a marker). A marker
         that is not one this provider wrote raises ValueError."""
+        if is_store_url(target.location):
+            return parquet_store.locate(target)
         folder = resolve_location(target)
         place = f"parquet:{folder}"
         if not all((folder / sub).is_dir() for sub in SUBFOLDERS):
@@ -218,6 +229,9 @@ class ParquetFolderProvider:
 
     def preflight(self, target: PublishTarget) -> None:
         """What is knowable without writing: the mode is 'append' and the folder resolves inside its root."""
+        if is_store_url(target.location):
+            parquet_store.preflight(target)
+            return
         if target.mode != "append":
             raise InputError("a parquet folder publishes each key as its own file: only mode 'append'")
         resolve_location(target)
@@ -232,6 +246,8 @@ class ParquetFolderProvider:
         been moved or not be mounted, and an earlier publication may be in it (Inconclusive)."""
         check_key(key)
         check_token(token)
+        if is_store_url(target.location):
+            return parquet_store.publish(key, token, table, digest, target)
         if target.mode != "append":
             return Rejected("a parquet folder publishes each key as its own file: only mode 'append'")
         folder, where = resolve_location_named(target)
@@ -298,6 +314,8 @@ class ParquetFolderProvider:
         check_key(key)
         if fence is not None:
             check_token(fence, "fence")
+        if is_store_url(target.location):
+            return parquet_store.inspect(key, target, fence)
         failed = f"parquet inspection of key {key!r} failed"
         try:
             folder, where = resolve_location_named(target)
@@ -331,6 +349,8 @@ class ParquetFolderProvider:
 
         Not part of the contract (no capability; the platform never reads a sink): the tests read
         the sink with it."""
+        if is_store_url(target.location):
+            return parquet_store.read(target)
         folder = resolve_location(target)
         manifests = sorted((folder / "_manifests").glob("*.json"))[:READ_FILES_MAX]
         tables = []
