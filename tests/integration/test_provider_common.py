@@ -1,4 +1,5 @@
-"""The DESIGN §9 contract, proved on each real sink: Parquet folder, Delta table, PostgreSQL table.
+"""The DESIGN §9 contract, proved on each real sink: Parquet folder (local, and on an S3 store), Delta table,
+PostgreSQL table.
 
 Every test reads the sink directly (the manifests and data files, the Delta log, the PostgreSQL
 tables) rather than trusting the provider's answer.
@@ -99,6 +100,23 @@ def _parquet_sink(tmp_path: Path) -> Sink:
     return Sink(ParquetFolderProvider(), target, lambda k: len(manifests(k)), rows)
 
 
+def _parquet_s3_sink(s3: Any) -> Sink:
+    """A Parquet folder on the moto S3 store (issue 31): the key's state objects and data files read with boto3."""
+    client, prefix = s3.client(), "pq_sink"
+    target = PublishTarget("analytics.out", s3.url(prefix), "append", s3.options())
+
+    def states(key: str) -> list[dict[str, Any]]:
+        found = client.list_objects_v2(Bucket=s3.bucket, Prefix=f"{prefix}/_dataflow/keys/").get("Contents") or []
+        bodies = [json.loads(client.get_object(Bucket=s3.bucket, Key=o["Key"])["Body"].read()) for o in found]
+        return [b for b in bodies if b["key"] == key and b["state"] == "published"]
+
+    def rows(key: str) -> int:
+        tables = [client.get_object(Bucket=s3.bucket, Key=f"{prefix}/{b['file']}")["Body"].read() for b in states(key)]
+        return sum(pq.read_table(pa.BufferReader(data)).num_rows for data in tables)
+
+    return Sink(ParquetFolderProvider(), target, lambda k: len(states(k)), rows)
+
+
 def delta_publication_commits(table_path: Path, key: str) -> list[dict[str, int]]:
     """Read `_delta_log/*.json` directly: commits whose txn for `key` has a version >= 1, with rows."""
     commits = []
@@ -143,12 +161,14 @@ def _postgres_sink(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Sink:
     )
 
 
-@pytest.fixture(params=["parquet", "delta", "postgres"])
+@pytest.fixture(params=["parquet", "parquet-s3", "delta", "postgres"])
 def sink(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sink]:
     """One real sink per provider, prepared as the platform prepares it before authorizing dispatch; the
     PostgreSQL one gets a fresh database from `pg_url`."""
     if request.param == "parquet":
         made = _parquet_sink(tmp_path)
+    elif request.param == "parquet-s3":
+        made = _parquet_s3_sink(request.getfixturevalue("s3"))
     elif request.param == "delta":
         made = _delta_sink(tmp_path)
     else:
