@@ -422,7 +422,8 @@ def test_dispatch_authorized_facts_forward(platform: Platform, tmp_path: Path, p
     assert done.entries[2].attempt == 1
 
     run = done.run
-    key = f"dataflow/{TENANT}/{run.run_id}"
+    # The sink key derives from the tenant and the idempotency key (forward.publication_key), written out here.
+    key = f"dataflow/{TENANT}/key/{hashlib.sha256(run.idempotency_key.encode('utf-8')).hexdigest()}"
     assert defn.target is not None and defn.target.recorded() == TARGET_RECORDED
     expected = {
         "publication_idempotency_key": key,

@@ -7,12 +7,12 @@ restored), restores the dump into a fresh database with `pg_restore`, and shows 
 platform does, reading the sink back by SQL:
 
 - a run **queued** at the dump is claimed again and finds its publication present (the sink's key is
-  the run's, `dataflow/<tenant>/<run_id>`): succeeded, nothing published twice;
+  the run's, `dataflow/<tenant>/key/<sha256 of its idempotency key>`): succeeded, nothing published twice;
 - a run **authorized to dispatch** at the dump is swept to `outcome_unknown`, and `reconcile` finds the
   publication present: `reconciled_present`, nothing published twice;
 - a run **submitted after** the dump is unknown to the restored platform: a re-submission of its
-  idempotency key records a new run with a new publication key and publishes a second time. The
-  platform cannot see this today; the runbook's check (sink keys the platform does not know) finds it.
+  idempotency key records a new run, but its publication key derives from the tenant and the
+  idempotency key (not the run id), so the sink already holds it: nothing is published twice.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from durable_dataflow.core.errors import NotFound
 from durable_dataflow.dataflow.protocol import reconcile, sweeper
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance
 from durable_dataflow.dataflow.protocol.runs import Run
@@ -120,16 +119,21 @@ def _run_queued(platform: Platform) -> Run:
     return platform.runs.execute(claim)
 
 
+# The runbook's query (docs/runbooks.md, "Restoring", step 4): every sink key a run of the platform
+# database publishes, or would publish, under.
+KNOWN_KEYS_SQL = """
+SELECT publication_idempotency_key FROM dataflow_runs WHERE publication_idempotency_key IS NOT NULL
+UNION
+SELECT 'dataflow/' || tenant || '/key/' || encode(sha256(convert_to(idempotency_key, 'UTF8')), 'hex')
+FROM dataflow_runs
+"""
+
+
 def _unknown_keys(platform: Platform, sink_url: str) -> list[str]:
     """The runbook's check after a restore: publication keys in the sink whose run the platform does not know."""
-    unknown = []
-    for key, _ in _sink_publications(sink_url):
-        run_id = key.rsplit("/", 1)[1]  # dataflow/<tenant>/<run_id>
-        try:
-            platform.runs.get(run_id)
-        except NotFound:
-            unknown.append(key)
-    return unknown
+    with platform.db.read() as conn:
+        known = {row[0] for row in conn.exec_driver_sql(KNOWN_KEYS_SQL)}
+    return [key for key, _ in _sink_publications(sink_url) if key not in known]
 
 
 def test_a_run_queued_at_the_dump_finds_its_publication_after_the_restore(
@@ -202,12 +206,14 @@ def _sweep_until_decided(platform: Platform, run_id: str) -> Run:
     raise AssertionError(f"run {run_id} was not decided after {SWEEP_DEADLINE_TRIES_MAX} sweeps")
 
 
-def test_a_run_submitted_after_the_dump_is_unknown_to_the_restored_platform(
+def test_a_run_submitted_after_the_dump_and_submitted_again_is_not_published_twice(
     cluster: _Cluster, pg_url: str, sink_url: str, tmp_path: Path
 ) -> None:
-    """Submitted after the dump, published, restored: the platform has no record of the run, so re-submitting
-    its idempotency key records a NEW run whose publication key differs, and it publishes a second time. The
-    platform cannot see this today; the runbook's check (sink keys of runs the platform does not know) finds it."""
+    """Submitted after the dump, published, restored: the platform has no record of the run, and
+    re-submitting its idempotency key records a NEW run. Its publication key derives from the tenant
+    and the idempotency key, not the run id, so it is the lost run's key: the sink already holds it
+    with the same digest (AlreadyPublished), the new run succeeds, and nothing is published twice. The
+    runbook's check (sink keys of runs the platform does not know) still lists the lost publication."""
     with Platform(pg_url) as before:
         cluster.dump(pg_url, tmp_path / "platform.dump")
         before.runs.submit(flows.request(_definition(), tmp_path, "rev-3"))
@@ -219,9 +225,16 @@ def test_a_run_submitted_after_the_dump_is_unknown_to_the_restored_platform(
         resubmitted = restored.runs.submit(flows.request(_definition(), tmp_path, "rev-3"))
         assert resubmitted.created, "the restored platform has no record of the key: a new run is recorded"
         again = _run_queued(restored)
-    assert again.run_id != lost.run_id and again.publication_idempotency_key != lost.publication_idempotency_key
-    assert again.status == "succeeded"
-    # The real behaviour today: the same request is published twice. The runbook says to run the check
-    # above before anything submits to a restored platform, and never to re-submit what it lists.
-    keys = [lost.publication_idempotency_key, again.publication_idempotency_key]
-    assert _sink_publications(sink_url) == sorted((key, ROWS_PER_PUBLICATION) for key in keys)
+    assert again.run_id != lost.run_id and again.publication_idempotency_key == lost.publication_idempotency_key
+    assert again.status == "succeeded" and again.output_digest == lost.output_digest
+    assert _sink_publications(sink_url) == [(lost.publication_idempotency_key, ROWS_PER_PUBLICATION)]
+
+
+def test_a_run_without_a_key_publishes_under_a_key_of_its_own(pg_url: str, sink_url: str, tmp_path: Path) -> None:
+    """Runs submitted without an idempotency key are distinct requests: each publishes under its own key."""
+    with Platform(pg_url) as platform:
+        first = platform.runs.run_inline(flows.request(_definition(), tmp_path, None)).run
+        second = platform.runs.run_inline(flows.request(_definition(), tmp_path, None)).run
+    assert first.status == second.status == "succeeded"
+    assert first.publication_idempotency_key != second.publication_idempotency_key
+    assert len(_sink_publications(sink_url)) == 2

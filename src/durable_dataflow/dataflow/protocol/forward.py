@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,8 +53,17 @@ SINK_LOCATION = transitions.SINK_LOCATION
 
 
 def publication_key(run: Run) -> str:
-    """Stable for the run, never per attempt."""
-    return f"dataflow/{run.tenant}/{run.run_id}"
+    """The sink key of the run's publication: stable for the run, never per attempt. Once the dispatch
+    authorization recorded it, that key (runs authorized before this rule keep their run-id keys).
+    Otherwise it derives from the tenant and the run's idempotency key, not from the run id: a run
+    recorded again under the same key publishes under the same sink key, so after the platform database
+    was restored from a dump taken before the first run was recorded, a re-submission of its key finds
+    the publication at the sink (the same digest: nothing written twice; another: left unresolved)
+    instead of publishing a second time (docs/runbooks.md). A run submitted without a key has
+    ``run:<run_id>`` as its idempotency key, so its sink key is its own."""
+    if run.publication_idempotency_key is not None:
+        return run.publication_idempotency_key
+    return f"dataflow/{run.tenant}/key/{hashlib.sha256(run.idempotency_key.encode('utf-8')).hexdigest()}"
 
 
 class PartitionViolation(DataflowError):
