@@ -15,7 +15,7 @@ import pyarrow.dataset as ds
 from durable_dataflow.core.secrets import SecretScope
 from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.datasources.objectstore import store_options
-from durable_dataflow.datasources.parquet_store import key_hash
+from durable_dataflow.datasources.parquet_store import NO_CONDITIONAL_WRITES, key_hash
 from durable_dataflow.platform import Platform
 from support import flows
 from support.s3 import FaultProxy, S3Place
@@ -137,4 +137,29 @@ def test_a_folder_wiped_from_the_store_is_never_recreated_and_never_proven_absen
     assert (result.finding, result.run.status) == ("undecided", "outcome_unknown")
     assert fresh.error_code == "location_missing"
     assert (fresh.status, fresh.recovery_status) == ("failed", "no_external_output")
+    assert s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=FOLDER + "/").get("KeyCount") == 0
+
+
+class StrippingProxy(FaultProxy):
+    """A store that ignores conditional writes: the proxy drops If-None-Match and If-Match from every request."""
+
+    def _decide(self, method: str, path: str, headers: dict[str, str]) -> tuple[bool, bool]:
+        for name in [h for h in headers if h.lower() in ("if-none-match", "if-match")]:
+            del headers[name]
+        return super()._decide(method, path, headers)
+
+
+def test_a_store_without_conditional_writes_fails_the_run_before_dispatch(
+    platform: Platform, s3: S3Place, tmp_path: Path
+) -> None:
+    """Behind a store that ignores If-None-Match / If-Match, prepare refuses the location: the run fails with no
+    external output, before dispatch is authorized, saying why; nothing is written under the folder."""
+    proxy = StrippingProxy(s3.endpoint.removeprefix("http://")).start()
+    try:
+        run = run_to(platform, tmp_path, s3_target(s3, proxy.endpoint))
+    finally:
+        proxy.stop()
+    assert (run.status, run.recovery_status) == ("failed", "no_external_output")
+    assert run.error_message == f"the target cannot be published to: {NO_CONDITIONAL_WRITES}"
+    assert "dispatch.authorized" not in flows.kinds(platform, run.run_id)
     assert s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=FOLDER + "/").get("KeyCount") == 0
