@@ -18,7 +18,8 @@ from durable_dataflow.datasources.objectstore import store_options
 from durable_dataflow.datasources.parquet_store import NO_CONDITIONAL_WRITES, key_hash
 from durable_dataflow.platform import Platform
 from support import flows
-from support.s3 import FaultProxy, S3Place
+from support.cli import make_cli
+from support.s3 import ACCESS_KEY, SECRET_KEY, FaultProxy, S3Place
 
 FOLDER = "folders/totals"
 STATE_PUT = r"/_dataflow/keys/[0-9a-f]{64}\.json$"
@@ -163,3 +164,30 @@ def test_a_store_without_conditional_writes_fails_the_run_before_dispatch(
     assert run.error_message == f"the target cannot be published to: {NO_CONDITIONAL_WRITES}"
     assert "dispatch.authorized" not in flows.kinds(platform, run.run_id)
     assert s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=FOLDER + "/").get("KeyCount") == 0
+
+
+def test_dataflow_run_publishes_to_s3_once_and_a_replay_adds_nothing(
+    s3: S3Place, sqlite_url: str, tmp_path: Path
+) -> None:
+    """`dataflow run` as a subprocess, credentials as secret references resolved from its environment: the run
+    succeeds verified, the same idempotency key again publishes nothing, and the folder holds the key once."""
+    document = {
+        "name": "totals", "version": 1,
+        "sources": {"sales": {"kind": "inline", "rows": flows.ROWS,
+                              "schema": {"region": "string", "amount": "decimal(12,2)"}}},
+        "steps": [{"name": "totals", "sql": "select region, count(*)::BIGINT as n from sales group by region"}],
+        "output": {"schema": {"region": "string", "n": "int64"}, "max_rows": 100, "max_bytes": "1MiB"},
+        "target": s3_target(s3),
+    }  # fmt: skip
+    (tmp_path / "to_s3.yaml").write_text(json.dumps(document))
+    cli = make_cli(sqlite_url, tmp_path)
+    ran = cli("run", str(tmp_path / "to_s3.yaml"), "--idempotency-key", "nightly", "--json")
+    assert ran.code == 0, ran.output
+    run = ran.json()
+    assert (run["status"], run["recovery_status"]) == ("succeeded", "verified"), run
+    again = cli("run", str(tmp_path / "to_s3.yaml"), "--idempotency-key", "nightly", "--json")
+    assert again.code == 0 and again.json()["run_id"] == run["run_id"], again.output
+    assert ACCESS_KEY not in ran.output + again.output and SECRET_KEY not in ran.output + again.output
+    key = run["publication_idempotency_key"]
+    assert list(published(s3)) == [key] and data_files(s3, key) == 1
+    assert regions(s3) == ["north", "south"]
