@@ -36,7 +36,7 @@ from durable_dataflow.datasources.contract import (
 from durable_dataflow.datasources.objectstore import StoreGrant, parse_url, store_options
 from durable_dataflow.datasources.parquet_folder import ParquetFolderProvider
 from durable_dataflow.datasources.parquet_store import NO_CONDITIONAL_WRITES, key_hash
-from support.s3 import FaultProxy
+from support.s3 import FaultProxy, StrippingProxy
 
 CONCURRENT_PUBLISHERS = 8
 PREFIX = "warehouse/out"
@@ -279,14 +279,6 @@ def test_locate_names_the_marker_and_prepare_never_replaces_it(s3: Any, target: 
     assert provider.locate(target) == first
     assert Store(s3).names("_dataflow/probes/") == []  # the probe objects are removed
 
-
-class StrippingProxy(FaultProxy):
-    """A store that ignores conditional writes: the proxy drops If-None-Match and If-Match from every request."""
-
-    def _decide(self, method: str, path: str, headers: dict[str, str]) -> tuple[bool, bool]:
-        for name in [h for h in headers if h.lower() in ("if-none-match", "if-match")]:
-            del headers[name]
-        return super()._decide(method, path, headers)
 
 
 def test_a_store_that_ignores_conditional_writes_is_refused_at_prepare(s3: Any, moto_server: Any) -> None:

@@ -19,7 +19,7 @@ from durable_dataflow.datasources.parquet_store import NO_CONDITIONAL_WRITES, ke
 from durable_dataflow.platform import Platform
 from support import flows
 from support.cli import make_cli
-from support.s3 import ACCESS_KEY, SECRET_KEY, FaultProxy, S3Place
+from support.s3 import ACCESS_KEY, SECRET_KEY, FaultProxy, S3Place, StrippingProxy
 
 FOLDER = "folders/totals"
 STATE_PUT = r"/_dataflow/keys/[0-9a-f]{64}\.json$"
@@ -140,14 +140,6 @@ def test_a_folder_wiped_from_the_store_is_never_recreated_and_never_proven_absen
     assert (fresh.status, fresh.recovery_status) == ("failed", "no_external_output")
     assert s3.client().list_objects_v2(Bucket=s3.bucket, Prefix=FOLDER + "/").get("KeyCount") == 0
 
-
-class StrippingProxy(FaultProxy):
-    """A store that ignores conditional writes: the proxy drops If-None-Match and If-Match from every request."""
-
-    def _decide(self, method: str, path: str, headers: dict[str, str]) -> tuple[bool, bool]:
-        for name in [h for h in headers if h.lower() in ("if-none-match", "if-match")]:
-            del headers[name]
-        return super()._decide(method, path, headers)
 
 
 def test_a_store_without_conditional_writes_fails_the_run_before_dispatch(

@@ -292,3 +292,12 @@ def delta_publication_commits(client: Any, bucket: str, prefix: str, key: str) -
         if any("txn" in a and a["txn"]["appId"] == key and a["txn"]["version"] > 0 for a in actions):
             count += 1
     return count
+
+
+class StrippingProxy(FaultProxy):
+    """A store that ignores conditional writes: the proxy drops If-None-Match and If-Match from every request."""
+
+    def _decide(self, method: str, path: str, headers: dict[str, str]) -> tuple[bool, bool]:
+        for name in [h for h in headers if h.lower() in ("if-none-match", "if-match")]:
+            del headers[name]
+        return super()._decide(method, path, headers)
