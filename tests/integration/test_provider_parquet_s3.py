@@ -362,6 +362,24 @@ def test_a_lost_answer_to_the_data_put_is_rejected_and_the_key_stays_absent(
     assert len(Store(s3).data_files("k")) == 1  # the orphan was removed by the publication over the fence
 
 
+def test_a_state_that_cannot_be_read_is_inconclusive_never_rejected(
+    s3: Any, target: PublishTarget, proxy: FaultProxy
+) -> None:
+    """The key is published (say by a run recorded under the same idempotency key before the platform
+    database was restored from a dump); this publish cannot read its state (the answer to the GET is lost).
+    Nothing proves the key unpublished, so the answer is Inconclusive, never Rejected ("nothing created")."""
+    first = ParquetFolderProvider().publish("k", 1, rows(2), digest_of("k"), target)
+    assert isinstance(first, Published)
+    through = target_for(s3, proxy.endpoint)
+    proxy.lose_answer("GET", r"/_dataflow/keys/", then_blackhole=True)
+    with pytest.raises(Inconclusive, match="the store could not be read"):
+        ParquetFolderProvider().publish("k", 1, rows(2), digest_of("k"), through)
+    assert proxy.fired == 1
+    proxy.heal()
+    assert isinstance(ParquetFolderProvider().inspect("k", through), Present)
+    assert Store(s3).published_rows(s3) == {"k": 2}
+
+
 # ---- tenancy ---------------------------------------------------------------------------------------------------
 
 

@@ -36,7 +36,9 @@ stored state: its own put landed though the answer was lost, and the client retr
 A fence written between the read and the put changes the ETag, so the put fails: a publisher that
 checked before a fence never commits after it. Every state put carries a fresh nonce, so no two
 writes share an ETag. Any other failure of the state put is `Inconclusive`; a failure before it
-(reading the state, writing the data file) is `Rejected`: nothing was published.
+writing the data file, after the state was read and found unpublished, is `Rejected`: nothing was
+published. A failure to read the state is `Inconclusive`: the key may be published already (by a run
+recorded under the same idempotency key before a restore of the platform database), unseen.
 
 A data file without a published state naming it is an orphan (a crashed or losing attempt): readers
 read the files the published state objects name (`read`), never the ``data/`` prefix by itself. A
@@ -433,8 +435,10 @@ def publish(key: str, token: int, table: pa.Table, digest: str, target: PublishT
     except ValueError as exc:  # a state object (StateError) or marker that is not this provider's
         raise Inconclusive(f"{failed}: {exc}") from exc
     except Exception as exc:
-        # No write was sent: this call created nothing (as a failed connect to a database sink).
-        return Rejected(f"{failed}: the store could not be read ({objectstore.describe_error(exc)})")
+        # No write was sent, but the key's state was not seen either: it may hold a publication this call
+        # cannot see (an earlier run's under the same key, after a restore behind the sinks), so
+        # "nothing was created" is not proven: only an inspection can tell.
+        raise Inconclusive(f"{failed}: the store could not be read ({objectstore.describe_error(exc)})") from exc
     decided = _decide(place, key, token, read)
     if decided is not None:
         return decided
