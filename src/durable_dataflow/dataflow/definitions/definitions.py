@@ -35,6 +35,7 @@ from durable_dataflow.core.units import parse_duration as parse_duration
 from durable_dataflow.core.units import parse_size as parse_size
 from durable_dataflow.dataflow.definitions import parameters as parameters_mod
 from durable_dataflow.dataflow.definitions.schedule_spec import ScheduleSpec
+from durable_dataflow.datasources import objectstore
 from durable_dataflow.datasources.contract import is_credential_option
 
 IDENTIFIER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
@@ -182,16 +183,54 @@ def _optional_type_map(value: dict[str, str] | None) -> dict[str, str] | None:
     """An optional source schema: checked like a required one when given."""
     return None if value is None else _check_type_map(value)
 
+
+# Glob characters of an s3:// Parquet path: `*` and `[...]` match within one key segment. Braces (an
+# alternation) are refused; `?` cannot be in an s3:// URL (objectstore.parse_url).
+STORE_GLOB_CHARACTERS = re.compile(r"[*\[\]]")
+_STORE_BRACES = re.compile(r"[{}]")
+
+
+def _check_store_path(path: str, options: dict[str, Any] | None, kind: str, globs: bool) -> None:
+    """A file source's path and its store options: an s3:// path is a plain s3 URL (a glob only where
+    ``globs``) with valid store options; a local path takes no options. Messages never quote the path or
+    an option's value (either may carry what the author did not mean to show)."""
+    if not objectstore.is_store_url(path):
+        if options is not None:
+            raise ValueError("options are object-store options: give them only with an s3:// path")
+        return
+    try:
+        url = objectstore.parse_url(path, "path")
+        objectstore.check_options(options or {}, "options")
+    except InputError as error:
+        raise ValueError(error.message) from None
+    if _STORE_BRACES.search(url.key):
+        raise ValueError("path: an s3:// path must not contain '{' or '}'")
+    if STORE_GLOB_CHARACTERS.search(url.key) and not globs:
+        raise ValueError(f"path: a {kind} source on s3:// names one object or table, not a glob")
+    for name, value in (options or {}).items():
+        if isinstance(value, dict) and set(value) == {"secret"} and not (
+            isinstance(value["secret"], str) and SECRET_NAME_PATTERN.fullmatch(value["secret"])
+        ):
+            raise ValueError(f"options: option {name!r}: the secret name is not valid")
+
 class CsvSource(_Model):
-    """A CSV file; `schema` fixes column types (others are inferred)."""
+    """A CSV file (or an s3:// object); `schema` fixes column types (others are inferred)."""
 
     kind: Literal["csv"]
     path: str = Field(min_length=1)
     delimiter: str = Field(default=",", min_length=1, max_length=1)
     header: bool = True
     columns: dict[str, str] | None = Field(default=None, alias="schema")
+    options: dict[str, Any] | None = None  # object-store options, with an s3:// path only
 
     _ordered = field_validator("columns", mode="before")(ordered_columns)
+
+    @model_validator(mode="after")
+    def _store(self) -> CsvSource:
+        _check_store_path(self.path, self.options, "csv", globs=False)
+        if objectstore.is_store_url(self.path) and not self.header and not self.columns:
+            raise ValueError("a csv object on s3:// without a header line needs a schema naming its columns")
+        return self
 
     @field_validator("delimiter")
     @classmethod
@@ -210,10 +249,16 @@ class ParquetSource(_Model):
     kind: Literal["parquet"]
     path: str = Field(min_length=1)
     columns: dict[str, str] | None = Field(default=None, alias="schema")
+    options: dict[str, Any] | None = None  # object-store options, with an s3:// path only
 
     _ordered = field_validator("columns", mode="before")(ordered_columns)
 
     _types = field_validator("columns")(_optional_type_map)
+
+    @model_validator(mode="after")
+    def _store(self) -> ParquetSource:
+        _check_store_path(self.path, self.options, "parquet", globs=True)
+        return self
 
 
 class InlineSource(_Model):
@@ -271,6 +316,12 @@ class DeltaSource(_Model):
     kind: Literal["delta"]
     path: str = Field(min_length=1)
     version: int | None = Field(default=None, ge=0, le=JSON_INT_MAX)
+    options: dict[str, Any] | None = None  # object-store options, with an s3:// path only
+
+    @model_validator(mode="after")
+    def _store(self) -> DeltaSource:
+        _check_store_path(self.path, self.options, "delta", globs=False)
+        return self
 
 
 SOURCE_KINDS = ("csv", "parquet", "inline", "postgres", "delta")
@@ -766,6 +817,9 @@ def canonical_body(d: Definition) -> dict[str, Any]:
         elif isinstance(spec, ParquetSource | PostgresSource):
             # Their schema is newer than the body format: absent, the body (and hash) stays as it was.
             del body["sources"][name]["schema"]
+        # Store options are newer still: a source without them keeps the body (and hash) it had.
+        if "options" in body["sources"][name] and getattr(spec, "options", None) is None:
+            del body["sources"][name]["options"]
     return body
 
 

@@ -306,6 +306,10 @@ def secret_names(target: Mapping[str, Any] | None, source_specs: Iterator[Any]) 
         secret = getattr(dsn, "secret", None)
         if isinstance(secret, str):
             found.append((f"source {name!r}", secret))
+        options = getattr(spec, "options", None)  # an s3:// source's credentials
+        if isinstance(options, Mapping):
+            references = objectstore.secret_references(options)
+            found.extend((f"source {name!r} option {key!r}", ref) for key, ref in references)
     for key, value in ((target or {}).get("options") or {}).items():
         if isinstance(value, Mapping) and isinstance(value.get("secret"), str):
             found.append((f"target option {key!r}", str(value["secret"])))
