@@ -24,8 +24,8 @@ import pyarrow as pa
 from durable_dataflow.core import crashpoints
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.dataflow.definitions import parameters
-from durable_dataflow.dataflow.definitions.definitions import Definition
-from durable_dataflow.dataflow.execution import isolation, progress, results
+from durable_dataflow.dataflow.definitions.definitions import CsvSource, Definition, DeltaSource, ParquetSource
+from durable_dataflow.dataflow.execution import isolation, progress, results, store_sources
 from durable_dataflow.dataflow.execution.context import ExecutionContext
 from durable_dataflow.dataflow.execution.engine import Engine, EngineRun
 from durable_dataflow.dataflow.execution.postgres_source import check_query
@@ -37,6 +37,7 @@ from durable_dataflow.dataflow.execution.sources import (
     resolve_sources,
     source_fingerprint_digest,
 )
+from durable_dataflow.datasources import objectstore
 
 # engine name -> (module, the Python package it needs, the extra that installs it)
 ENGINES: dict[str, tuple[str, str, str | None]] = {
@@ -83,7 +84,9 @@ def preflight(d: Definition, ctx: ExecutionContext) -> None:
     for name, spec in d.sources.items():
         check_query(name, spec)  # a postgres source: exactly one read statement
         path = getattr(spec, "path", None)
-        if isinstance(path, str):
+        if isinstance(spec, CsvSource | ParquetSource | DeltaSource) and objectstore.is_store_url(spec.path):
+            store_sources.preflight(name, spec, ctx)  # the tenant's grants and the options, no network
+        elif isinstance(path, str):
             confine_path(name, path, ctx)
 
 

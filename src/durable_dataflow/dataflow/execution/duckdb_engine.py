@@ -264,22 +264,49 @@ def _bind_parquet(con: duckdb.DuckDBPyConnection, name: str, scan: FileScan, che
     """A view over the files; each declared column whose stored type differs is converted by a checked
     cast (typed_sources), so the steps see exactly the declared types."""
     con.execute(f'CREATE TEMP VIEW "{name}" AS SELECT * FROM {_scan_sql(scan, None)}')
-    if not scan.declared:
-        return
+    if scan.declared:
+        _declare_types(con, name, _scan_sql(scan, None), scan.declared, checks)
+
+
+def _declare_types(
+    con: duckdb.DuckDBPyConnection, name: str, from_sql: str, declared_types: dict[str, str],
+    checks: typed_sources.TypeChecks,
+) -> None:
+    """Replace the view ``name`` (over ``from_sql``) by one whose declared columns are converted by checked
+    casts (typed_sources) where their stored type differs: the steps see exactly the declared types."""
     stored = {str(row[0]): str(row[1]) for row in con.execute(f'DESCRIBE "{name}"').fetchall()}
-    missing = [c for c in scan.declared if c not in stored]
+    missing = [c for c in declared_types if c not in stored]
     if missing:
         raise ExecutionError(f"source {name!r}: the files have no column {missing[0]!r} that its schema declares")
     columns = []
     for column, stored_type in stored.items():
-        declared = duckdb_type(scan.declared[column]) if column in scan.declared else stored_type
+        declared = duckdb_type(declared_types[column]) if column in declared_types else stored_type
         if _same_duckdb_type(declared, stored_type):
             columns.append(_quoted(column))
             continue
-        marker = checks.add(name, column, scan.declared[column])
+        marker = checks.add(name, column, declared_types[column])
         cast = typed_sources.duckdb_checked_cast(_quoted(column), stored_type, declared, marker)
         columns.append(f"{cast} AS {_quoted(column)}")
-    con.execute(f'CREATE OR REPLACE TEMP VIEW "{name}" AS SELECT {", ".join(columns)} FROM {_scan_sql(scan, None)}')
+    con.execute(f'CREATE OR REPLACE TEMP VIEW "{name}" AS SELECT {", ".join(columns)} FROM {from_sql}')
+
+
+def _bind_dataset(
+    con: duckdb.DuckDBPyConnection, name: str, binding: ArrowDataset, checks: typed_sources.TypeChecks
+) -> None:
+    """A pyarrow dataset scanned with projection and filter pushdown; with declared types (a store's
+    Parquet or CSV objects) a view of checked casts over it, registered under a name no source or step
+    can have (it holds a space)."""
+    # DuckDB recognises a dataset only once pyarrow.dataset is imported: an executor process unpickles
+    # one without importing it.
+    import pyarrow.dataset  # noqa: F401
+
+    if not binding.declared:
+        con.register(name, binding.dataset)
+        return
+    staging = f"dataflow dataset {name}"
+    con.register(staging, binding.dataset)
+    con.execute(f'CREATE TEMP VIEW "{name}" AS SELECT * FROM "{staging}"')
+    _declare_types(con, name, f'"{staging}"', binding.declared, checks)
 
 
 def _same_duckdb_type(declared: str, stored: str) -> bool:
@@ -292,7 +319,7 @@ def _bind_one(con: duckdb.DuckDBPyConnection, source: ResolvedSource, checks: ty
     if isinstance(binding, ArrowTable):
         con.register(name, binding.table)
     elif isinstance(binding, ArrowDataset):
-        con.register(name, binding.dataset)
+        _bind_dataset(con, name, binding, checks)
     elif isinstance(binding, PostgresStream):
         schema, batches = binding.batches()
         reader = pa.RecordBatchReader.from_batches(schema, batches)
@@ -427,11 +454,13 @@ def describe_sources(
     ``LIMIT 0``: DuckDB reads a Parquet footer, and a CSV's header and sniffing sample, never the data
     pages. In-memory bindings (inline rows, a Delta snapshot) give their Arrow schema."""
     found: dict[str, pa.Schema | DataflowError] = {}
-    files = [s for s in resolved if isinstance(s.binding, FileScan)]
+    # A dataset with declared types (a store's objects) is bound as a run binds it, like a file.
+    files = [s for s in resolved if isinstance(s.binding, FileScan)
+             or (isinstance(s.binding, ArrowDataset) and s.binding.declared)]  # fmt: skip
     for source in resolved:
         if isinstance(source.binding, ArrowTable):
             found[source.name] = source.binding.table.schema
-        elif isinstance(source.binding, ArrowDataset):
+        elif isinstance(source.binding, ArrowDataset) and not source.binding.declared:
             found[source.name] = source.binding.dataset.schema
     if not files:
         return found

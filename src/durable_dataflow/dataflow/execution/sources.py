@@ -13,6 +13,8 @@ proves (docs/engines.md):
   the file version by its structure, not by hashing every data page.
 * ``delta``: the table id and the version of the pinned snapshot (a Delta version is immutable),
   and every data file of that snapshot is confined and stamped like a file source.
+* ``s3://`` parquet, csv and delta (``store_sources``): per object its ETag, size and version id (a
+  Delta table: its id and version); the objects are asked again after the read.
 * ``inline``: the output digest of its typed table.
 * ``postgres``: the output digest of the result rows, computed while they stream (known only
   once the engine has read them: ``PostgresStream.fingerprint``).
@@ -45,12 +47,15 @@ from durable_dataflow.dataflow.definitions.definitions import (
     PostgresSource,
     arrow_schema_of,
 )
-from durable_dataflow.dataflow.execution import arrowdigest
+from durable_dataflow.dataflow.execution import arrowdigest, store_sources
 from durable_dataflow.dataflow.execution.postgres_source import PostgresStream
+from durable_dataflow.dataflow.execution.store_sources import ObjectStamp, StoreRead
+from durable_dataflow.datasources import objectstore
 
 if TYPE_CHECKING:
     from durable_dataflow.dataflow.definitions.definitions import Definition, SourceSpec
     from durable_dataflow.dataflow.execution.context import ExecutionContext
+    from durable_dataflow.datasources.objectstore import StoreOptions
 
 PARQUET_FOLDER_FILES_MAX = 10_000
 DELTA_FILES_MAX = 100_000
@@ -139,10 +144,17 @@ class ArrowTable:
 
 @dataclass(frozen=True)
 class ArrowDataset:
-    """A pyarrow dataset the engine scans with pushdown (a pinned Delta snapshot)."""
+    """A pyarrow dataset the engine scans with pushdown (a pinned Delta snapshot, or objects on a store).
+
+    A store's dataset carries its stamped ``objects`` and the ``store`` options to ask about them again
+    (``check_unchanged``), and the ``declared`` column types the engine converts to by checked casts. It
+    crosses to an executor process pickled (pyarrow pickles the dataset with its filesystem)."""
 
     dataset: Any
     stamps: tuple[FileStamp, ...]
+    declared: dict[str, str] | None = None
+    objects: tuple[ObjectStamp, ...] = ()
+    store: StoreOptions | None = None
 
 
 Binding = FileScan | ArrowTable | ArrowDataset | PostgresStream
@@ -173,6 +185,10 @@ class ResolvedSource:
     def stamps(self) -> tuple[FileStamp, ...]:
         binding = self.binding
         return binding.stamps if isinstance(binding, FileScan | ArrowDataset) else ()
+
+    @property
+    def objects(self) -> tuple[ObjectStamp, ...]:
+        return self.binding.objects if isinstance(self.binding, ArrowDataset) else ()
 
 
 def confine_path(source: str, raw_path: str, ctx: ExecutionContext) -> Path:
@@ -414,7 +430,24 @@ def _resolve_delta(name: str, spec: DeltaSource, ctx: ExecutionContext) -> Resol
     return ResolvedSource(name, "delta", ArrowDataset(dataset, stamps), fingerprint, folders)
 
 
+def _resolve_store(name: str, spec: CsvSource | ParquetSource | DeltaSource, ctx: ExecutionContext) -> ResolvedSource:
+    """An s3:// source (store_sources): a dataset over the store's objects, stamped and fingerprinted by
+    what the store says of them (never by hashing their bytes, so also when only schemas are read)."""
+    read: StoreRead
+    if isinstance(spec, CsvSource):
+        read = store_sources.resolve_csv(name, spec, ctx)
+    elif isinstance(spec, ParquetSource):
+        read = store_sources.resolve_parquet(name, spec, ctx)
+    else:
+        read = store_sources.resolve_delta(name, spec, ctx)
+    declared = dict(spec.columns) if not isinstance(spec, DeltaSource) and spec.columns else None
+    binding = ArrowDataset(read.dataset, (), declared, read.objects, read.store)
+    return ResolvedSource(name, spec.kind, binding, read.fingerprint)
+
+
 def _resolve_one(name: str, spec: SourceSpec, ctx: ExecutionContext, fingerprinted: bool = True) -> ResolvedSource:
+    if isinstance(spec, CsvSource | ParquetSource | DeltaSource) and objectstore.is_store_url(spec.path):
+        return _resolve_store(name, spec, ctx)
     if isinstance(spec, CsvSource):
         return _resolve_csv(name, spec, ctx, fingerprinted)
     if isinstance(spec, ParquetSource):
@@ -440,9 +473,14 @@ def resolve_for_schemas(name: str, spec: SourceSpec, ctx: ExecutionContext) -> R
 
 
 def check_unchanged(resolved: list[ResolvedSource]) -> None:
-    """Refuse the attempt when a file changed since it was stamped (the fingerprint would describe
-    other bytes than the engine read). Recomputable: a new attempt fingerprints the new file."""
+    """Refuse the attempt when a file or an object changed since it was stamped (the fingerprint would
+    describe other bytes than the engine read). Recomputable: a new attempt fingerprints the new file."""
     for source in resolved:
+        store = source.binding.store if isinstance(source.binding, ArrowDataset) else None
+        if source.objects and store is not None:
+            changed = store_sources.first_changed(store, source.objects)
+            if changed is not None:
+                raise _changed(source.name, changed)
         for before in source.stamps:
             try:
                 after = FileStamp.of(source.name, Path(before.path))

@@ -64,6 +64,7 @@ from durable_dataflow.dataflow.execution.limits import (
 )
 from durable_dataflow.dataflow.execution.postgres_source import PostgresStream
 from durable_dataflow.dataflow.execution.sources import ArrowDataset, ArrowTable, FileScan, ResolvedSource
+from durable_dataflow.datasources import objectstore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -809,7 +810,16 @@ class SparkEngine:
     name = "spark"
 
     def gate(self, d: Definition, limits: ExecutionLimits) -> list[spark_gate.SparkStep]:
-        """Every step through the Spark gate, reading only declared sources and earlier steps; no Spark here."""
+        """Every step through the Spark gate, reading only declared sources and earlier steps; no Spark here.
+        An s3:// source is refused: Spark would need the hadoop-aws connector and the store's credentials
+        in its own configuration (docs/engines.md)."""
+        for name, spec in d.sources.items():
+            path = getattr(spec, "path", None)
+            if isinstance(path, str) and objectstore.is_store_url(path):
+                raise InputError(
+                    f"source {name!r}: engine spark does not read s3:// sources; run the definition on "
+                    "engine duckdb (docs/engines.md)"
+                )
         relations = list(d.sources)
         gated = []
         for step in d.steps:
