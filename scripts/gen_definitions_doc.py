@@ -29,6 +29,9 @@ _CONSTRAINTS = (
     ("minProperties", "at least {} entries"), ("maxProperties", "at most {} entries"), ("pattern", "matches `{}`"),
 )  # fmt: skip
 TYPE_NAMES = "a column type name (see [Column types](#column-types))"
+STORE_OPTIONS = ("With an `s3://` path only: `endpoint`, `region`, `allow_http` and the credentials "
+                 "`access_key_id`, `secret_access_key`, `session_token` as secret references "
+                 "([Object stores](#object-stores)).")
 
 MEANINGS: dict[str, dict[str, str]] = {
     "Definition": {
@@ -55,18 +58,22 @@ MEANINGS: dict[str, dict[str, str]] = {
     },
     "CsvSource": {
         "kind": "`csv`.",
-        "path": "The file, relative to the definition's folder (CLI) or the tenant's data root (API).",
+        "path": "The file, relative to the definition's folder (CLI) or the tenant's data root (API); or one "
+                "object `s3://bucket/key`.",
         "delimiter": "One printable ASCII character other than `\"`, or a tab.",
         "header": "Whether the first line names the columns; without it `schema` names them, in order.",
         "schema": "Declared column types (column → " + TYPE_NAMES + "); undeclared columns are inferred. "
                   "A value that does not parse as its declared type fails the run.",
+        "options": STORE_OPTIONS,
     },
     "ParquetSource": {
         "kind": "`parquet`.",
         "path": "A file, or a folder whose `*.parquet` files are read in sorted name order (names starting "
-                "with `.` or `_` skipped).",
+                "with `.` or `_` skipped); on a store `s3://bucket/key`: an object, a prefix or a glob "
+                "(`*` and `[…]` within one key segment).",
         "schema": "Declared column types (column → " + TYPE_NAMES + "); a stored column of another type is "
                   "converted exactly, or the run fails.",
+        "options": STORE_OPTIONS,
     },
     "InlineSource": {
         "kind": "`inline`.",
@@ -82,8 +89,9 @@ MEANINGS: dict[str, dict[str, str]] = {
     },
     "DeltaSource": {
         "kind": "`delta`.",
-        "path": "The Delta table's folder (with its `_delta_log`).",
+        "path": "The Delta table's folder (with its `_delta_log`), or its prefix `s3://bucket/key`.",
         "version": "The table version to read; absent, the latest version when the run starts.",
+        "options": STORE_OPTIONS,
     },
     "SecretRef": {
         "secret": "The secret's name: an environment variable or a file in `DATAFLOW_SECRETS_DIR` "
