@@ -1,5 +1,5 @@
 """Run page and /docs polish (issue 30): ledger facts as JSON, no alert link to the page it is on,
-/docs names where the API reference is, and each run's recorded time, duration and phases."""
+/docs leads to the API reference page, and each run's recorded time, duration and phases."""
 
 from __future__ import annotations
 
@@ -69,14 +69,13 @@ def test_the_alert_links_to_the_run_only_from_other_pages(site: tuple[TestClient
 
 
 def test_docs_says_where_the_api_reference_is(site: tuple[TestClient, Run, Tokens]) -> None:
-    """GET /docs (and /redoc) answer 404 not_found whose message names /openapi.json and docs/api.md."""
+    """GET /docs (and /redoc) send the browser to the API reference page, /ui/docs, which needs a session:
+    without one, the login form (the page itself: tests/integration/test_web_schedules_backfills.py)."""
     client, _, _ = site
     for path in ("/docs", "/redoc"):
         answer = client.get(path)
-        assert answer.status_code == 404, answer.text
-        error = answer.json()["error"]
-        assert error["code"] == "not_found", error
-        assert "/openapi.json" in error["message"] and "docs/api.md" in error["message"], error
+        assert answer.status_code == 303 and answer.headers["location"] == "/ui/docs", answer.text
+    assert client.get("/ui/docs").headers["location"] == "/ui/login"
 
 
 # ---- durations and phases (issue 30, item 4) ---------------------------------------------------

@@ -1,12 +1,14 @@
 """The FastAPI application: the /v1 JSON API, the web operator view, /metrics, /healthz, OpenAPI.
 
 ``create_app(platform)`` builds one application over one Platform; nothing is process-global, so a
-test can serve two platforms side by side. Only /healthz, the login page and the stylesheet answer
-without a token.
+test can serve two platforms side by side. Only /healthz, the login page and the static files (the
+stylesheet, the API reference page's scripts) answer without a token; /docs redirects to the reference
+page, /ui/docs, which needs a session like every page.
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import logging
 import secrets
 import threading
@@ -32,15 +34,12 @@ from durable_dataflow.dataflow.execution import workspace
 from durable_dataflow.platform import Platform
 
 STATIC_DIR = Path(__file__).parent / "static"
+# Swagger UI's files for the API reference page (/ui/docs), from the installed fastapi-offline package (the
+# server extra), served under this path by the app itself: the page loads nothing from another host.
+API_DOCS_ASSETS = Path(str(importlib.resources.files("fastapi_offline") / "static"))
+API_DOCS_ASSETS_PATH = "/static/apidocs"
 CSRF_KEY_BYTES = 32
 HEALTH_UNREACHABLE = "the platform database is unreachable; the server log has the details"
-# What /docs answers: FastAPI's interactive pages are off (they load scripts from a CDN), so a visitor
-# who tries the usual address learns where the reference is instead of meeting a bare 404.
-API_DOCS_ELSEWHERE = (
-    "the interactive API pages are disabled (they would load scripts from a CDN); the OpenAPI 3.1 document "
-    "is GET /openapi.json (with a viewer token: Authorization: Bearer ddf_...), and docs/api.md describes "
-    "every endpoint"
-)
 logger = logging.getLogger(__name__)
 
 
@@ -83,6 +82,8 @@ def create_app(
     app.include_router(v1.router)
     app.include_router(schedules_api.router)
     app.include_router(web.router)
+    # Before /static: the more specific mount is matched first.
+    app.mount(API_DOCS_ASSETS_PATH, StaticFiles(directory=API_DOCS_ASSETS), name="apidocs")
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     _add_platform_routes(app)
     return app
@@ -159,9 +160,10 @@ def _add_platform_routes(app: FastAPI) -> None:
 
     @app.get("/docs", include_in_schema=False)
     @app.get("/redoc", include_in_schema=False)
-    def api_docs() -> JSONResponse:
-        """Not here: 404 ``not_found``, with a message naming where the API reference is."""
-        return errors.error_response("not_found", API_DOCS_ELSEWHERE)
+    def api_docs() -> RedirectResponse:
+        """The API reference is a page of the web view (/ui/docs): it reads the session cookie as every page
+        does, so a browser without a session is sent to the login form from there."""
+        return RedirectResponse(web.API_DOCS_PAGE, status_code=303)
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:

@@ -113,12 +113,24 @@ async def on_validation_error(request: Request, error: Exception) -> JSONRespons
     return error_response("invalid_input", validation_message(error.errors()))
 
 
+# Starlette's 404 for a path no route has: answered with where the API reference is instead.
+NOT_FOUND_STATUS = 404
+NOT_FOUND_DETAIL = "Not Found"
+SEE_API_REFERENCE = (
+    "see /docs for the API reference (a page of the web view: log in at /ui/login with a token) or GET "
+    "/openapi.json with Authorization: Bearer ddf_..."
+)
+
+
 async def on_http_error(request: Request, error: Exception) -> JSONResponse:
     error = handled_as(error, StarletteHTTPException)
     if error.status_code == MALFORMED_REQUEST_STATUS:  # Starlette's form parser ("Too many fields")
         return error_response("invalid_input", str(error.detail))  # 422, as the one table says
     code = CODE_BY_HTTP_STATUS.get(error.status_code, "invalid_input")
-    response = error_response(code, str(error.detail))
+    message = str(error.detail)
+    if error.status_code == NOT_FOUND_STATUS and message == NOT_FOUND_DETAIL:  # no route has this path
+        message = f"no endpoint has this path; {SEE_API_REFERENCE}"
+    response = error_response(code, message)
     response.status_code = error.status_code
     return response
 

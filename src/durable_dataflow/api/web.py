@@ -2,7 +2,9 @@
 
 Pages: /ui/login, /ui/runs (history, with a warning block on every unresolved run), /ui/runs/{id}
 (ledger timeline, verification, publication references, the Reconcile form for operators),
-/ui/schedules (the tenant's schedules, with a warning block on every unresolved last run),
+/ui/schedules (the tenant's schedules, with a warning block on every unresolved last run, each
+schedule's recent runs, and the tenant's backfills with their progress), /ui/backfills/{name} (every
+day of a definition's backfills with its run),
 /ui/datasources/{name}/partitions (a partitioned datasource's partitions as a grid of partition ×
 state, each cell linking to its runs) and
 /ui/ops (the Ops ledger projection of the operator's tenant, or of every tenant for a platform
@@ -29,7 +31,7 @@ from durable_dataflow.core.text import printable
 from durable_dataflow.core.units import US_PER_S
 from durable_dataflow.dataflow.protocol import fleet, partitions, runs, views
 from durable_dataflow.dataflow.protocol.runs import RecoveryStatus, RunStatus
-from durable_dataflow.dataflow.schedules import schedules
+from durable_dataflow.dataflow.schedules import backfill, schedules
 from durable_dataflow.ops import ledger as ops_ledger
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
@@ -242,8 +244,28 @@ def schedules_page(request: Request) -> HTMLResponse:
     """The tenant's schedules: cron, time zone, state, next and last tick, the last run (UNRESOLVED with
     its warning block when it is), as ``dataflow schedules list`` shows them."""
     caller = web_caller(request)
-    found = schedules.shown(platform_of(request).db, caller.tenant)
-    return render(request, "schedules.html", {"caller": caller, "items": found})
+    db = platform_of(request).db
+    found = schedules.shown(db, caller.tenant)
+    recent = backfill.recent_runs(db, caller.tenant, [item.status.applied.name for item in found])
+    context = {
+        "caller": caller,
+        "items": found,
+        # Per schedule: its newest runs, ticks and backfill days of its definition together.
+        "recent": recent,
+        "backfills": backfill.summaries(db, caller.tenant),
+        "progress_states": backfill.PROGRESS_STATES,
+    }
+    return render(request, "schedules.html", context)
+
+
+@router.get("/backfills/{name}", response_class=HTMLResponse)
+def backfill_page(request: Request, name: str) -> HTMLResponse:
+    """The backfills of definition ``name``: days per state, and every day with its run (linked), status,
+    Core recovery status and duration; 404 when the tenant has no backfill of that name."""
+    caller = web_caller(request)
+    found = backfill.progress(platform_of(request).db, caller.tenant, name)
+    context = {"caller": caller, "found": found, "progress_states": backfill.PROGRESS_STATES}
+    return render(request, "backfill.html", context)
 
 
 # The grid's columns: a partition's current publication, the states of the runs after it, and missing.
@@ -278,6 +300,34 @@ def cancel(request: Request, run_id: str, csrf: str = Form(default="")) -> Respo
     check_csrf(request, csrf)
     result = operations.cancel_run(platform_of(request), caller, run_id)
     return RedirectResponse(f"/ui/runs/{result.run.run_id}?cancelled=yes", status_code=303)
+
+
+# The API reference page: Swagger UI, its script and stylesheet served by the app (app.API_DOCS_ASSETS), started
+# by static/docs.js. Its policy allows scripts and styles from this origin only (no inline script or style,
+# no eval: Swagger UI 5 renders under it in Chromium) and the data: images of its stylesheet's icons.
+API_DOCS_PAGE = "/ui/docs"
+API_DOCS_CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+
+
+@router.get("/docs", response_class=HTMLResponse)
+def api_docs_page(request: Request) -> HTMLResponse:
+    """The interactive API reference (any tenant token, as GET /openapi.json): Swagger UI over
+    /ui/openapi.json, every script and stylesheet from this server."""
+    caller = web_caller(request)
+    response = render(request, "docs.html", {"caller": caller})
+    response.headers["Content-Security-Policy"] = API_DOCS_CONTENT_SECURITY_POLICY
+    return response
+
+
+@router.get("/openapi.json")
+def api_docs_document(request: Request) -> dict[str, Any]:
+    """The OpenAPI document of GET /openapi.json, for the reference page (the session cookie, read-only)."""
+    web_caller(request)
+    document: dict[str, Any] = request.app.openapi()
+    return document
 
 
 @router.get("/ops", response_class=HTMLResponse)

@@ -331,6 +331,38 @@ def partitioned_runs(conn: Connection, tenant: str, datasource: str) -> list[tup
     return [(from_row(row), _partition_values(row.partition_json)) for row in rows]
 
 
+def list_by_key_prefix(conn: Connection, tenant: str, prefix: str, *, limit: int) -> list[Run]:
+    """The tenant's runs whose idempotency key starts with ``prefix`` (taken literally: ``%`` and ``_``
+    match only themselves), newest first, at most ``limit``: a schedule's tick runs
+    (``schedule:<tenant>:<name>:``) or a definition's backfill days (``backfill:<tenant>:<name>:``).
+    The unique (tenant, idempotency_key) index serves the tenant; the prefix narrows within it."""
+    if "\x00" in tenant or "\x00" in prefix:
+        raise InputError("a run filter must not contain a NUL character")
+    rows = conn.execute(
+        sa.select(dataflow_runs)
+        .where(dataflow_runs.c.tenant == tenant, dataflow_runs.c.idempotency_key.startswith(prefix, autoescape=True))
+        .order_by(dataflow_runs.c.created_at_us.desc(), dataflow_runs.c.run_id.desc())
+        .limit(max(1, limit))
+    ).all()
+    return [from_row(row) for row in rows]
+
+
+def key_prefix_states(conn: Connection, tenant: str, prefix: str, *, limit: int) -> list[tuple[str, str, int]]:
+    """``(idempotency key, status, created_at_us)`` of the tenant's runs whose key starts with ``prefix``
+    (literally), newest first, at most ``limit``: three columns, no JSON parsed (a progress count over
+    many backfill days)."""
+    if "\x00" in tenant or "\x00" in prefix:
+        raise InputError("a run filter must not contain a NUL character")
+    c = dataflow_runs.c
+    rows = conn.execute(
+        sa.select(c.idempotency_key, c.status, c.created_at_us)
+        .where(c.tenant == tenant, c.idempotency_key.startswith(prefix, autoescape=True))
+        .order_by(c.created_at_us.desc(), c.run_id.desc())
+        .limit(max(1, limit))
+    ).all()
+    return [(str(key), str(status), int(created)) for key, status, created in rows]
+
+
 def _partition_values(text: str | None) -> dict[str, Any] | None:
     try:
         values = json.loads(text) if text else None

@@ -22,9 +22,9 @@ from typing import Any
 from croniter import CroniterError
 
 from durable_dataflow.core.db import Database
-from durable_dataflow.core.errors import Conflict, EvidenceError, InputError
+from durable_dataflow.core.errors import Conflict, EvidenceError, InputError, NotFound
 from durable_dataflow.dataflow.definitions import parameters as parameters_mod
-from durable_dataflow.dataflow.definitions.definitions import Definition, definition_hash
+from durable_dataflow.dataflow.definitions.definitions import IDENTIFIER_PATTERN, Definition, definition_hash
 from durable_dataflow.dataflow.definitions.schedule_spec import Tick, parse_template, render
 from durable_dataflow.dataflow.execution.workspace import Workspace
 from durable_dataflow.dataflow.protocol import cancel, partition_tokens, partitions, quotas, runs, views
@@ -153,7 +153,7 @@ def plan(
         raw = {name: render(value, tick) for name, value in template.items()}
         # Typed now, for every day: a bad value refuses the whole backfill before anything is recorded.
         parameters_mod.check_parameters(definition, raw)
-        items.append(BackfillItem(label, f"backfill:{tenant}:{definition.name}:{label}", raw, tick.local_date))
+        items.append(BackfillItem(label, f"{key_prefix(tenant, definition.name)}{label}", raw, tick.local_date))
     return items
 
 
@@ -329,3 +329,178 @@ def _cancel_one(
         return CancelResult(item, service.get(found.run_id), CancelOutcome.EVIDENCE_FAILED, broken.message)
     outcome = CancelOutcome.CANCELLED if done.cancelled else CancelOutcome.ALREADY_CANCELLED
     return CancelResult(item, done.run, outcome, done.detail)
+
+
+# ---- reading backfills (the web view: /ui/schedules and /ui/backfills/<definition>) ----------------
+# A backfill is recorded as its runs only: one per day (or tick) under ``backfill:<tenant>:<name>:<tick>``,
+# or ``…:<tick>:<12 hex digits of the definition hash>`` for a day re-submitted by ``--stale``. So a
+# definition's backfills are read as one: every day any backfill of it covered, each in the state of its
+# newest run (a stale re-run replaces the day's earlier run).
+
+# The states a backfill's progress counts days in; ``unresolved`` holds outcome_unknown and evidence_failed
+# (and a run whose lease expired after dispatch authorization, on the page that reads its lease).
+PROGRESS_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "unresolved")
+_UNRESOLVED_STATUSES = frozenset({RunStatus.OUTCOME_UNKNOWN.value, RunStatus.EVIDENCE_FAILED.value})
+# The most runs one read of a tenant's backfills (the summary) or of one definition's (its page) reads.
+BACKFILL_RUNS_READ_MAX = 20_000
+# A schedule's recent runs as the schedules page lists them: ticks and backfill days together.
+RECENT_RUNS_SHOWN = 5
+_NAME = re.compile(IDENTIFIER_PATTERN)
+_STALE_SUFFIX = re.compile(rf"^(?P<tick>.+):(?P<hash>[0-9a-f]{{{STALE_KEY_HASH_CHARS}}})$")
+
+
+def key_prefix(tenant: str, name: str | None = None) -> str:
+    """What the keys of the tenant's backfill runs start with (of definition ``name`` only, when given)."""
+    return f"backfill:{tenant}:" if name is None else f"backfill:{tenant}:{name}:"
+
+
+def parse_key(tenant: str, key: str) -> tuple[str, str] | None:
+    """``(definition name, tick)`` of a backfill run's key (a stale day's hash suffix dropped); None for
+    a key that is not a backfill key of the tenant."""
+    prefix = key_prefix(tenant)
+    if not key.startswith(prefix):
+        return None
+    name, sep, tail = key[len(prefix) :].partition(":")
+    if not sep or not tail or _NAME.fullmatch(name) is None:
+        return None
+    stale = _STALE_SUFFIX.fullmatch(tail)
+    return name, stale.group("tick") if stale is not None else tail
+
+
+def state_of(status: str, unresolved: bool = False) -> str:
+    """The progress state of a day whose newest run has ``status`` (one of ``PROGRESS_STATES``)."""
+    return "unresolved" if unresolved or status in _UNRESOLVED_STATUSES else status
+
+
+@dataclass(frozen=True)
+class BackfillSummary:
+    """One definition's backfills: how many days, in which state, over which ticks, recorded when."""
+
+    definition: str
+    counts: dict[str, int]  # days per PROGRESS_STATES state
+    first_tick: str
+    last_tick: str
+    last_recorded_us: int  # the newest run's recorded time (database clock)
+
+    @property
+    def days(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def done(self) -> int:
+        """Days that reached a final state (succeeded, failed, cancelled)."""
+        return sum(self.counts[state] for state in ("succeeded", "failed", "cancelled"))
+
+
+@dataclass(frozen=True)
+class Summaries:
+    items: list[BackfillSummary]  # the most recently recorded backfill first
+    truncated: bool  # the tenant has more than BACKFILL_RUNS_READ_MAX backfill runs: the oldest were not read
+
+
+def summaries(db: Database, tenant: str) -> Summaries:
+    """The tenant's backfills, one per definition, from its newest ``BACKFILL_RUNS_READ_MAX`` backfill runs
+    (three columns each): each day counted once, in the state of its newest run."""
+    with db.read() as conn:
+        rows = runs.key_prefix_states(conn, tenant, key_prefix(tenant), limit=BACKFILL_RUNS_READ_MAX + 1)
+    newest: dict[tuple[str, str], tuple[str, int]] = {}  # (name, tick) -> (status, recorded); rows newest first
+    for key, status, created_us in rows[:BACKFILL_RUNS_READ_MAX]:
+        parsed = parse_key(tenant, key)
+        if parsed is not None:
+            newest.setdefault(parsed, (status, created_us))
+    by_name: dict[str, list[tuple[str, str, int]]] = {}
+    for (name, tick), (status, created_us) in newest.items():
+        by_name.setdefault(name, []).append((tick, status, created_us))
+    items = []
+    for name, days in by_name.items():
+        counts = dict.fromkeys(PROGRESS_STATES, 0)
+        for _, status, _ in days:
+            counts[state_of(status)] += 1
+        ticks = sorted(tick for tick, _, _ in days)
+        items.append(BackfillSummary(name, counts, ticks[0], ticks[-1], max(created for _, _, created in days)))
+    items.sort(key=lambda s: (-s.last_recorded_us, s.definition))
+    return Summaries(items, truncated=len(rows) > BACKFILL_RUNS_READ_MAX)
+
+
+@dataclass(frozen=True)
+class BackfillDay:
+    tick: str
+    view: views.RunView  # the day's newest run, as readers show it
+    earlier: list[views.RunView]  # the day's older runs (a --stale re-run keeps the day's earlier one), newest first
+
+    @property
+    def state(self) -> str:
+        return state_of(self.view.run.status, self.view.unresolved)
+
+
+@dataclass(frozen=True)
+class BackfillProgress:
+    definition: str
+    days: list[BackfillDay]  # in tick order
+    now_us: int  # the database clock at the read (a queued or running day's time so far)
+    truncated: bool  # more than BACKFILL_RUNS_READ_MAX runs: only the newest were read
+
+    @property
+    def counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(PROGRESS_STATES, 0)
+        for day in self.days:
+            counts[day.state] += 1
+        return counts
+
+
+def progress(db: Database, tenant: str, name: str) -> BackfillProgress:
+    """Every day of the tenant's backfills of definition ``name``, each with its runs' views; NotFound
+    when the tenant has no backfill run of that name (another tenant's name is not found either)."""
+    missing = NotFound(f"no backfill of a definition named {name!r}")
+    if _NAME.fullmatch(name) is None:
+        raise missing
+    with db.read() as conn:
+        found = runs.list_by_key_prefix(conn, tenant, key_prefix(tenant, name), limit=BACKFILL_RUNS_READ_MAX + 1)
+        shown = views.load(conn, db, found[:BACKFILL_RUNS_READ_MAX])
+        now_us = db.now_us(conn)
+    if not shown:
+        raise missing
+    by_tick: dict[str, list[views.RunView]] = {}
+    for view in shown:  # newest first
+        parsed = parse_key(tenant, view.run.idempotency_key)
+        if parsed is not None:
+            by_tick.setdefault(parsed[1], []).append(view)
+    days = [BackfillDay(tick, found_views[0], found_views[1:]) for tick, found_views in sorted(by_tick.items())]
+    return BackfillProgress(name, days, now_us, truncated=len(found) > BACKFILL_RUNS_READ_MAX)
+
+
+@dataclass(frozen=True)
+class RecentRun:
+    origin: str  # "tick" (the schedule's own) or "backfill"
+    tick: str
+    view: views.RunView
+
+
+@dataclass(frozen=True)
+class RecentRuns:
+    items: list[RecentRun]  # newest recorded first
+    now_us: int
+
+
+def recent_runs(db: Database, tenant: str, names: list[str], limit: int = RECENT_RUNS_SHOWN) -> dict[str, RecentRuns]:
+    """Per schedule name: its newest ``limit`` runs, the schedule's tick runs and the backfill days of its
+    definition (``schedule:<tenant>:<name>:`` and ``backfill:<tenant>:<name>:``) together, newest first."""
+    found: dict[str, RecentRuns] = {}
+    with db.read() as conn:
+        now_us = db.now_us(conn)
+        for name in names:
+            ticks = runs.list_by_key_prefix(conn, tenant, schedules.schedule_key_prefix(tenant, name), limit=limit)
+            days = runs.list_by_key_prefix(conn, tenant, key_prefix(tenant, name), limit=limit)
+            newest = sorted(ticks + days, key=lambda r: (r.created_at_us, r.run_id), reverse=True)[:limit]
+            shown = views.load(conn, db, newest)
+            items = []
+            tick_prefix = schedules.schedule_key_prefix(tenant, name)
+            for view in shown:
+                key = view.run.idempotency_key
+                if key.startswith(tick_prefix):
+                    items.append(RecentRun("tick", key.removeprefix(tick_prefix), view))
+                else:
+                    parsed = parse_key(tenant, key)
+                    items.append(RecentRun("backfill", parsed[1] if parsed is not None else key, view))
+            found[name] = RecentRuns(items, now_us)
+    return found

@@ -82,7 +82,12 @@ _log = structlog.get_logger("dataflow.schedules")
 
 def schedule_key(tenant: str, name: str, tick: Tick) -> str:
     """The idempotency key of a tick's run."""
-    return f"schedule:{tenant}:{name}:{tick.iso}"
+    return f"{schedule_key_prefix(tenant, name)}{tick.iso}"
+
+
+def schedule_key_prefix(tenant: str, name: str) -> str:
+    """What every tick run's key of the schedule starts with (its tick follows)."""
+    return f"schedule:{tenant}:{name}:"
 
 
 def parse_now(text: str | None) -> dt.datetime | None:
