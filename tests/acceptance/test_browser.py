@@ -118,7 +118,8 @@ def test_operator_sees_the_warning_and_reconciles_in_a_browser(server: tuple[str
             warning = page.get_by_role("alert").filter(has_text=run_id)
             expect(warning).to_be_visible()
             expect(warning).to_contain_text("external output may exist")
-            expect(warning).to_contain_text(f"dataflow/default/{run_id}")
+            # The sink key derives from the tenant and the run's idempotency key (forward.publication_key).
+            expect(warning).to_contain_text(re.compile(r"dataflow/default/key/[0-9a-f]{64}"))
             expect(warning).not_to_contain_text("failed")
             page.screenshot(path=str(SCREENSHOTS / "history.png"), full_page=True)
 
