@@ -140,15 +140,18 @@ def test_the_distributed_quick_start_publishes_and_verifies_a_run(cluster: Postg
     assert "evidence verified" in stdout, stdout
 
     with psycopg.connect(f"postgresql://postgres@127.0.0.1:{cluster.port}/dataflow") as conn:
-        runs = conn.execute("SELECT run_id, status, recovery_status, tenant FROM dataflow_runs").fetchall()
-    assert len(runs) == 1 and runs[0][1:] == ("succeeded", "verified", "acme"), runs
-    run_id = runs[0][0]
+        runs = conn.execute(
+            "SELECT run_id, status, recovery_status, tenant, publication_idempotency_key FROM dataflow_runs"
+        ).fetchall()
+    assert len(runs) == 1 and runs[0][1:4] == ("succeeded", "verified", "acme"), runs
+    run_id, key = runs[0][0], runs[0][4]
+    assert key.startswith("dataflow/acme/key/"), key
     with psycopg.connect(f"postgresql://postgres@127.0.0.1:{cluster.port}/acme_sink") as conn:
         keys = conn.execute("SELECT idempotency_key, row_count FROM sink_publications").fetchall()
         rows = conn.execute("SELECT region, revenue::text, _publication_key FROM public.revenue").fetchall()
-    assert keys == [(f"dataflow/acme/{run_id}", len(EXPECTED_REVENUE))]
+    assert keys == [(key, len(EXPECTED_REVENUE))]
     assert {region: revenue for region, revenue, _ in rows} == EXPECTED_REVENUE and len(rows) == 2
-    assert {key for _, _, key in rows} == {f"dataflow/acme/{run_id}"}
+    assert {published for _, _, published in rows} == {key}
     assert alive == {"worker": 2, "sweeper": 1}, "both workers and serve's sweeper registered alive"
     assert _wait_for_workers(platform_url, "stopped") == {"worker": 2, "sweeper": 1}, "each stopped gracefully"
     started = [name for name, text in logs.items() if name.startswith("worker-") and "worker.started" in text]

@@ -239,7 +239,7 @@ def test_delta_publish_errors_do_not_echo_absolute_sink_paths(server: Server) ->
     error_message and in the reconcile detail. The run must fail, with a message that says why and
     never names the path (issue 26, finding 8: a run that did not fail passed this test)."""
     first = _run(server.post("acme-operator", _document(_inline(), "select s from t", _target("parquet", "out"))))
-    stem = hashlib.sha256(f"dataflow/acme/{first['run_id']}".encode()).hexdigest()
+    stem = hashlib.sha256(str(first["publication_idempotency_key"]).encode()).hexdigest()
     run = _run(server.post("acme-operator", _document(_inline(), "select s from t",
                                                       _target("delta", f"out/data/{stem}.parquet"))))  # fmt: skip
     assert run["status"] == "failed", run
