@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from durable_dataflow.core import ledger
 from durable_dataflow.core.schema import checkpoints, leases, ledger_entries
 from durable_dataflow.dataflow.definitions.definitions import Definition, load_definition
-from durable_dataflow.dataflow.protocol import evidence, runs
+from durable_dataflow.dataflow.protocol import evidence, forward, runs
 from durable_dataflow.dataflow.protocol.runs import MODULE, Mode, Run, RunStatus
 from durable_dataflow.dataflow.schema import dataflow_runs, definitions, run_results
 from durable_dataflow.platform import Platform
@@ -258,7 +258,7 @@ def check_fenced_ledger(world: World, history: History) -> None:
 
 def check_publications(world: World, history: History) -> None:
     """Invariant 6: one manifest per key, of a known run, and a publication never changes."""
-    known = {f"dataflow/{r.tenant}/{r.run_id}" for r in world.runs.values()}
+    known = {forward.publication_key(r) for r in world.runs.values()}
     for key, manifest in world.manifests.items():
         assert key in known, f"invariant 6: the sink holds key {key!r} of no run"
         if manifest["kind"] != "publication":
