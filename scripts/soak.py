@@ -4,14 +4,32 @@ reconciles killed mid-way, replays of the same keys, re-runs of the same partiti
     .venv/bin/python scripts/soak.py [--runs 200] [--workers 4] [--seed S] [--lease-ttl 2] [--db URL]
 
 It starts a throwaway PostgreSQL cluster (tests/support/pg.py) unless --db names a PostgreSQL
-database and plans --runs runs from the seed, in a cycle of ten: three atomic, one forward append
-to each of three sinks (a Parquet folder, a Delta table, a PostgreSQL table in a second database
-of the same server, or --sink-db) and two forward `mode: replace_partition` runs to each of two
-partitioned targets (a Delta table and a PostgreSQL table, `partition: {day: $day}`), each for one
-of DAYS days drawn from the seed, so every day of each is re-run many times under new keys, and
-runs of one day overlap. The first few are submitted through `dataflow submit` killed at
-`after_record`; the rest are submitted while the fleet works (the queue topped up as it drains),
-each top-up also replaying earlier keys, which must return the run first recorded for the key.
+database, and a moto_server (tests/support/s3.py: S3 over HTTP on loopback, with conditional writes)
+with a bucket for the object-store sink, and plans --runs runs from the seed, in a cycle of twelve:
+three atomic, one forward append to each of three local or PostgreSQL sinks (a Parquet folder, a
+Delta table, a PostgreSQL table in a second database of the same server, or --sink-db), two forward
+appends to a Delta table on the store (`location: s3://bucket/tables/soak_delta_s3`, credentials as
+secret references resolved from the environment of every process), one straight to the store
+(delta_s3) and one through a FaultProxy (delta_s3_lost), and two forward `mode: replace_partition`
+runs to each of two partitioned targets (a Delta table and a PostgreSQL table, `partition: {day:
+$day}`), each for one of DAYS days drawn from the seed, so every day of each is re-run many times
+under new keys, and runs of one day overlap. Twelve rather than ten: the atomic runs keep their
+three slots (cheap, and most of the non-publishing crash points) and every other kind keeps one run
+in each cycle (a sixth fewer of each than in a cycle of ten, the fault rate unchanged), while the
+store gets two, so that a 200-run soak has some 17 runs of each S3 kind, enough for lost answers to
+end outcome_unknown and be reconciled on the store (measured: 5 answers lost, 4 runs reconciled
+present from the store; a trial with one S3 slot in a cycle of eleven, half its runs through the
+proxy, lost one answer in 60 runs and left no run outcome_unknown). The store's own fault: over and
+over, the proxy forwards the next commit of the table made through it (a delta_s3_lost publication,
+or its reconcile's fence) and drops its answer, then drops every answer for S3_HEAL_AFTER_S (shorter
+than the writer's retries, a retry learns the outcome from the log; longer, the run ends
+outcome_unknown and a reconcile decides it from the store), then heals, and re-arms a few seconds
+later; it is healed for good when every run is terminal, before the end's reconciles. A run through
+the proxy that meets a blackhole before dispatch fails there with nothing written (about half of
+them): a store that cannot be listed is never taken for an empty one. The first few runs are
+submitted through `dataflow submit` killed at `after_record`; the rest are submitted while the fleet
+works (the queue topped up as it drains), each top-up also replaying earlier keys, which must return
+the run first recorded for the key.
 
 It keeps --workers worker processes alive. Each new worker is clean or armed with a crash point
 (DATAFLOW_CRASH_AT: SIGKILL there) or a pause point (DATAFLOW_PAUSE_AT: SIGSTOP there; SIGCONT once
@@ -27,14 +45,20 @@ every run still unresolved (or `reconciled_absent`) is reconciled with `--resume
 until none is left; every key is replayed once more (a few through `dataflow submit`).
 
 Then the checker reads the ledger, the run projection, the stored results and the sinks and counts
-violations of DESIGN §7 invariants 3, 6, 7, 8 and 9 (tests/faults/harness.py), of "each partition
-holds exactly the rows of exactly one run, the one recorded as its current publication" (the
-partitioned sinks read by delta-rs and by SQL; the current publication is the partition's
-succeeded run with the highest partition token), and of the replays (another run, or a new one, for
-a key). It prints the seed, the runs per second, the faults that hit a run (crashes and pauses of
-workers, killed submits and reconciles) and their rate, the reconciles, the runs per final state
-(per kind of run) and the violations. It exits 1 on any violation, and when fewer than one run in
-ten was hit by a fault (FAULT_RATE_REQUIRED): a soak that stopped hurting fails.
+violations of DESIGN §7 invariants 3, 6, 7, 8 and 9 (tests/faults/harness.py; the S3 table's
+publications read from its log with boto3, never delta-rs, as the local Delta table's are from its
+folder: each key at most once, a succeeded run's there with its digest, none for a failed, cancelled
+or atomic run), of "the S3 table's live rows are exactly the stored result rows of the runs whose
+publications it holds" (its data files read with pyarrow from the bytes boto3 fetched, the log whole
+from version 0, no commit publishing a key without naming it), of "each partition holds exactly the
+rows of exactly one run, the one recorded as its current publication" (the partitioned sinks read by
+delta-rs and by SQL; the current publication is the partition's succeeded run with the highest
+partition token), and of the replays (another run, or a new one, for a key). It prints the seed, the
+runs per second, the faults that hit a run (crashes and pauses of workers, killed submits and
+reconciles, answers lost by the store's proxy) and their rate, the reconciles, the runs per final
+state (per kind of run), the S3 table's publications, rows and its runs per recovery status, and the
+violations. It exits 1 on any violation, and when fewer than one run in ten was hit by a fault
+(FAULT_RATE_REQUIRED): a soak that stopped hurting fails.
 """
 
 from __future__ import annotations
@@ -50,6 +74,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +95,7 @@ from durable_dataflow.dataflow.schema import dataflow_runs  # noqa: E402
 from durable_dataflow.platform import Platform  # noqa: E402
 from faults import harness  # noqa: E402
 from support.pg import PostgresServer  # noqa: E402
+from support.s3 import ACCESS_KEY, REGION, SECRET_KEY, FaultProxy, MotoServer  # noqa: E402
 
 RUNS_DEFAULT = 200  # with a fault in one run in ten or more, reconciles and replays: minutes on 2 cores
 WORKERS_DEFAULT = 4
@@ -77,12 +103,23 @@ LEASE_TTL_S_DEFAULT = 2.0
 DEADLINE_S_BASE = 600.0  # the default deadline: this, plus DEADLINE_S_PER_RUN for each run
 DEADLINE_S_PER_RUN = 1.0  # several times the pace seen on a shared 2-core machine with the faults below
 SINK_SECRET = "SOAK_SINK_DSN"  # the secret the PostgreSQL-table targets' DSN is read from
-# The kinds of run, in a cycle of ten by run number: 3 atomic, 3 appends (one per sink), 4 partitioned.
+# The kinds of run, in a cycle of twelve by run number: 3 atomic, 5 appends (one per local or PostgreSQL
+# sink, two to the object store's), 4 partitioned.
 KIND_CYCLE = (
-    "atomic", "parquet", "delta_daily", "atomic", "delta", "postgres_daily", "atomic", "postgres",
-    "delta_daily", "postgres_daily",
+    "atomic", "parquet", "delta_daily", "delta_s3", "atomic", "delta", "postgres_daily", "delta_s3_lost",
+    "atomic", "postgres", "delta_daily", "postgres_daily",
 )  # fmt: skip
-APPEND_KINDS = ("parquet", "delta", "postgres")
+APPEND_KINDS = ("parquet", "delta", "postgres", "delta_s3", "delta_s3_lost")
+# The object-store sink: one Delta table on a moto_server, appended to directly ("delta_s3") and through
+# a FaultProxy that loses answers ("delta_s3_lost").
+S3_KINDS = ("delta_s3", "delta_s3_lost")
+S3_TABLE = "tables/soak_delta_s3"
+S3_ACCESS_SECRET = "SOAK_S3_ACCESS_KEY"  # the secrets the S3 targets' credentials are read from
+S3_SECRET_SECRET = "SOAK_S3_SECRET_KEY"
+S3_LATER_COMMIT = r"/_delta_log/(?!0{20})\d{20}\.json$"  # a commit after the table's creation (version 0)
+S3_HEAL_AFTER_S = (1.0, 10.0)  # the proxy, having lost a commit's answer, drops every answer this long:
+# shorter than the writer's retries (~4 s), the retry learns the outcome from the log; longer, outcome_unknown
+S3_REARM_AFTER_S = (0.0, 4.0)  # then forwards faithfully this long before losing the next commit's answer
 PARTITIONED_KINDS = ("delta_daily", "postgres_daily")
 PG_APPEND_TABLE = "soak_published"
 PG_DAILY_TABLE = "soak_daily"
@@ -186,6 +223,7 @@ class Stats:
     reconciles: int = 0
     reconcile_kills: dict[str, int] = field(default_factory=dict)
     reconcile_exit_codes: dict[int, int] = field(default_factory=dict)
+    store_answers_lost: int = 0  # the proxy forwarded a commit to the store and dropped its answer
     settled: dict[int, int] = field(default_factory=dict)  # the end's reconciles: exit code -> count
     replays: int = 0
     cli_replays: int = 0
@@ -198,8 +236,8 @@ class Stats:
     @property
     def faults(self) -> int:
         """Faults that hit a run: a worker killed or stopped at its point (in a run), a submit killed
-        after recording its run, a reconcile killed mid-way."""
-        return self.worker_faults + self.submit_kills + sum(self.reconcile_kills.values())
+        after recording its run, a reconcile killed mid-way, a commit's answer lost by the store's proxy."""
+        return self.worker_faults + self.submit_kills + sum(self.reconcile_kills.values()) + self.store_answers_lost
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -239,6 +277,69 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+class Store:
+    """The object-store sink: a moto_server of the soak's own (S3 over HTTP on loopback), a bucket, and a
+    FaultProxy in front of it through which the delta_s3_lost runs (and their reconciles) reach the
+    store. Over and over, the proxy forwards the next commit of the table (a publication, or a
+    reconcile's fence) to the store and drops its answer, then drops every answer for a while, so
+    the writer's retries cannot learn the outcome either (the textbook lost answer: the run ends
+    outcome_unknown and only the store can tell), then heals, and some seconds later loses the next."""
+
+    def __init__(self, work: Path) -> None:
+        self.server = MotoServer(work / "moto.log")
+        try:
+            self.bucket = self.server.new_bucket()
+            self.proxy = FaultProxy(self.server.endpoint.removeprefix("http://")).start()
+            # A client that gave up on a slow answer leaves the proxy a broken pipe: to a log, not stderr.
+            self._errors = (work / "proxy-errors.log").open("a")
+            self.proxy._server.handle_error = lambda request, address: traceback.print_exc(file=self._errors)
+        except BaseException:
+            self.server.stop()
+            raise
+        self.url = f"s3://{self.bucket}/{S3_TABLE}"
+        self.armed = False  # the proxy loses the next commit's answer
+        self.losing_until_s: float | None = None  # it lost one and drops every answer until then
+        self.arm_at_s = 0.0
+
+    def options(self, *, through_proxy: bool) -> dict[str, object]:
+        """A target's store options: the endpoint (the store's, or the proxy's), credentials as secrets."""
+        return {
+            "endpoint": self.proxy.endpoint if through_proxy else self.server.endpoint,
+            "allow_http": True,
+            "region": REGION,
+            "access_key_id": {"secret": S3_ACCESS_SECRET},
+            "secret_access_key": {"secret": S3_SECRET_SECRET},
+        }
+
+    def tick(self, rng: random.Random, stats: Stats) -> None:
+        """Advance the proxy's script: armed -> an answer lost (counted) -> healed -> armed again."""
+        now = time.monotonic()
+        if self.armed and self.proxy.fired:
+            self.armed = False
+            stats.store_answers_lost += 1
+            self.losing_until_s = now + rng.uniform(*S3_HEAL_AFTER_S)
+        elif self.losing_until_s is not None and now >= self.losing_until_s:
+            self.heal()
+            self.arm_at_s = now + rng.uniform(*S3_REARM_AFTER_S)
+        elif not self.armed and self.losing_until_s is None and now >= self.arm_at_s:
+            self.proxy.lose_answer("PUT", S3_LATER_COMMIT, then_blackhole=True)
+            self.armed = True
+
+    def heal(self) -> None:
+        """Every request is forwarded and answered from now on (until the next `tick` arms it again)."""
+        self.proxy.heal()
+        self.armed, self.losing_until_s = False, None
+
+    def read(self) -> harness.StoreTable:
+        """The table as an independent reader sees it: its log and data files fetched with boto3."""
+        return harness.delta_store_table(self.server.client(), self.bucket, S3_TABLE)
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        self.server.stop()
+        self._errors.close()
+
+
 @dataclass(frozen=True)
 class Flows:
     """The soak's definitions (one per kind of run) and where each sink is read."""
@@ -246,11 +347,13 @@ class Flows:
     definitions: dict[str, Path]  # kind -> definition
     work: Path
     sink_dsn: str
+    store: Store
 
     @classmethod
-    def write(cls, work: Path, sink_dsn: str) -> Flows:
+    def write(cls, work: Path, sink_dsn: str, store: Store) -> Flows:
         defs = work / "defs"
         pg = {"dsn": {"secret": SINK_SECRET}}
+        direct, lossy = store.options(through_proxy=False), store.options(through_proxy=True)
         definitions = {
             "atomic": harness.inline_definition(defs, "soak_atomic"),
             "parquet": harness.inline_definition(defs, "soak_parquet", publish_to="sink_parquet"),
@@ -264,8 +367,14 @@ class Flows:
             "postgres_daily": harness.partitioned_definition(
                 defs, "soak_postgres_daily", provider="postgres", location=PG_DAILY_TABLE, options=pg
             ),
+            "delta_s3": harness.inline_definition(
+                defs, "soak_delta_s3", publish_to=store.url, provider="delta", options=direct
+            ),
+            "delta_s3_lost": harness.inline_definition(
+                defs, "soak_delta_s3_lost", publish_to=store.url, provider="delta", options=lossy
+            ),
         }
-        return cls(definitions, work, sink_dsn)
+        return cls(definitions, work, sink_dsn, store)
 
     def kind_of(self, definition_name: str) -> str:
         return {path.stem: kind for kind, path in self.definitions.items()}.get(definition_name, definition_name)
@@ -273,8 +382,9 @@ class Flows:
     def request(self, planned: Planned) -> RunRequest:
         return harness.request_for(self.definitions[planned.kind], planned.parameters, planned.key)
 
-    def publications(self) -> dict[str, list[harness.Publication]]:
-        """Every publication each sink holds, read from the sink itself (kind -> publications)."""
+    def publications(self, on_store: harness.StoreTable) -> dict[str, list[harness.Publication]]:
+        """Every publication each sink holds, read from the sink itself (kind -> publications; the S3
+        table, which both S3 kinds append to, under delta_s3, as ``on_store`` read it)."""
         defs = self.work / "defs"
         in_pg = harness.postgres_publications(self.sink_dsn)
         return {
@@ -283,6 +393,7 @@ class Flows:
             "delta_daily": harness.delta_publications(defs / "sink_delta_daily"),
             "postgres": [p for p in in_pg if PG_DAILY_TABLE not in p.where],
             "postgres_daily": [p for p in in_pg if PG_DAILY_TABLE in p.where],
+            "delta_s3": on_store.publications,
         }
 
     def partition_rows(self) -> dict[str, dict[str, list[harness.Row]]]:
@@ -504,9 +615,11 @@ def supervise(url: str, args: argparse.Namespace, rng: random.Random, keys: Keys
     slots: list[Slot] = []
     reconciling: Reconciling | None = None
     deadline = time.monotonic() + args.deadline
+    store, store_rng = keys.flows.store, random.Random(rng.random())
     with harness.open_platform(url) as platform:
         keys.submit(platform, QUEUE_LOW * 2)
         while time.monotonic() < deadline:
+            store.tick(store_rng, stats)
             slots = [s for s in slots if not tend(s, rng, args.lease_ttl, stats)]
             if reconciling is not None and reconcile_done(reconciling, stats):
                 reconciling = None
@@ -528,10 +641,12 @@ def supervise(url: str, args: argparse.Namespace, rng: random.Random, keys: Keys
                 reconciling = reconcile_one(url, platform.db, rng, args.lease_ttl, reconcile_log, stats)
             time.sleep(SUPERVISOR_POLL_S)  # the supervisor's own pace, not a wait for an order
         else:
+            store.heal()
             if reconciling is not None:
                 reconciling.proc.kill()
                 reconciling.proc.wait()
             return False
+        store.heal()  # for good: the fleet drains, and the end's reconciles see the store
         for slot in slots:  # resume the paused ones so they can try (and fail) their stale writes
             if harness.is_stopped(slot.proc.pid):
                 harness.resume(slot.proc)
@@ -609,6 +724,27 @@ def check_partitions(db: Database, flows: Flows) -> tuple[list[str], dict[str, i
     return problems, held_count
 
 
+def check_store(db: Database, flows: Flows, on_store: harness.StoreTable) -> tuple[str, list[str]]:
+    """The S3 table read back without delta-rs: its log must be whole, each publication's rows there
+    once (the stored results of the runs whose keys it holds, nothing else); and a summary line."""
+    names = [flows.definitions[kind].stem for kind in S3_KINDS]
+    problems = [f"delta_s3: {problem}" for problem in on_store.problems]
+    problems += harness.published_rows_problems(
+        db, "delta_s3", on_store.rows, on_store.publications, names, ("item", "qty")
+    )
+    recovery: Counter[str] = Counter()
+    for run in harness.all_runs(db):
+        if run.definition_name in names:
+            recovery[f"{flows.kind_of(run.definition_name)}:{run.recovery_status}"] += 1
+    summary = (
+        f"S3 sink {flows.store.url}: {len(on_store.publications)} publications "
+        f"({len({p.key for p in on_store.publications})} keys), {len(on_store.rows)} rows read back with boto3 + "
+        f"pyarrow; S3 runs per recovery status {dict(sorted(recovery.items()))}; {flows.store.proxy.requests.total()} "
+        f"requests through the proxy"
+    )
+    return summary, problems
+
+
 def _stop(signum: int, frame: object) -> None:
     raise SystemExit(f"soak: stopped by signal {signum}")
 
@@ -622,6 +758,7 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     phases: dict[str, float] = {}  # phase -> seconds it took
     server = None if args.db else PostgresServer.launch()
+    store: Store | None = None
     stats = Stats()
     lineage = LineageCheck() if args.lineage else None
     if lineage is not None:
@@ -632,7 +769,10 @@ def main(argv: list[str]) -> int:
         sink_dsn = str(args.sink_db or harness.fresh_database(server, "soak_sink"))
         sink_dsn = sink_dsn.replace("postgresql+psycopg://", "postgresql://")
         os.environ[SINK_SECRET] = sink_dsn  # submits check the target's secret; workers inherit it
-        flows = Flows.write(Path(tempfile.mkdtemp(prefix="dataflow-soak-")), sink_dsn)
+        os.environ[S3_ACCESS_SECRET], os.environ[S3_SECRET_SECRET] = ACCESS_KEY, SECRET_KEY  # the same for S3
+        work = Path(tempfile.mkdtemp(prefix="dataflow-soak-"))
+        store = Store(work)
+        flows = Flows.write(work, sink_dsn, store)
         keys = Keys(flows, plan(args.runs, seed), stats)
         keys.submit_via_cli_killed(url, args.lease_ttl)
         flood = Flood.open(url, flows.work) if args.flood else None
@@ -653,9 +793,11 @@ def main(argv: list[str]) -> int:
         replay_all(url, args.lease_ttl, keys, rng)
         phases["replays"], mark = time.monotonic() - mark, time.monotonic()
         with harness.open_platform(url) as platform:
-            published = flows.publications()
+            on_store = store.read()
+            published = flows.publications(on_store)
             report = harness.check(platform.db, [p for found in published.values() for p in found])
             partition_violations, partitions_held = check_partitions(platform.db, flows)
+            store_summary, store_violations = check_store(platform.db, flows, on_store)
             flooded, flooded_inline = flood_runs(platform.db)
             waits = fairness_summary(first_claims(platform.db)) if flood is not None else ("", [])
             if lineage is not None:
@@ -669,9 +811,11 @@ def main(argv: list[str]) -> int:
                 proc.wait()
         if server is not None:
             server.destroy()
+        if store is not None:
+            store.stop()
         if lineage is not None:
             lineage.stop()
-    report.violations += stats.violations + partition_violations + waits[1] + lineage_report[1]
+    report.violations += stats.violations + partition_violations + store_violations + waits[1] + lineage_report[1]
     if flood is not None:
         report.violations += flood.violations()
     total = sum(report.states.values()) - flooded  # the soak's own runs
@@ -697,6 +841,8 @@ def main(argv: list[str]) -> int:
     print(f"soak:   submits killed at after_record {stats.submit_kills}")
     print(f"soak:   reconciles killed mid-way {sum(stats.reconcile_kills.values())} "
           f"{dict(sorted(stats.reconcile_kills.items()))}")  # fmt: skip
+    print(f"soak:   store answers lost {stats.store_answers_lost} (a commit forwarded to the S3 store, its answer "
+          f"and every answer for {S3_HEAL_AFTER_S[0]:g}-{S3_HEAL_AFTER_S[1]:g}s dropped)")  # fmt: skip
     print(
         f"soak: reconciles during the soak {stats.reconciles}, exit codes "
         f"{dict(sorted(stats.reconcile_exit_codes.items()))}; at the end {dict(sorted(stats.settled.items()))}"
@@ -705,8 +851,10 @@ def main(argv: list[str]) -> int:
     print(f"soak: worker exit codes {dict(sorted(stats.exit_codes.items()))}; logs in {flows.work}")
     for kind, states in sorted(per_kind.items()):
         sink = f"; {len(published[kind])} publications in the sink" if kind in published else ""
+        sink += " (the S3 table, with delta_s3_lost's)" if kind == "delta_s3" else ""
         held = f"; {partitions_held[kind]} partitions held" if kind in partitions_held else ""
         print(f"soak: {kind}: {dict(sorted(states.items()))}{sink}{held}")
+    print(f"soak: {store_summary}")
     if flood is not None:
         print(f"soak: {flood.report()}; {flooded} runs of the flood recorded")
         print(f"soak: {waits[0]}")

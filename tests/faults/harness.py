@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -270,6 +272,70 @@ def postgres_rows_per_key(dsn: str, table: str) -> dict[str, int]:
     with psycopg.connect(dsn.replace("postgresql+psycopg://", "postgresql://")) as conn:
         rows = conn.execute(f'select _publication_key, count(*) from "{table}" group by 1').fetchall()
     return {str(k): int(c) for k, c in rows}
+
+
+DELTA_COMMIT = re.compile(r"/(\d{20})\.json$")  # a commit of a Delta log (checkpoints are not read)
+
+
+@dataclass
+class StoreTable:
+    """A Delta table on an S3-compatible store as an independent reader sees it (`delta_store_table`)."""
+
+    publications: list[Publication] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)  # its live rows
+    problems: list[str] = field(default_factory=list)  # what the reader found wrong with the log itself
+
+
+def delta_store_table(client: Any, bucket: str, prefix: str) -> StoreTable:
+    """Every publication commit of a Delta table on a store, and its live rows, read without delta-rs
+    (`client` is a boto3 S3 client): the JSON commits listed and read with boto3, in version order,
+    each publication named by its commit info (as `delta_publications` reads a local log), the live
+    data files (add and remove actions replayed) read with pyarrow from the bytes boto3 fetched.
+    Every commit from version 0 must be there (delta-rs keeps the JSON commits for 30 days beside
+    any checkpoint), and a commit whose transaction (`txn`) publishes a key must name that key's
+    publication in its commit info: otherwise a key could be published without the checker seeing it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    found = StoreTable()
+    names: dict[int, str] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/_delta_log/"):
+        for item in page.get("Contents", []):
+            matched = DELTA_COMMIT.search("/" + item["Key"])
+            if matched:
+                names[int(matched.group(1))] = item["Key"]
+    if sorted(names) != list(range(len(names))):
+        found.problems.append(f"s3://{bucket}/{prefix}: the log's commits are not versions 0..{len(names) - 1}")
+    live: dict[str, None] = {}
+    for version in sorted(names):
+        text = client.get_object(Bucket=bucket, Key=names[version])["Body"].read().decode()
+        actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        published = info.get("dataflow_key") if info.get("dataflow_kind") == "publication" else None
+        if published is not None:
+            where = f"s3://{bucket}/{names[version]}"
+            found.publications.append(
+                Publication(str(published), str(info["dataflow_digest"]), int(info["dataflow_token"]), where)
+            )
+        for action in actions:
+            txn = action.get("txn")
+            if txn and txn["version"] > 0 and not _fence_or_partition_app(txn["appId"]) and txn["appId"] != published:
+                found.problems.append(f"commit {version}: a txn of key {txn['appId']} without its publication record")
+            if "add" in action:
+                live[action["add"]["path"]] = None
+            elif "remove" in action:
+                live.pop(action["remove"]["path"], None)
+    for path in live:
+        body = client.get_object(Bucket=bucket, Key=f"{prefix}/{urllib.parse.unquote(path)}")["Body"].read()
+        found.rows.extend(pq.read_table(pa.BufferReader(body)).to_pylist())
+    return found
+
+
+def _fence_or_partition_app(app_id: str) -> bool:
+    """A fence's or a partition's transaction id (not a publication's): see datasources/delta.py."""
+    from durable_dataflow.datasources import delta
+
+    return app_id.endswith(delta.FENCE_SUFFIX) or app_id.startswith(delta.PARTITION_APP_PREFIX)
 
 
 # A row of a partitioned sink or of a stored result, each value as text (a date as YYYY-MM-DD), in
@@ -539,6 +605,44 @@ def partition_problems(where: str, held: Mapping[str, list[Row]], runs_of: Itera
                 f"{current.run_id} (partition token {current.token}); they are the rows of: {owners or 'no single run'}"
             )
     return problems
+
+
+# ---- a sink's rows against its publications ---------------------------------------------------
+
+
+def published_rows_problems(
+    db: Database,
+    where: str,
+    held: Iterable[Mapping[str, Any]],
+    publications: Iterable[Publication],
+    definition_names: Iterable[str],
+    columns: tuple[str, ...],
+) -> list[str]:
+    """An append sink's live rows (``held``, read by an independent reader) must be exactly the stored
+    result rows of the runs whose publications it holds, each once: a publication whose rows are
+    missing, doubled, or rows no publication accounts for are violations (the ledger says what
+    each run published, the stored result what those rows were)."""
+    from durable_dataflow.dataflow.execution import results
+    from durable_dataflow.dataflow.protocol.forward import publication_key
+
+    wanted, published = set(definition_names), Counter(p.key for p in publications)
+    expected: Counter[Row] = Counter()
+    for run in all_runs(db):
+        if run.definition_name not in wanted or not published[publication_key(run)]:
+            continue
+        with db.read() as conn:
+            stored = results.stored(conn, run.run_id)
+        if stored is None:
+            return [f"{where}: run {run.run_id} has a publication but no stored result"]
+        for values in results.decode_ipc(stored[1]).to_pylist():
+            expected[row_of(values, columns)] += published[publication_key(run)]
+    found = Counter(row_of(values, columns) for values in held)
+    if found == expected:
+        return []
+    extra, missing = found - expected, expected - found
+    return [f"{where}: holds {sum(found.values())} rows, its publications' stored results "
+            f"{sum(expected.values())}; rows no publication accounts for {sorted(extra)[:5]}, rows of a "
+            f"publication missing {sorted(missing)[:5]}"]  # fmt: skip
 
 
 # ---- running cases side by side ------------------------------------------------------------
