@@ -258,6 +258,18 @@ def delta_publications(table: Path) -> list[Publication]:
     return found
 
 
+def parquet_store_publications(client: Any, bucket: str, prefix: str) -> list[Publication]:
+    """Every published key of a Parquet folder on an S3-compatible store: its state objects
+    (`_dataflow/keys/*.json`, datasources/parquet_store.py) read with boto3; fences are not publications."""
+    found = []
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/_dataflow/keys/")
+    for name in sorted(o["Key"] for page in pages for o in page.get("Contents", [])):
+        state = json.loads(client.get_object(Bucket=bucket, Key=name)["Body"].read())
+        if state.get("state") == "published":
+            found.append(Publication(state["key"], state["digest"], int(state["token"]), name))
+    return found
+
+
 def postgres_publications(dsn: str) -> list[Publication]:
     """The rows of `sink_publications` in a PostgreSQL sink database (none if never published)."""
     with psycopg.connect(dsn.replace("postgresql+psycopg://", "postgresql://")) as conn:

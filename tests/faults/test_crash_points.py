@@ -23,6 +23,7 @@ from durable_dataflow.dataflow.protocol.runs import MODULE, Run
 from durable_dataflow.platform import Platform
 from faults import harness
 from support.pg import PostgresServer
+from support.s3 import ACCESS_KEY, SECRET_KEY, MotoServer, S3Place
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(300)]
 
@@ -56,17 +57,27 @@ class Case:
         return "unknown"
 
 
+# On an S3-compatible store (issue 31): the moto server of the session, a bucket per case, a sink location
+# s3://<bucket>/daily_revenue, credentials as secret references from the processes' environment.
+STORE_PROVIDERS = {"delta-s3": "delta", "parquet-s3": "parquet"}
+STORE_TABLE = "daily_revenue"
 CASES = (
     [Case(None, p) for p in ATOMIC_POINTS]
     + [Case("parquet", p) for p in cp.POINTS]
     + [Case("delta", p) for p in FORWARD_POINTS]
     + [Case("postgres", p) for p in FORWARD_POINTS]
+    + [Case("delta-s3", p) for p in FORWARD_POINTS]
+    + [Case("parquet-s3", p) for p in FORWARD_POINTS]
 )
 
 
-def _definition(case: Case, tmp_path: Path) -> Path:
+def _definition(case: Case, tmp_path: Path, store: S3Place | None) -> Path:
     if case.provider is None:
         return harness.EXAMPLES / "revenue_by_region" / "dataflow.yaml"
+    if case.provider in STORE_PROVIDERS:
+        assert store is not None
+        provider = STORE_PROVIDERS[case.provider]
+        return harness.forward_example(tmp_path, provider, location=store.url(STORE_TABLE), options=store.options())
     if case.provider == "postgres":
         return harness.forward_example(
             tmp_path, "postgres", location="daily_revenue", options={"dsn": {"secret": SINK_SECRET}}
@@ -74,7 +85,13 @@ def _definition(case: Case, tmp_path: Path) -> Path:
     return harness.forward_example(tmp_path, case.provider)
 
 
-def publications(case: Case, definition: Path, sink_dsn: str) -> list[harness.Publication]:
+def publications(case: Case, definition: Path, sink_dsn: str, store: S3Place | None) -> list[harness.Publication]:
+    if case.provider == "delta-s3":
+        assert store is not None
+        return harness.delta_store_table(store.client(), store.bucket, STORE_TABLE).publications
+    if case.provider == "parquet-s3":
+        assert store is not None
+        return harness.parquet_store_publications(store.client(), store.bucket, STORE_TABLE)
     if case.provider == "parquet":
         return harness.parquet_publications(definition.parent / "warehouse" / "daily_revenue")
     if case.provider == "delta":
@@ -116,13 +133,14 @@ class Outcome:
     log: Path
 
 
-def run_case(case: Case, server: PostgresServer, tmp_path: Path) -> Outcome:
+def run_case(case: Case, server: PostgresServer, moto: MotoServer, tmp_path: Path) -> Outcome:
     """Kill a worker at the case's point, then run a fresh worker until idle; read what is left."""
     tmp_path.mkdir(parents=True)
     url, sink = harness.fresh_database(server, "crash"), harness.fresh_database(server, "sink")
     sink_dsn = sink.replace("postgresql+psycopg://", "postgresql://")
-    definition = _definition(case, tmp_path)
-    extra = {SINK_SECRET: sink_dsn}
+    store = S3Place(moto, moto.new_bucket(), moto.endpoint) if case.provider in STORE_PROVIDERS else None
+    definition = _definition(case, tmp_path, store)
+    extra = {SINK_SECRET: sink_dsn, "S3_TEST_ACCESS_KEY": ACCESS_KEY, "S3_TEST_SECRET_KEY": SECRET_KEY}
     log = tmp_path / "processes.log"
     with harness.open_platform(url) as platform:
         before = crash(case, platform, definition, url, extra, log)
@@ -132,17 +150,19 @@ def run_case(case: Case, server: PostgresServer, tmp_path: Path) -> Outcome:
         run = platform.runs.get(before.run_id)
         with platform.db.read() as conn:
             entries = ledger.read(conn, MODULE, run.run_id)
-        pubs = publications(case, definition, sink_dsn)
+        pubs = publications(case, definition, sink_dsn, store)
         report = harness.check(platform.db, pubs)
     return Outcome(run, entries, pubs, report, log)
 
 
 @pytest.fixture(scope="module")
-def outcomes(postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> dict[Case, Any]:
-    """Every case, run CASES_AT_ONCE at a time (each has its own databases and folders)."""
+def outcomes(
+    postgres_server: PostgresServer, moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory
+) -> dict[Case, Any]:
+    """Every case, run CASES_AT_ONCE at a time (each has its own databases, folders and bucket)."""
     root = tmp_path_factory.mktemp("crash")
     return harness.run_concurrently(
-        {case: (lambda c=case: run_case(c, postgres_server, root / _case_id(c))) for case in CASES}
+        {case: (lambda c=case: run_case(c, postgres_server, moto_server, root / _case_id(c))) for case in CASES}
     )
 
 
