@@ -74,7 +74,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,7 +291,7 @@ class Store:
             self.proxy = FaultProxy(self.server.endpoint.removeprefix("http://")).start()
             # A client that gave up on a slow answer leaves the proxy a broken pipe: to a log, not stderr.
             self._errors = (work / "proxy-errors.log").open("a")
-            self.proxy._server.handle_error = lambda request, address: traceback.print_exc(file=self._errors)
+            self.proxy.errors_to(self._errors)
         except BaseException:
             self.server.stop()
             raise

@@ -200,6 +200,13 @@ class FaultProxy:
         self._server.shutdown()
         self._server.server_close()
 
+    def errors_to(self, stream: Any) -> None:
+        """Write the handler's tracebacks (a client gone mid-answer: broken pipes) to ``stream`` instead
+        of stderr."""
+        import traceback
+
+        self._server.handle_error = lambda request, address: traceback.print_exc(file=stream)  # type: ignore[method-assign]
+
     def lose_answer(
         self, method: str, path_pattern: str, *, forward: bool = True, then_blackhole: bool = True,
         then_forward: bool = False,
