@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.errors import ExecutionError, InputError
 from durable_dataflow.core.hashing import sha256_bytes
 from durable_dataflow.core.secrets import SecretScope
 from durable_dataflow.datasources import objectstore
@@ -26,7 +26,7 @@ from durable_dataflow.datasources.contract import (
     Undecided,
 )
 from durable_dataflow.datasources.delta import DeltaProvider
-from support.s3 import FaultProxy, S3Place, delta_log_rows, delta_publication_commits
+from support.s3 import FaultProxy, S3Place, StrippingProxy, delta_log_rows, delta_publication_commits
 
 WRITERS = 6
 
@@ -127,7 +127,7 @@ def test_a_table_never_prepared_or_a_missing_bucket_is_never_absent(s3: S3Place)
 
 
 def test_prepare_refuses_a_missing_bucket(s3: S3Place) -> None:
-    with pytest.raises(OSError):
+    with pytest.raises(ExecutionError, match="NoSuchBucket"):
         DeltaProvider().prepare(PublishTarget("ds", "s3://no-such-bucket-here/t", "append", s3.options()))
 
 
@@ -247,3 +247,15 @@ def test_a_plain_credential_or_an_unknown_option_is_refused(s3: S3Place) -> None
         DeltaProvider().preflight(PublishTarget("ds", s3.url("t"), "append", {**s3.options(), "endpoint_url": "x"}))
     with pytest.raises(InputError, match="plain http"):
         DeltaProvider().preflight(PublishTarget("ds", s3.url("t"), "append", {**s3.options(), "allow_http": False}))
+
+
+def test_a_store_that_ignores_conditional_writes_is_refused_at_prepare(s3: S3Place) -> None:
+    """delta-rs creates each log entry with If-None-Match: *; behind a store that ignores it, two writers could
+    both write one version. prepare refuses such a store (the run fails before dispatch), creating nothing."""
+    stripping = StrippingProxy(s3.endpoint.removeprefix("http://")).start()
+    try:
+        with pytest.raises(InputError, match="does not honour conditional writes"):
+            DeltaProvider().prepare(target(s3, endpoint=stripping.endpoint))
+    finally:
+        stripping.stop()
+    assert s3.client().list_objects_v2(Bucket=s3.bucket).get("KeyCount") == 0

@@ -60,7 +60,7 @@ from typing import Any
 import pyarrow as pa
 
 from durable_dataflow.core import hashing
-from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.errors import ExecutionError, InputError
 from durable_dataflow.datasources import objectstore
 from durable_dataflow.datasources.contract import (
     LOCATION_MISSING,
@@ -180,6 +180,8 @@ class _Place:
     storage: dict[str, str] | None = None
     filesystem: Any = None
     log_prefix: str = ""
+    store: objectstore.StoreOptions | None = None
+    url: objectstore.StoreUrl | None = None
 
     @classmethod
     def local_folder(cls, path: Path, where: str) -> _Place:
@@ -202,6 +204,8 @@ class _Place:
             storage=store.delta_storage_options(),
             filesystem=store.filesystem(),
             log_prefix=url.child("_delta_log").path,
+            store=store,
+            url=url,
         )
 
     @property
@@ -236,11 +240,22 @@ class _Place:
         return data.decode("utf-8")
 
     def make(self) -> None:
-        """Create the table's folder (a store has none: its bucket must exist, `has_log` proves it)."""
+        """Create the table's folder. A store has none: its bucket must exist (`has_log` raises when it
+        cannot be listed), and it must honour ``If-None-Match: *``, which delta-rs relies on to create each
+        log entry once (`objectstore.require_create_once`: InputError, the run fails before dispatch)."""
         if self.folder is not None:
             self.folder.mkdir(parents=True, exist_ok=True)
-        else:
-            self.has_log()  # raises when the bucket cannot be listed
+            return
+        self.has_log()
+        assert self.store is not None and self.url is not None
+        try:
+            objectstore.require_create_once(self.store, self.url)
+        except InputError:
+            raise
+        except Exception as exc:  # a missing bucket, no access, the store down: the type and code only
+            raise ExecutionError(
+                f"the sink location cannot be created: the store refused a write ({objectstore.describe_error(exc)})"
+            ) from None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ and Parquet-folder providers publish to `s3://`), so it lives below both, with t
 
 from __future__ import annotations
 
+import contextlib
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -334,6 +335,35 @@ def confine(
         confined["region"] = grant.region
     confined["allow_http"] = grant.allow_http
     return confined
+
+
+NO_CREATE_ONCE = (
+    "the store does not honour conditional writes (If-None-Match: *): concurrent writers there could "
+    "overwrite each other's commits"
+)
+
+
+def require_create_once(store: StoreOptions, prefix: StoreUrl) -> None:
+    """Refuse a store that ignores ``If-None-Match: *``: a probe object under ``prefix`` is put twice with
+    it, and the second put must be refused (412). Removed after. InputError (NO_CREATE_ONCE) when the
+    store takes both; a missing bucket or an unreachable store raises the client's error."""
+    import uuid
+
+    client = store.client()
+    name = prefix.child(f"_dataflow_probe/{uuid.uuid4().hex}")
+    try:
+        client.put_object(Bucket=name.bucket, Key=name.key, Body=b"probe", IfNoneMatch="*")
+        try:
+            client.put_object(Bucket=name.bucket, Key=name.key, Body=b"probe", IfNoneMatch="*")
+        except Exception as exc:
+            response = getattr(exc, "response", None) or {}
+            if (response.get("ResponseMetadata") or {}).get("HTTPStatusCode") in (409, 412):
+                return
+            raise
+        raise InputError(NO_CREATE_ONCE)
+    finally:
+        with contextlib.suppress(Exception):  # a leftover probe object names nothing
+            client.delete_object(Bucket=name.bucket, Key=name.key)
 
 
 def describe_error(exc: BaseException) -> str:
