@@ -4,7 +4,8 @@ Shared by the sources (the execution wing reads `s3://` Parquet, CSV and Delta) 
 and Parquet-folder providers publish to `s3://`), so it lives below both, with the providers.
 
 * **URLs.** ``s3://BUCKET/KEY`` with a bucket name as S3 allows it (3 to 63 of ``a-z 0-9 . -``) and a key
-  of ``/``-separated segments, none empty, ``.`` or ``..``, without control characters, ``?`` or ``#``.
+  of ``/``-separated segments, none empty, ``.`` or ``..``, without control characters, ``?``, ``#`` or
+  ``%`` (delta-rs percent-decodes a table URL, pyarrow and boto3 take a key literally).
   A URL is never resolved against anything: what is written is the object's name.
 * **Options** (the same for a source's ``options`` and a target's): ``endpoint`` (an ``http(s)://host[:port]``
   URL; default: AWS), ``region``, ``allow_http`` (a plain-HTTP endpoint is refused without it) and the
@@ -96,6 +97,10 @@ def parse_url(text: str, what: str) -> StoreUrl:
         raise InputError(f"{what}: the URL must not contain control characters")
     if "?" in rest or "#" in rest or "\\" in rest:
         raise InputError(f"{what}: the URL must not contain '?', '#' or '\\'")
+    if "%" in rest:
+        # delta-rs reads a table URL as a URL (`%2e%2e` is `..` to it, `%20` a space) while pyarrow and boto3
+        # take a key literally: a `%` would let one URL name two places, one of them outside the confinement.
+        raise InputError(f"{what}: the URL must not contain '%' (an object key is taken literally)")
     bucket, _, key = rest.partition("/")
     if not _BUCKET.match(bucket) or ".." in bucket:
         raise InputError(f"{what}: the bucket name must be 3 to 63 characters of a-z, 0-9, '.' and '-'")
