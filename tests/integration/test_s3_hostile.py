@@ -111,3 +111,101 @@ def test_a_percent_sign_in_a_key_is_refused_everywhere() -> None:
         with pytest.raises(InputError, match="'%'"):
             objectstore.parse_url(url, "path")
     assert objectstore.parse_url("S3://bucket-ok/a b/c.parquet", "path").url == "s3://bucket-ok/a b/c.parquet"
+
+
+# ---- a careless user at the CLI ---------------------------------------------------------------------------
+
+
+def _cli_document(location: str, provider: str, options: dict[str, Any]) -> dict[str, Any]:
+    target = {"type": "datasources.publication", "provider": provider, "datasource": "local.out",
+              "location": location, "mode": "append", "options": options}  # fmt: skip
+    return reading(inline(), target)
+
+
+@pytest.mark.parametrize("provider", ["delta", "parquet_folder"])
+@pytest.mark.parametrize("fault", ["missing bucket", "unreachable endpoint"])
+def test_dataflow_run_against_a_broken_store_fails_clearly(
+    s3: S3Place, db_url: str, tmp_path: Path, provider: str, fault: str
+) -> None:
+    """`dataflow run` to an s3:// sink that cannot be written (no such bucket, nothing listening at the
+    endpoint) exits non-zero, leaves no run `running` or `outcome_unknown`, writes nothing, and echoes no
+    secret. (A wrong secret key is not tried: moto_server does not check signatures.)"""
+    from support.cli import make_cli
+    from support.pg import free_port
+
+    options = s3.options()
+    location = s3.url("out/table")
+    if fault == "missing bucket":
+        location = "s3://no-such-bucket-4b1e/out/table"
+    else:
+        options["endpoint"] = f"http://127.0.0.1:{free_port()}"
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(_cli_document(location, provider, options)))
+    cli = make_cli(db_url, tmp_path)
+    ran = cli("run", str(tmp_path / "d.yaml"), "--json")
+    assert ran.code != 0, ran.output
+    for secret in (ACCESS_KEY, SECRET_KEY, CANARY):
+        assert secret not in ran.output, (secret, ran.output)
+    listed = cli("runs", "--json")
+    assert listed.code == 0, listed.output
+    statuses = [r["status"] for r in listed.json()]
+    assert statuses and all(s in ("failed", "refused") for s in statuses), (statuses, ran.output)
+    assert keys(s3, "out/") == []
+
+
+# ---- messages ----------------------------------------------------------------------------------------------
+
+
+def test_a_store_failing_during_the_scan_names_neither_the_endpoint_nor_the_bucket(
+    db_url: str, tmp_path: Path, s3: S3Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant's source whose objects are resolved but whose store stops answering while the engine scans
+    them: the run fails (recomputable: the objects cannot be proven unchanged), and its error, which the
+    tenant reads, names neither the grant's endpoint (an internal host of the platform's) nor the bucket
+    nor a key."""
+    from support.s3 import FaultProxy
+
+    for name in ("a", "b"):
+        s3.client().put_object(Bucket=s3.bucket, Key=f"acme/in/{name}.parquet",
+                               Body=_parquet_bytes(pa.table({"s": [f"row-{name}"]})))  # fmt: skip
+    proxy = FaultProxy(s3.endpoint.removeprefix("http://")).start()
+    proxy.errors_to(io.StringIO())
+    grants = {
+        "secrets": {"S3_TEST_ACCESS_KEY": {"tenants": ["acme"]}, "S3_TEST_SECRET_KEY": {"tenants": ["acme"]}},
+        "object_stores": [{"prefix": s3.url("acme"), "tenants": ["acme"], "access": ["read"],
+                           "endpoint": proxy.endpoint, "region": REGION, "allow_http": True}],
+    }  # fmt: skip
+    (tmp_path / "grants.yaml").write_text(yaml.safe_dump(grants))
+    monkeypatch.setenv("DATAFLOW_GRANTS", str(tmp_path / "grants.yaml"))
+    try:
+        with open_server(db_url, tmp_path / "served") as server:
+            # Resolution reads a.parquet's footer; b.parquet is first read by the scan.
+            proxy.lose_answer("GET", r"/acme/in/b\.parquet", forward=False, then_blackhole=True)
+            source = {"kind": "parquet", "path": s3.url("acme/in"), "options": dict(CREDENTIALS)}
+            answer = server.post("acme-submitter", reading(source))
+            assert answer.status_code == 201, answer.text
+            run = answer.json()["run"]
+            assert run["status"] == "failed" and proxy.fired, answer.text
+            message = str(run["error_message"])
+            assert "source 't'" in message, message
+            port = proxy.endpoint.rsplit(":", 1)[1]
+            for secret in (s3.bucket, "acme/in", port, "127.0.0.1", ACCESS_KEY):
+                assert secret not in message, (secret, message)
+    finally:
+        proxy.stop()
+
+
+def test_a_corrupt_object_found_by_the_scan_names_neither_the_bucket_nor_the_key(
+    served: Server, s3: S3Place
+) -> None:
+    """A prefix whose second object is not Parquet (resolution reads only the first one's footer): the run
+    fails without naming the bucket or the key (pyarrow's own text quotes both; the engine withholds them)."""
+    s3.client().put_object(Bucket=s3.bucket, Key="acme/in/a.parquet", Body=_parquet_bytes(pa.table({"s": ["a"]})))
+    s3.client().put_object(Bucket=s3.bucket, Key="acme/in/b.parquet", Body=b"not parquet at all " * 10)
+    source = {"kind": "parquet", "path": s3.url("acme/in"), "options": dict(CREDENTIALS)}
+    answer = served.post("acme-submitter", reading(source))
+    assert answer.status_code == 201, answer.text
+    run = answer.json()["run"]
+    message = str(run["error_message"])
+    assert run["status"] == "failed" and "Parquet" in message, answer.text
+    for secret in (s3.bucket, "acme/in", s3.endpoint):
+        assert secret not in message, (secret, message)
