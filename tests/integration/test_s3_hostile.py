@@ -113,6 +113,21 @@ def test_a_percent_sign_in_a_key_is_refused_everywhere() -> None:
     assert objectstore.parse_url("S3://bucket-ok/a b/c.parquet", "path").url == "s3://bucket-ok/a b/c.parquet"
 
 
+def test_a_key_ending_in_a_space_is_refused(served: Server, s3: S3Place) -> None:
+    """Finding: delta-rs parses a table URL with the WHATWG rules, which strip trailing spaces, so the Delta
+    sink `s3://b/acme/out ` was created and committed at `acme/out` while the provider's own inspection
+    (pyarrow, boto3: keys taken literally) looked at `acme/out /_delta_log`: what inspection sees is not
+    where the publication lands. A key ending in a space is now refused."""
+    before = served.run_count()
+    for location in (s3.url("acme/out "), s3.url("acme/out /")):
+        answer = served.post("acme-submitter", reading(inline(), delta_target(location)))
+        assert_refused(served, answer, before, s3, "space")
+    assert keys(s3, "acme/") == []
+    with pytest.raises(InputError, match="space"):
+        objectstore.parse_url("s3://bucket-ok/a/b ", "path")
+    assert objectstore.parse_url("s3://bucket-ok/a b/c", "path").key == "a b/c"
+
+
 # ---- a careless user at the CLI ---------------------------------------------------------------------------
 
 

@@ -5,7 +5,8 @@ and Parquet-folder providers publish to `s3://`), so it lives below both, with t
 
 * **URLs.** ``s3://BUCKET/KEY`` with a bucket name as S3 allows it (3 to 63 of ``a-z 0-9 . -``) and a key
   of ``/``-separated segments, none empty, ``.`` or ``..``, without control characters, ``?``, ``#`` or
-  ``%`` (delta-rs percent-decodes a table URL, pyarrow and boto3 take a key literally).
+  ``%``, not ending with a space (delta-rs percent-decodes a table URL and strips its trailing spaces,
+  pyarrow and boto3 take a key literally).
   A URL is never resolved against anything: what is written is the object's name.
 * **Options** (the same for a source's ``options`` and a target's): ``endpoint`` (an ``http(s)://host[:port]``
   URL; default: AWS), ``region``, ``allow_http`` (a plain-HTTP endpoint is refused without it) and the
@@ -105,6 +106,10 @@ def parse_url(text: str, what: str) -> StoreUrl:
     if not _BUCKET.match(bucket) or ".." in bucket:
         raise InputError(f"{what}: the bucket name must be 3 to 63 characters of a-z, 0-9, '.' and '-'")
     key = key.rstrip("/")
+    if key.endswith(" "):
+        # delta-rs parses a table URL by the WHATWG rules, which strip trailing spaces: it would write
+        # `a/b` where pyarrow and boto3 (and so inspection) look at `a/b `.
+        raise InputError(f"{what}: the object key must not end with a space")
     if len(key) > KEY_CHARS_MAX:
         raise InputError(f"{what}: the object key is longer than {KEY_CHARS_MAX} characters")
     if key and any(segment in ("", ".", "..") for segment in key.split("/")):
