@@ -224,3 +224,36 @@ def test_a_corrupt_object_found_by_the_scan_names_neither_the_bucket_nor_the_key
     assert run["status"] == "failed" and "Parquet" in message, answer.text
     for secret in (s3.bucket, "acme/in", s3.endpoint):
         assert secret not in message, (secret, message)
+
+
+# ---- exactly once across tenants ----------------------------------------------------------------------------
+
+
+def test_two_tenants_with_one_idempotency_key_on_a_shared_prefix_each_publish_once(
+    db_url: str, tmp_path: Path, s3: S3Place, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two tenants granted one writable prefix submit the same definition under the same Idempotency-Key:
+    the sink key derives from the tenant and the key, so each publishes its own rows once (neither is
+    taken for the other's publication) and each replay adds nothing."""
+    from support.s3 import delta_publication_commits
+
+    grants = {
+        "secrets": {"S3_TEST_ACCESS_KEY": {"tenants": ["*"]}, "S3_TEST_SECRET_KEY": {"tenants": ["*"]}},
+        "object_stores": [{"prefix": s3.url("shared"), "tenants": ["acme", "globex"], "access": ["write"],
+                           "endpoint": s3.endpoint, "region": REGION, "allow_http": True}],
+    }  # fmt: skip
+    (tmp_path / "grants.yaml").write_text(yaml.safe_dump(grants))
+    monkeypatch.setenv("DATAFLOW_GRANTS", str(tmp_path / "grants.yaml"))
+    document = reading(inline(), delta_target(s3.url("shared/out")))
+    with open_server(db_url, tmp_path / "served") as server:
+        published = []
+        for who in ("acme-submitter", "globex-submitter", "acme-submitter", "globex-submitter"):
+            headers = {**server.headers[who], "Idempotency-Key": "2026-12-01"}
+            answer = server.client.post("/v1/runs", json={"definition": document}, headers=headers)
+            assert answer.status_code in (200, 201), answer.text
+            run = answer.json()["run"]
+            assert run["status"] == "succeeded", answer.text
+            published.append(run["publication_idempotency_key"])
+    assert published[0] != published[1] and published[2:] == published[:2], published
+    for key in published[:2]:
+        assert delta_publication_commits(s3.client(), s3.bucket, "shared/out", key) == 1
