@@ -367,7 +367,7 @@ def _delta_error(name: str, store: StoreOptions, url: StoreUrl, exc: BaseExcepti
     delta-rs's own text quotes URLs and requests."""
     kind = type(exc).__name__
     try:
-        listed = store.client().list_objects_v2(Bucket=url.bucket, Prefix=f"{url.key}/_delta_log/", MaxKeys=1)
+        listed = store.client().list_objects_v2(Bucket=url.bucket, Prefix=url.child("_delta_log").key + "/", MaxKeys=1)
     except Exception as listing:
         return _store_error(name, listing, "opening the delta table")
     if not listed.get("Contents"):
