@@ -72,6 +72,16 @@ def server(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
         assert [d.decision for d in decisions] == ["outcome_unknown"], decisions
         unknown = platform.runs.get(decisions[0].run_id)
         token = tokens.create_token(platform.db, "default", "operator", "demo-operator")[0]
+    # Its schedule applied, and a backfill of two days run by a worker: the schedules and backfill pages.
+    daily = str(examples / "daily_orders_publish" / "dataflow.yaml")
+    steps = (
+        ["schedules", "apply", daily],
+        ["backfill", "submit", daily, "--from", "2026-11-03", "--to", "2026-11-04"],
+        ["worker", "--until-idle", "--poll-interval", "0.1"],
+    )
+    for step in steps:
+        done = subprocess.run([*cli, *step], capture_output=True, timeout=120, text=True)
+        assert done.returncode == 0, (step, done.stdout, done.stderr)
     process = subprocess.Popen(
         [*_dataflow_command(), "--db", url, "serve", "--host", "127.0.0.1", "--port", "0"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -139,5 +149,23 @@ def test_operator_sees_the_warning_and_reconciles_in_a_browser(server: tuple[str
 
             page.get_by_role("link", name="Run history").click()
             expect(page.get_by_role("alert").filter(has_text=run_id)).to_have_count(0)
+
+            page.get_by_role("link", name="Schedules").click()
+            expect(page.get_by_role("heading", name="Backfills")).to_be_visible()
+            backfills = page.locator("table.backfills")
+            expect(backfills).to_contain_text("daily_orders_publish")
+            expect(backfills).to_contain_text("2/2")
+            page.screenshot(path=str(SCREENSHOTS / "schedules.png"), full_page=True)
+
+            backfills.get_by_role("link", name="daily_orders_publish").click()
+            expect(page.get_by_role("heading", name="Backfill of daily_orders_publish")).to_be_visible()
+            expect(page.get_by_text("2 of 2 days finished")).to_be_visible()
+            page.screenshot(path=str(SCREENSHOTS / "backfill.png"), full_page=True)
+            page.locator("table.backfill-days a[href^='/ui/runs/']").first.click()
+            expect(page.get_by_role("heading", name="Ledger timeline")).to_be_visible()
+
+            page.get_by_role("link", name="API reference").click()
+            expect(page.get_by_text("OAS 3.1")).to_be_visible()
+            page.screenshot(path=str(SCREENSHOTS / "api-reference.png"), full_page=False)
         finally:
             browser.close()
