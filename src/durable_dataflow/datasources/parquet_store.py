@@ -60,7 +60,10 @@ import contextlib
 import hashlib
 import io
 import json
+import os
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -178,7 +181,7 @@ class _Place:
     @classmethod
     def of(cls, target: PublishTarget) -> _Place:
         url, store = _resolve(target)
-        return cls(url, store, store.client())
+        return cls(url, store, _client(store))
 
     def key(self, name: str) -> str:
         return self.url.child(name).key
@@ -294,6 +297,31 @@ class _Place:
                 if len(names) >= limit:
                     return names
         return names
+
+
+# Making a boto3 client costs ~0.1 s (it loads the S3 service model): 60% of a publication on a store on
+# loopback (benchmarks/bench_s3.py). Clients are thread-safe, so one is kept per process and resolved store
+# options (endpoint, region, credentials), the most recent few; a forked child makes its own.
+_CLIENTS_MAX = 16
+_clients: OrderedDict[tuple[int, objectstore.StoreOptions], Any] = OrderedDict()
+_clients_lock = threading.Lock()
+
+
+def _client(store: objectstore.StoreOptions) -> Any:
+    """The process's boto3 client for these store options (made on first use, then reused)."""
+    cache_key = (os.getpid(), store)
+    with _clients_lock:
+        client = _clients.get(cache_key)
+        if client is not None:
+            _clients.move_to_end(cache_key)
+            return client
+    client = store.client()
+    with _clients_lock:
+        client = _clients.setdefault(cache_key, client)
+        _clients.move_to_end(cache_key)
+        while len(_clients) > _CLIENTS_MAX:
+            _clients.popitem(last=False)
+    return client
 
 
 def _resolve(target: PublishTarget) -> tuple[StoreUrl, objectstore.StoreOptions]:
