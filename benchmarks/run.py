@@ -24,7 +24,7 @@ from common import BenchContext, bench_server, console
 
 # In the order they run; ledger_scale last, since it loads a million runs.
 BENCHMARKS = (
-    "commits", "throughput", "replay", "recovery", "digest", "tpch", "cli_startup", "partitions", "fairness",
+    "commits", "throughput", "replay", "recovery", "digest", "tpch", "cli_startup", "partitions", "fairness", "s3",
     "ledger_scale",
 )  # fmt: skip
 
