@@ -141,6 +141,9 @@ class FaultProxy:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out in separate writes: without TCP_NODELAY, Nagle's algorithm holds the
+            # body back for the client's delayed ACK (about 40 ms on every answer).
+            disable_nagle_algorithm = True
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
