@@ -399,13 +399,7 @@ def _delta_file(name: str, relative: str, root: Path, ctx: ExecutionContext) -> 
 
 
 def _resolve_delta(name: str, spec: DeltaSource, ctx: ExecutionContext) -> ResolvedSource:
-    try:
-        import deltalake  # optional extra: imported only when a delta source is used
-    except ImportError:
-        raise InputError(
-            f"source {name!r} is a delta table but the deltalake package is not installed: "
-            "install durable-dataflow[delta]"
-        ) from None
+    deltalake = store_sources.deltalake_for(name)
     root = confine_path(name, spec.path, ctx)
     if not (root / "_delta_log").is_dir():
         raise ExecutionError(f"source {name!r}: the path is not a delta table (no _delta_log folder)")

@@ -328,14 +328,21 @@ def _delta_file_inside(name: str, relative: str, table: StoreUrl) -> None:
         raise InputError(f"source {name!r}: the delta log names a data file outside the table's prefix")
 
 
-def resolve_delta(name: str, spec: DeltaSource, ctx: ExecutionContext) -> StoreRead:
+def deltalake_for(name: str) -> Any:
+    """The deltalake module (the optional extra, imported only when a delta source is used); InputError
+    naming the source when it is not installed. Local and s3:// delta sources alike."""
     try:
-        import deltalake  # optional extra: imported only when a delta source is used
+        import deltalake
     except ImportError:
         raise InputError(
             f"source {name!r} is a delta table but the deltalake package is not installed: "
             "install durable-dataflow[delta]"
         ) from None
+    return deltalake
+
+
+def resolve_delta(name: str, spec: DeltaSource, ctx: ExecutionContext) -> StoreRead:
+    deltalake = deltalake_for(name)
     url, store = _open(name, spec, ctx)
     try:
         table = deltalake.DeltaTable(url.url, storage_options=store.delta_storage_options(), version=spec.version)
