@@ -29,7 +29,6 @@ import tpch_child  # standard library only at its top
 def measure_arrow(spec: dict[str, Any]) -> dict[str, Any]:
     began = time.perf_counter()
     import duckdb
-    import pyarrow as pa
     import pyarrow.dataset as ds
     from pyarrow import fs
 
@@ -52,21 +51,7 @@ def measure_arrow(spec: dict[str, Any]) -> dict[str, Any]:
     connection = duckdb.connect(":memory:", config=config)
     for table, path in spec["tables"].items():
         connection.register(table, ds.dataset(path, filesystem=filesystem, format="parquet"))
-    result = connection.sql(spec["sql"]).to_arrow_table()
-    wall_s = time.perf_counter() - started
-    rss_peak_kib = tpch_child._rss_peak_kib()
-    connection.close()
-    with pa.OSFile(spec["ipc_path"], "wb") as sink, pa.ipc.new_file(sink, result.schema) as writer:
-        writer.write_table(result)
-    return {
-        "ok": True,
-        "wall_s": wall_s,
-        "setup_s": setup_s,
-        "rss_before_kib": rss_before_kib,
-        "rss_peak_kib": rss_peak_kib,
-        "status": "succeeded",
-        "rows": result.num_rows,
-    }
+    return tpch_child.query_and_report(connection, spec, started, setup_s, rss_before_kib)
 
 
 MEASURES = {**tpch_child.MEASURES, "arrow": measure_arrow}
