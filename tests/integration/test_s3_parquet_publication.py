@@ -7,10 +7,12 @@ the data files they name with pyarrow.dataset over pyarrow's S3FileSystem; each 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as ds
+import pytest
 
 from durable_dataflow.core.secrets import SecretScope
 from durable_dataflow.dataflow.protocol.runs import Run
@@ -24,6 +26,18 @@ from support.s3 import ACCESS_KEY, SECRET_KEY, FaultProxy, S3Place, StrippingPro
 FOLDER = "folders/totals"
 STATE_PUT = r"/_dataflow/keys/[0-9a-f]{64}\.json$"
 
+
+
+# These runs make many requests to a store on loopback (a probe, the marker, state objects; lost answers
+# retried by boto3 with back-off), so on a loaded CI machine one attempt can outlast the shared fixture's
+# 5 s lease; nothing here depends on a lease expiring (a CI run saw an attempt lose its lease mid-flight).
+LEASE_TTL_S = 30
+
+
+@pytest.fixture
+def platform(db_url: str) -> Iterator[Platform]:
+    with Platform(db_url, lease_ttl_s=LEASE_TTL_S) as opened:
+        yield opened
 
 def s3_target(s3: S3Place, endpoint: str | None = None) -> dict[str, Any]:
     return {

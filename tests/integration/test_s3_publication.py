@@ -5,8 +5,11 @@ resumed. The table is read back without delta-rs (its log replayed with boto3): 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from durable_dataflow.dataflow.protocol.runs import Run
 from durable_dataflow.platform import Platform
@@ -17,6 +20,18 @@ TABLE = "tables/totals"
 # A commit of the table after its creation (version 0 is `prepare`'s, before dispatch is authorized).
 LATER_COMMIT = r"/_delta_log/(?!0{20})\d{20}\.json$"
 
+
+
+# These runs make many requests to a store on loopback (a probe, the marker, state objects; lost answers
+# retried by boto3 with back-off), so on a loaded CI machine one attempt can outlast the shared fixture's
+# 5 s lease; nothing here depends on a lease expiring (a CI run saw an attempt lose its lease mid-flight).
+LEASE_TTL_S = 30
+
+
+@pytest.fixture
+def platform(db_url: str) -> Iterator[Platform]:
+    with Platform(db_url, lease_ttl_s=LEASE_TTL_S) as opened:
+        yield opened
 
 def s3_target(s3: S3Place, endpoint: str | None = None) -> dict[str, Any]:
     return {
