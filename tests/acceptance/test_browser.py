@@ -149,6 +149,14 @@ def test_operator_sees_the_warning_and_reconciles_in_a_browser(server: tuple[str
 
             page.get_by_role("link", name="Run history").click()
             expect(page.get_by_role("alert").filter(has_text=run_id)).to_have_count(0)
+            # Filter by definition and parameter: exactly the backfill's run of that day.
+            page.get_by_label("Definition").fill("daily_orders_publish")
+            page.get_by_label("Parameter").fill("day=2026-11-03")
+            page.get_by_role("button", name="Filter").click()
+            expect(page).to_have_url(re.compile(r"param=day%3D2026-11-03"))
+            listed = page.locator("table.runs tbody tr")
+            expect(listed).to_have_count(1)
+            expect(listed).to_contain_text("day=2026-11-03")
 
             page.get_by_role("link", name="Schedules").click()
             expect(page.get_by_role("heading", name="Backfills")).to_be_visible()
