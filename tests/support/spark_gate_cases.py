@@ -113,7 +113,7 @@ FUNCTION_SAMPLES: tuple[tuple[str, str], ...] = tuple(
             "sum(i)", "count(*)", "avg(x)", "min(i)", "max(i)", "stddev(x)", "stddev_pop(x)",
             "stddev_samp(x)", "variance(x)", "var_pop(x)", "count_if(i > 1)", "approx_count_distinct(i)",
             "percentile(x, 0.5)", "median(x)", "corr(x, x)", "covar_pop(x, x)", "covar_samp(x, x)",
-            "bool_and(b)", "bool_or(b)", "max_by(i, x)", "min_by(i, x)", "skewness(x)", "kurtosis(x)",
+            "bool_and(b)", "bool_or(b)", "max(struct(x, i)).i", "skewness(x)", "kurtosis(x)",
             "array_sort(collect_list(i))", "array_sort(collect_set(i))", "try_sum(i)", "try_avg(i)",
             "every(b)", "some(b)",
         ),

@@ -129,6 +129,9 @@ def test_qualified_function_names_are_refused() -> None:
         ("select collect_list(a) from t", "collect_list"),
         ("select first(a) from t", "first"),
         ("select percentile_approx(a, 0.5) from t", "percentile_approx"),
+        ("select max_by(a, b) from t", "max_by"),
+        ("select min_by(a, b) from t", "min_by"),
+        ("select arg_max(a, b) from t", "max_by"),
     ],
 )
 def test_functions_that_are_not_deterministic_are_refused(sql: str, name: str) -> None:
@@ -136,6 +139,7 @@ def test_functions_that_are_not_deterministic_are_refused(sql: str, name: str) -
     deterministic so digests reproduce); their deterministic neighbours pass."""
     _refused(sql, f"function {name} is not allowed", "deterministic")
     gate("select array_sort(collect_list(a)), unix_timestamp(s), first_value(a) over (order by b) from t")
+    gate("select max(struct(b, a)).a from t")  # max_by's deterministic form: ties broken by a
 
 
 @pytest.mark.parametrize(

@@ -105,7 +105,7 @@ _FUNCTIONS: frozenset[type[exp.Expr]] = frozenset({
     # aggregates
     exp.Sum, exp.Count, exp.Avg, exp.Min, exp.Max, exp.Stddev, exp.StddevPop, exp.StddevSamp, exp.Variance,
     exp.VariancePop, exp.CountIf, exp.ApproxDistinct, exp.Quantile, exp.Median, exp.Corr, exp.CovarPop,
-    exp.CovarSamp, exp.LogicalAnd, exp.LogicalOr, exp.ArgMax, exp.ArgMin, exp.Skewness, exp.Kurtosis,
+    exp.CovarSamp, exp.LogicalAnd, exp.LogicalOr, exp.Skewness, exp.Kurtosis,
     # window
     exp.RowNumber, exp.Rank, exp.DenseRank, exp.Lag, exp.Lead, exp.Ntile, exp.PercentRank, exp.CumeDist,
     exp.FirstValue, exp.LastValue, exp.NthValue,
@@ -147,7 +147,10 @@ _NOT_DETERMINISTIC = frozenset({
     "current_schema", "current_catalog", "monotonically_increasing_id", "spark_partition_id", "input_file_name",
     "input_file_block_start", "input_file_block_length", "version", "first", "last", "any_value", "collect_list",
     "collect_set", "percentile_approx", "approx_percentile", "mode",
+    # max_by(x, y) / min_by(x, y): of the rows tied on y, which x is returned depends on the row order.
+    "max_by", "min_by", "arg_max", "arg_min",
 })  # fmt: skip
+_TIE_DEPENDENT = frozenset({"max_by", "min_by", "arg_max", "arg_min"})
 # Bare names Spark resolves to a session or clock value when no column has that name.
 _SESSION_WORDS = frozenset({
     "user", "current_user", "session_user", "current_date", "current_timestamp", "current_time", "localtimestamp",
@@ -266,7 +269,12 @@ def _refusal(node: exp.Expr) -> str | None:
     if isinstance(node, exp.Func):
         label = _function_label(node)
         rule = f"function {_quote(label)[1:-1]} is not allowed on the Spark engine"
-        if label.lower() in _NOT_DETERMINISTIC:
+        if label.lower() in _TIE_DEPENDENT:
+            rule += (
+                ": of the rows tied on its ordering argument, which value it returns depends on the row order, "
+                "and steps must be deterministic (max(struct(y, x)).x breaks ties by x)"
+            )
+        elif label.lower() in _NOT_DETERMINISTIC:
             rule += (
                 ": its result depends on the clock, the session or the row order, and steps must be "
                 "deterministic (pass such a value as a parameter)"
