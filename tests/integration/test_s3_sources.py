@@ -211,7 +211,7 @@ def test_a_delta_table_on_s3_is_read_at_its_pinned_version(s3: S3Place, tmp_path
     """Proves a Delta table written to s3:// (delta-rs, storage options) is read at the version a source
     pins and at its latest without one, fingerprinted by table id and version: the same version gives the
     same fingerprint, another version another."""
-    deltalake = pytest.importorskip("deltalake")
+    import deltalake  # the delta extra, part of dev: a missing package fails the test
     url = s3.url("warehouse/orders")
     options = _store(s3).delta_storage_options()
     first = pa.table({"n": [1, 2], "p": ["x", "y"]})
@@ -380,10 +380,10 @@ def test_a_definition_without_store_options_keeps_its_hash() -> None:
     assert Definition.model_validate(canonical_body(stored)) == stored
 
 
+@pytest.mark.spark  # needs pyspark: skipped locally without it, a failure where Spark is required (CI)
 def test_engine_spark_refuses_an_s3_source_before_recording(tmp_path: Path) -> None:
     """Proves a definition on engine spark with an s3:// source is refused by preflight (what runs before a
     run is recorded), naming the source and the engine to use."""
-    pytest.importorskip("pyspark")
     source = {"kind": "parquet", "path": "s3://b-ok/x.parquet"}
     document = {"name": "d", "version": 1, "engine": "spark", "sources": {"t": source},
                 "steps": [{"name": "r", "sql": "select 1 as n"}],

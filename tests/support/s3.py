@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -46,21 +45,33 @@ class MotoServer:
         self._log = log_path.open("wb")
         self._process = subprocess.Popen(
             [str(binary), "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=self._log,
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:  # ends when the server accepts a connection, exits, or the deadline passes
-            if self._process.poll() is not None:
-                raise RuntimeError(f"moto_server exited with {self._process.returncode}; see {log_path}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+        # Ready when the server says it listens (werkzeug prints " * Running on URL" once bound): the lines
+        # are read as they come, then a thread copies the rest to the log. A timer stops a server that
+        # never says so.
+        assert self._process.stdout is not None
+        timer = threading.Timer(START_TIMEOUT_S, self._process.kill)
+        timer.start()
+        try:
+            for line in self._process.stdout:  # ends at the ready line, or at EOF when the process exits
+                self._log.write(line)
+                if f"Running on {self.endpoint}".encode() in line:
                     break
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"moto_server did not listen within {START_TIMEOUT_S} s") from None
-                time.sleep(0.05)
+            else:
+                code = self._process.wait()
+                raise RuntimeError(f"moto_server exited with {code} before listening; see {log_path}")
+        finally:
+            timer.cancel()
+        self._drain = threading.Thread(target=self._copy_output, daemon=True)
+        self._drain.start()
+
+    def _copy_output(self) -> None:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:  # ends when the process exits
+            self._log.write(line)
+            self._log.flush()
 
     def client(self, endpoint: str | None = None) -> Any:
         import boto3
@@ -86,6 +97,7 @@ class MotoServer:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
+        self._drain.join(timeout=10)
         self._log.close()
 
 
