@@ -98,6 +98,8 @@ class MotoServer:
                 self._process.kill()
                 self._process.wait()
         self._drain.join(timeout=10)
+        if self._process.stdout is not None:
+            self._process.stdout.close()
         self._log.close()
 
 
