@@ -24,7 +24,7 @@ import pyarrow as pa
 from durable_dataflow.core import crashpoints
 from durable_dataflow.core.errors import InputError
 from durable_dataflow.dataflow.definitions import parameters
-from durable_dataflow.dataflow.definitions.definitions import CsvSource, Definition, DeltaSource, ParquetSource
+from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.execution import isolation, progress, results, store_sources
 from durable_dataflow.dataflow.execution.context import ExecutionContext
 from durable_dataflow.dataflow.execution.engine import Engine, EngineRun
@@ -37,7 +37,6 @@ from durable_dataflow.dataflow.execution.sources import (
     resolve_sources,
     source_fingerprint_digest,
 )
-from durable_dataflow.datasources import objectstore
 
 # engine name -> (module, the Python package it needs, the extra that installs it)
 ENGINES: dict[str, tuple[str, str, str | None]] = {
@@ -84,7 +83,7 @@ def preflight(d: Definition, ctx: ExecutionContext) -> None:
     for name, spec in d.sources.items():
         check_query(name, spec)  # a postgres source: exactly one read statement
         path = getattr(spec, "path", None)
-        if isinstance(spec, CsvSource | ParquetSource | DeltaSource) and objectstore.is_store_url(spec.path):
+        if store_sources.is_store_source(spec):
             store_sources.preflight(name, spec, ctx)  # the tenant's grants and the options, no network
         elif isinstance(path, str):
             confine_path(name, path, ctx)

@@ -50,7 +50,6 @@ from durable_dataflow.dataflow.definitions.definitions import (
 from durable_dataflow.dataflow.execution import arrowdigest, store_sources
 from durable_dataflow.dataflow.execution.postgres_source import PostgresStream
 from durable_dataflow.dataflow.execution.store_sources import ObjectStamp, StoreRead
-from durable_dataflow.datasources import objectstore
 
 if TYPE_CHECKING:
     from durable_dataflow.dataflow.definitions.definitions import Definition, SourceSpec
@@ -440,7 +439,7 @@ def _resolve_store(name: str, spec: CsvSource | ParquetSource | DeltaSource, ctx
 
 
 def _resolve_one(name: str, spec: SourceSpec, ctx: ExecutionContext, fingerprinted: bool = True) -> ResolvedSource:
-    if isinstance(spec, CsvSource | ParquetSource | DeltaSource) and objectstore.is_store_url(spec.path):
+    if store_sources.is_store_source(spec):
         return _resolve_store(name, spec, ctx)
     if isinstance(spec, CsvSource):
         return _resolve_csv(name, spec, ctx, fingerprinted)

@@ -54,7 +54,14 @@ import pyarrow as pa
 from durable_dataflow.core import crashpoints
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, Interrupted, LimitExceeded
 from durable_dataflow.dataflow.definitions.definitions import Definition, parse_arrow_type
-from durable_dataflow.dataflow.execution import interruption, progress, resultstream, spark_gate, typed_sources
+from durable_dataflow.dataflow.execution import (
+    interruption,
+    progress,
+    resultstream,
+    spark_gate,
+    store_sources,
+    typed_sources,
+)
 from durable_dataflow.dataflow.execution.engine import PROGRESS_INTERVAL_S, RESULT_BATCH_ROWS, EngineRun
 from durable_dataflow.dataflow.execution.limits import (
     SPARK_CONF_ENV,
@@ -64,7 +71,6 @@ from durable_dataflow.dataflow.execution.limits import (
 )
 from durable_dataflow.dataflow.execution.postgres_source import PostgresStream
 from durable_dataflow.dataflow.execution.sources import ArrowDataset, ArrowTable, FileScan, ResolvedSource
-from durable_dataflow.datasources import objectstore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -814,8 +820,7 @@ class SparkEngine:
         An s3:// source is refused: Spark would need the hadoop-aws connector and the store's credentials
         in its own configuration (docs/engines.md)."""
         for name, spec in d.sources.items():
-            path = getattr(spec, "path", None)
-            if isinstance(path, str) and objectstore.is_store_url(path):
+            if store_sources.is_store_source(spec):
                 raise InputError(
                     f"source {name!r}: engine spark does not read s3:// sources; run the definition on "
                     "engine duckdb (docs/engines.md)"

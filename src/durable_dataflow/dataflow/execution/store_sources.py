@@ -28,7 +28,7 @@ import time
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import pyarrow as pa
 
@@ -83,9 +83,9 @@ class StoreRead:
     fingerprint: str
 
 
-def is_store_source(spec: object) -> bool:
-    path = getattr(spec, "path", None)
-    return isinstance(path, str) and objectstore.is_store_url(path)
+def is_store_source(spec: object) -> TypeGuard[CsvSource | ParquetSource | DeltaSource]:
+    """Whether a source reads an object store: a csv, parquet or delta source whose path is ``s3://``."""
+    return isinstance(spec, CsvSource | ParquetSource | DeltaSource) and objectstore.is_store_url(spec.path)
 
 
 def _listing_root(url: StoreUrl) -> StoreUrl:
