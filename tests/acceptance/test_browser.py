@@ -78,6 +78,9 @@ def server(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
         ["schedules", "apply", daily],
         ["backfill", "submit", daily, "--from", "2026-11-03", "--to", "2026-11-04"],
         ["worker", "--until-idle", "--poll-interval", "0.1"],
+        # Two days of a partitioned Delta table: the partitions page.
+        ["run", str(examples / "daily_orders_publish" / "daily_table.yaml"), "-p", "day=2026-11-02"],
+        ["run", str(examples / "daily_orders_publish" / "daily_table.yaml"), "-p", "day=2026-11-03"],
     )
     for step in steps:
         done = subprocess.run([*cli, *step], capture_output=True, timeout=120, text=True)
@@ -109,7 +112,9 @@ def server(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
 
 
 def test_operator_sees_the_warning_and_reconciles_in_a_browser(server: tuple[str, str, str]) -> None:
-    """Log in, find the role=alert warning for the outcome_unknown run, open it, press Reconcile, see 'present'."""
+    """Log in, find the role=alert warning for the outcome_unknown run and the activity charts, open the run
+    (its timeline), press Reconcile, see 'present'; filter the history, walk schedules → backfill → a day's
+    run → API reference → a partitioned run's partitions → Ops."""
     from playwright.sync_api import expect, sync_playwright
 
     base, token, run_id = server
@@ -131,15 +136,24 @@ def test_operator_sees_the_warning_and_reconciles_in_a_browser(server: tuple[str
             # The sink key derives from the tenant and the run's idempotency key (forward.publication_key).
             expect(warning).to_contain_text(re.compile(r"dataflow/default/key/[0-9a-f]{64}"))
             expect(warning).not_to_contain_text("failed")
+            # The activity charts: today's runs by outcome (one of them unresolved), durations per definition.
+            expect(page.locator("figure.chart-outcomes > svg rect.bar-unresolved")).to_have_count(1)
+            expect(page.locator("figure.chart-durations")).to_contain_text("daily_orders_by_day")
             page.screenshot(path=str(SCREENSHOTS / "history.png"), full_page=True)
 
             page.get_by_role("link", name="Ops ledger").click()
             expect(page.get_by_role("heading", name="Unresolved runs: 1")).to_be_visible()
+            expect(page.locator("figure.chart-trouble > svg rect.bar-unresolved")).to_have_count(1)
             page.screenshot(path=str(SCREENSHOTS / "ops.png"), full_page=True)
 
             page.get_by_role("link", name=run_id).first.click()
             expect(page.get_by_role("heading", name="Ledger timeline")).to_be_visible()
             expect(page.get_by_text("The evidence chain verifies")).to_be_visible()
+            # The timeline on a time axis: a dot per ledger entry, as many as the entries table has rows.
+            timeline = page.locator("figure.chart-timeline > svg")
+            expect(timeline).to_be_visible()
+            entries = page.locator("table.timeline tbody tr").count()
+            expect(timeline.locator("circle")).to_have_count(entries)
             page.screenshot(path=str(SCREENSHOTS / "run-unresolved.png"), full_page=True)
 
             page.get_by_role("button", name="Reconcile").click()
@@ -150,8 +164,8 @@ def test_operator_sees_the_warning_and_reconciles_in_a_browser(server: tuple[str
             page.get_by_role("link", name="Run history").click()
             expect(page.get_by_role("alert").filter(has_text=run_id)).to_have_count(0)
             # Filter by definition and parameter: exactly the backfill's run of that day.
-            page.get_by_label("Definition").fill("daily_orders_publish")
-            page.get_by_label("Parameter").fill("day=2026-11-03")
+            page.get_by_label("Definition", exact=True).fill("daily_orders_publish")
+            page.get_by_label("Parameter", exact=True).fill("day=2026-11-03")
             page.get_by_role("button", name="Filter").click()
             expect(page).to_have_url(re.compile(r"param=day%3D2026-11-03"))
             listed = page.locator("table.runs tbody tr")
@@ -175,5 +189,18 @@ def test_operator_sees_the_warning_and_reconciles_in_a_browser(server: tuple[str
             page.get_by_role("link", name="API reference").click()
             expect(page.get_by_text("OAS 3.1")).to_be_visible()
             page.screenshot(path=str(SCREENSHOTS / "api-reference.png"), full_page=False)
+
+            # A partitioned run's page leads to its datasource's partitions: both days published.
+            page.goto(f"{base}/ui/runs?definition=daily_orders_by_day")
+            page.locator("table.runs a[href^='/ui/runs/']").first.click()
+            page.get_by_role("link", name="its partitions").click()
+            expect(page.get_by_role("heading", name=re.compile("analytics.daily_revenue_by_day"))).to_be_visible()
+            expect(page.locator("td.cell-published")).to_have_count(2)
+            page.screenshot(path=str(SCREENSHOTS / "partitions.png"), full_page=True)
+
+            # Back to the Ops page: nothing unresolved after the reconciliation, and the chart says so.
+            page.get_by_role("link", name="Ops ledger").click()
+            expect(page.get_by_role("heading", name="Unresolved runs: 0")).to_be_visible()
+            expect(page.locator("figure.chart-trouble > svg rect.bar-unresolved")).to_have_count(0)
         finally:
             browser.close()

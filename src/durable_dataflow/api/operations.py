@@ -209,6 +209,17 @@ def list_runs(
     return RunsAnswer(listed, next_cursor)
 
 
+def activity(
+    platform: Platform, tenant: str | None, *, days: int, bucket_us: int, definition: str | None = None, durations: bool
+) -> views.Activity:
+    """What the pages chart (``views.activity``): ``tenant``'s runs of the last ``days`` days, or every
+    tenant's for None (a platform operator's Ops page)."""
+    with platform.db.read() as conn:
+        return views.activity(
+            conn, platform.db, tenant, days=days, bucket_us=bucket_us, definition_name=definition, durations=durations
+        )
+
+
 def get_run(platform: Platform, caller: Caller, run_id: str) -> views.ShownRun:
     """One run of the caller's tenant as read now (``views.shown_run``, as `dataflow show` shows it)."""
     with platform.db.read() as conn:

@@ -1,14 +1,17 @@
 """The web operator view: server-rendered pages, readable without JavaScript.
 
-Pages: /ui/login, /ui/runs (history, with a warning block on every unresolved run), /ui/runs/{id}
-(ledger timeline, verification, publication references, the Reconcile form for operators),
+Pages: /ui/login, /ui/runs (history, with a warning block on every unresolved run and charts of the
+last days: runs by outcome, durations per definition), /ui/runs/{id} (times and phases, the ledger
+timeline on a time axis and as a table, verification, publication references, the Reconcile form for
+operators),
 /ui/schedules (the tenant's schedules, with a warning block on every unresolved last run, each
 schedule's recent runs, and the tenant's backfills with their progress), /ui/backfills/{name} (every
 day of a definition's backfills with its run),
 /ui/datasources/{name}/partitions (a partitioned datasource's partitions as a grid of partition ×
 state, each cell linking to its runs) and
 /ui/ops (the Ops ledger projection of the operator's tenant, or of every tenant for a platform
-operator, whose token opens no other page). POST forms carry a CSRF token.
+operator, whose token opens no other page, with a chart of unresolved and failed runs over time).
+POST forms carry a CSRF token.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
-from durable_dataflow.api import auth, operations, tokens
+from durable_dataflow.api import auth, charts, operations, tokens
 from durable_dataflow.api.auth import SESSION_COOKIE, SESSION_MAX_AGE_S, check_csrf, csrf_token, platform_of, web_caller
 from durable_dataflow.api.errors import HTTP_STATUS_BY_CODE
 from durable_dataflow.api.tokens import Role
@@ -172,9 +175,12 @@ def history(
     cursor: str = "",
     definition: str = Query(default="", max_length=FILTER_CHARS_MAX),
     param: str = Query(default="", max_length=FILTER_CHARS_MAX),
+    days: int = Query(default=charts.WINDOW_DAYS_DEFAULT, ge=1, le=max(charts.WINDOW_DAYS)),
 ) -> Response:
     """The run history: parameters, status, Core recovery status, attempts, rows, recorded time and
-    duration, and every warning; filtered by status, definition name and one ``NAME=VALUE`` parameter."""
+    duration, and every warning; filtered by status, definition name and one ``NAME=VALUE`` parameter.
+    Above it, two charts of the last ``days`` days (the definition filter applies to them): runs per
+    day (per hour for one day) by outcome, and the duration of succeeded runs per definition."""
     caller = web_caller(request, platform_wide=True)
     if caller.token.is_platform:  # the landing page after login: a platform operator's page is /ui/ops
         return RedirectResponse("/ui/ops", status_code=303)
@@ -188,9 +194,26 @@ def history(
         definition=definition or None,
         parameters=runs.parse_parameter_filters([param] if param else [], "the parameter filter"),
     )
+    days, bucket_us = charts.window_of(days)
+    found = operations.activity(
+        platform_of(request),
+        caller.tenant,
+        days=days,
+        bucket_us=bucket_us,
+        definition=definition or None,
+        durations=True,
+    )
     filters = {"status": status, "recovery_status": recovery_status, "definition": definition, "param": param}
+    if days != charts.WINDOW_DAYS_DEFAULT:
+        filters["days"] = str(days)
     context = {
         **filters,
+        "days": days,
+        "window_days": charts.WINDOW_DAYS,
+        "outcomes_chart": charts.outcome_columns(
+            found.counts, start_us=found.start_us, now_us=found.now_us, bucket_us=bucket_us
+        ),
+        "durations_chart": charts.duration_bars(found.durations),
         "filter_query": {name: value for name, value in filters.items() if value},
         "caller": caller,
         "page": page,
@@ -219,6 +242,11 @@ def run_page(request: Request, run_id: str, reconciled: str = "", cancelled: str
         "milestones": views.run_milestones(ledger_times),
         "phases": phases,
         "total_us": phases[-1].end_us - phases[0].start_us if phases else None,
+        "timeline": charts.run_timeline(
+            [charts.TimelineEntry(e.seq, e.attempt, e.kind, e.recorded_at_us) for e in found.page.entries],
+            phases,
+            phases[-1].end_us if phases else found.page.shown.now_us,
+        ),
         "is_operator": caller.token.allows(Role.OPERATOR),
         "finding": finding,
         "finding_text": FINDING_TEXT.get(finding, ""),
@@ -330,12 +358,33 @@ def api_docs_document(request: Request) -> dict[str, Any]:
     return document
 
 
+# The Ops page's chart: the runs that need an operator, by the day (hour) they were recorded.
+OPS_CHART_OUTCOMES = (runs.OUTCOME_UNRESOLVED, runs.RunStatus.FAILED.value)
+
+
 @router.get("/ops", response_class=HTMLResponse)
-def ops_page(request: Request) -> HTMLResponse:
-    """The Ops ledger projection of the operator's tenant, or platform-wide for a platform operator."""
+def ops_page(
+    request: Request, days: int = Query(default=charts.WINDOW_DAYS_DEFAULT, ge=1, le=max(charts.WINDOW_DAYS))
+) -> HTMLResponse:
+    """The Ops ledger projection of the operator's tenant, or platform-wide for a platform operator, with
+    a chart of the unresolved and failed runs over the last ``days`` days, by the day they were recorded."""
     caller = web_caller(request, Role.OPERATOR, platform_wide=True)
-    db = platform_of(request).db
+    platform = platform_of(request)
+    db = platform.db
     projection = ops_ledger.read_projection(db, tenant=caller.ops_tenant)
     # The fleet is platform-wide: a tenant's operator does not see other tenants' workers' hosts.
     fleet_rows = fleet.list_workers(db) if caller.token.is_platform else None
-    return render(request, "ops.html", {"caller": caller, "projection": projection, "workers": fleet_rows})
+    days, bucket_us = charts.window_of(days)
+    found = operations.activity(platform, caller.ops_tenant, days=days, bucket_us=bucket_us, durations=False)
+    trouble = charts.outcome_columns(
+        found.counts, start_us=found.start_us, now_us=found.now_us, bucket_us=bucket_us, outcomes=OPS_CHART_OUTCOMES
+    )
+    context = {
+        "caller": caller,
+        "projection": projection,
+        "workers": fleet_rows,
+        "days": days,
+        "window_days": charts.WINDOW_DAYS,
+        "trouble_chart": trouble,
+    }
+    return render(request, "ops.html", context)

@@ -667,6 +667,105 @@ def unresolved_page(
     return total, [(from_row(row), bool(row.expired_after_authorization)) for row in rows]
 
 
+# ---- activity: what the pages chart -----------------------------------------------------------
+#
+# A run's outcome as the charts count it: its state now, with the one unresolved definition above.
+OUTCOME_UNRESOLVED = "unresolved"
+OUTCOME_IN_PROGRESS = "in progress"  # queued or running, not unresolved
+ACTIVITY_OUTCOMES = (
+    RunStatus.SUCCEEDED.value,
+    RunStatus.FAILED.value,
+    RunStatus.CANCELLED.value,
+    OUTCOME_UNRESOLVED,
+    OUTCOME_IN_PROGRESS,
+)
+# The most definitions the duration chart shows (those with the most succeeded runs in the window).
+DURATION_DEFINITIONS_MAX = 20
+
+
+def _activity_scope(tenant: str | None, since_us: int, definition_name: str | None) -> list[sa.ColumnElement[bool]]:
+    if any("\x00" in value for value in (tenant, definition_name) if value is not None):
+        raise InputError("a run filter must not contain a NUL character")
+    where = [dataflow_runs.c.created_at_us >= since_us]
+    if tenant is not None:
+        where.append(dataflow_runs.c.tenant == tenant)
+    if definition_name is not None:
+        where.append(dataflow_runs.c.definition_name == definition_name)
+    return where
+
+
+def outcome_counts(
+    conn: Connection,
+    db: Database,
+    *,
+    tenant: str | None,
+    since_us: int,
+    bucket_us: int,
+    definition_name: str | None = None,
+) -> list[tuple[int, str, int]]:
+    """The runs recorded since ``since_us`` (one tenant's, or every tenant's for None), counted per
+    ``bucket_us``-wide bucket of their recording time (buckets start at multiples of ``bucket_us`` from the
+    epoch: hours and days in UTC) and per outcome now (``ACTIVITY_OUTCOMES``): ``(bucket_start_us, outcome,
+    runs)`` rows, oldest bucket first. One statement over ``ix_dataflow_runs_tenant_created`` (or
+    ``ix_dataflow_runs_created`` platform-wide)."""
+    if bucket_us <= 0:
+        raise InputError("a chart bucket must be longer than zero")
+    c = dataflow_runs.c
+    finished = [RunStatus.SUCCEEDED.value, RunStatus.FAILED.value, RunStatus.CANCELLED.value]
+    classified = (
+        sa.select(
+            (c.created_at_us - c.created_at_us % sa.literal_column(str(int(bucket_us)))).label("bucket"),
+            sa.case(
+                (_unresolved(db), sa.literal(OUTCOME_UNRESOLVED)),
+                (c.status.in_(finished), c.status),
+                else_=sa.literal(OUTCOME_IN_PROGRESS),
+            ).label("outcome"),
+        )
+        .where(*_activity_scope(tenant, since_us, definition_name))
+        .subquery("classified")
+    )
+    query = (
+        sa.select(classified.c.bucket, classified.c.outcome, sa.func.count().label("runs"))
+        .group_by(classified.c.bucket, classified.c.outcome)
+        .order_by(classified.c.bucket, classified.c.outcome)
+    )
+    return [(int(bucket), str(outcome), int(n)) for bucket, outcome, n in conn.execute(query)]
+
+
+class DurationStats(BaseModel):
+    """A definition's succeeded runs recorded in a window: how many, and their mean and longest duration
+    (recorded → succeeded, ``views.elapsed_us``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    definition_name: str
+    runs: int
+    mean_us: int
+    max_us: int
+
+
+def duration_stats(
+    conn: Connection, *, tenant: str | None, since_us: int, definition_name: str | None = None
+) -> list[DurationStats]:
+    """Per definition, its succeeded runs recorded since ``since_us``: count, mean and longest duration;
+    the ``DURATION_DEFINITIONS_MAX`` definitions with the most such runs, by name."""
+    c = dataflow_runs.c
+    took = c.updated_at_us - c.created_at_us
+    count = sa.func.count().label("runs")
+    query = (
+        sa.select(c.definition_name, count, sa.func.avg(took).label("mean_us"), sa.func.max(took).label("max_us"))
+        .where(c.status == RunStatus.SUCCEEDED.value, *_activity_scope(tenant, since_us, definition_name))
+        .group_by(c.definition_name)
+        .order_by(count.desc(), c.definition_name)
+        .limit(DURATION_DEFINITIONS_MAX)
+    )
+    found = [
+        DurationStats(definition_name=name, runs=int(n), mean_us=max(0, round(mean)), max_us=max(0, int(longest)))
+        for name, n, mean, longest in conn.execute(query)
+    ]
+    return sorted(found, key=lambda stats: stats.definition_name)
+
+
 def usage_by_definition(tenant: str) -> sa.Subquery:
     """Per definition hash, the tenant's first use (``registered_at_us``) and its number of ``runs``."""
     return (
@@ -722,5 +821,3 @@ def oldest_created_us(conn: Connection, status: RunStatus) -> int | None:
         sa.select(sa.func.min(dataflow_runs.c.created_at_us)).where(dataflow_runs.c.status == status.value)
     ).scalar()
     return None if value is None else int(value)
-
-

@@ -538,3 +538,53 @@ def run_evidence(
 ) -> RunEvidence:
     """The evidence of one run in one read transaction: `show`'s page and `verify`'s verification."""
     return RunEvidence(run_page(conn, db, run_id, tenant), verification(conn, run_id, key, tenant, checks=checks))
+
+
+# ---- activity: what the pages chart --------------------------------------------------------------
+
+DAY_US = 86_400 * US_PER_S
+
+
+def window_start_us(now_us: int, days: int, bucket_us: int) -> int:
+    """The first bucket of a window of ``days`` days that ends with the bucket holding ``now_us``
+    (buckets start at multiples of ``bucket_us`` from the epoch: whole hours and days in UTC)."""
+    last = now_us - now_us % bucket_us
+    return last - (days * DAY_US // bucket_us - 1) * bucket_us
+
+
+@dataclass(frozen=True)
+class Activity:
+    """The runs of a window of days ending now (database clock): per bucket and outcome now
+    (``runs.outcome_counts``) and, when asked, the durations of succeeded runs per definition
+    (``runs.duration_stats``)."""
+
+    start_us: int
+    now_us: int
+    bucket_us: int
+    counts: list[tuple[int, str, int]]
+    durations: list[runs.DurationStats]
+
+
+def activity(
+    conn: Connection,
+    db: Database,
+    tenant: str | None,
+    *,
+    days: int,
+    bucket_us: int,
+    definition_name: str | None = None,
+    durations: bool,
+) -> Activity:
+    """One tenant's runs of the last ``days`` days (None: every tenant's, for a platform operator),
+    bucketed by ``bucket_us``: two aggregate statements in the caller's read transaction."""
+    now_us = db.now_us(conn)
+    start_us = window_start_us(now_us, days, bucket_us)
+    counts = runs.outcome_counts(
+        conn, db, tenant=tenant, since_us=start_us, bucket_us=bucket_us, definition_name=definition_name
+    )
+    stats = (
+        runs.duration_stats(conn, tenant=tenant, since_us=start_us, definition_name=definition_name)
+        if durations
+        else []
+    )
+    return Activity(start_us, now_us, bucket_us, counts, stats)
