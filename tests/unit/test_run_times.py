@@ -7,7 +7,7 @@ import pytest
 
 from durable_dataflow.api import web
 from durable_dataflow.core.units import US_PER_S
-from durable_dataflow.dataflow.protocol import evidence
+from durable_dataflow.dataflow.protocol import evidence, views
 from durable_dataflow.dataflow.protocol.runs import Run, RunStatus
 from durable_dataflow.dataflow.protocol.views import (
     Milestone,
@@ -166,3 +166,9 @@ def test_the_history_duration(status: RunStatus, cell: str) -> None:
 
 def test_an_unreadable_run_has_no_duration() -> None:
     assert elapsed_us(_run(RunStatus.SUCCEEDED, T0, T0 + S).model_copy(update={"corrupt": "status"}), T0) is None
+
+
+def test_terminal_ages_show_their_largest_unit_only() -> None:
+    """The terminal tables' ages (``views.age_text``): one unit, cut, never rounded up; negative is 0s."""
+    ages = [views.age_text(s) for s in (-5, 0, 59.9, 60, 3_599, 3_600, 86_399, 3 * 86_400 + 5)]
+    assert ages == ["0s", "0s", "59s", "1m", "59m", "1h", "23h", "3d"]

@@ -60,16 +60,12 @@ def time_text(us: int | None, form: TimeForm = "iso", *, missing: str = "-") -> 
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def age_text(seconds: float, *, parts: int = 1) -> str:
-    """A short age from its largest unit on: ``parts=1`` gives ``3m`` (terminal tables), ``parts=2``
-    gives ``3m 12s``, ``5h 2m``, ``3d 4h`` (the web pages). Negative ages are 0 s."""
+def age_text(seconds: float) -> str:
+    """A terminal table's short age, in its largest unit only: ``45s``, ``3m``, ``5h``, ``3d`` (the
+    pages, with room for more, write ``duration_text``). Negative ages are 0 s."""
     rest = max(0, int(seconds))
-    first = next(i for i, (_, size) in enumerate(_AGE_UNITS) if rest >= size or size == 1)
-    shown = []
-    for unit, size in _AGE_UNITS[first : first + parts]:
-        count, rest = divmod(rest, size)
-        shown.append(f"{count}{unit}")
-    return " ".join(shown)
+    unit, size = next((unit, size) for unit, size in _AGE_UNITS if rest >= size or size == 1)
+    return f"{rest // size}{unit}"
 
 
 def duration_text(us: int) -> str:
