@@ -126,6 +126,7 @@ def test_operator_sees_the_warning_and_reconciles_in_a_browser(server: tuple[str
             page.set_default_timeout(PAGE_TIMEOUT_MS)
             page.goto(f"{base}/ui/runs")
             expect(page).to_have_url(re.compile(r"/ui/login$"))  # no session: the login form
+            page.screenshot(path=str(SCREENSHOTS / "login.png"), full_page=False)
             page.get_by_label("API token").fill(token)
             page.get_by_role("button", name="Log in").click()
             expect(page).to_have_url(re.compile(r"/ui/runs$"))
