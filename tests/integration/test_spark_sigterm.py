@@ -127,6 +127,41 @@ def test_sigterm_ends_a_server_with_spark_loaded_within_5s(tmp_path: Path, sqlit
         server.stop()
 
 
+def _launching_spark(pid: int) -> bool:
+    """A child of ``pid`` is pyspark's launcher or its JVM (spark-submit, java): the first Spark start."""
+    for child in _children(pid):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            command = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+            if b"spark" in command or b"java" in command:
+                return True
+    return False
+
+
 def _post_quietly(client: httpx.Client, document: dict[str, Any]) -> None:
     with contextlib.suppress(httpx.HTTPError):  # the server is told to stop while this waits
         client.post("/v1/runs", json={"definition": document})
+
+
+def test_sigterm_during_the_first_spark_start_ends_the_server_within_5s(tmp_path: Path, sqlite_url: str) -> None:
+    """Proves SIGTERM ends the server within 5 s, JVM included, when it arrives while the first Spark run
+    is still starting its JVM (the JVM process exists, the session is not up yet): the stop does not wait
+    for the session to come up. The run is left running for a sweeper (or ends cancelled), never succeeded."""
+    cli = make_cli(sqlite_url, tmp_path)
+    made = cli("tokens", "create", "--tenant", "a", "--role", "submitter", "--name", "a")
+    assert made.code == 0, made.output
+    (tmp_path / "data" / "a").mkdir(parents=True)
+    log = tmp_path / "server.log"
+    server = start_server(["--db", sqlite_url, "serve", "--port", "0", "--data-root", str(tmp_path / "data")],
+                          cwd=tmp_path, env=cli.env, log_path=log)  # fmt: skip
+    headers = {"Authorization": f"Bearer {made.stdout.strip()}"}
+    try:
+        with httpx.Client(base_url=server.base_url, timeout=RUN_WAIT_S, headers=headers) as client:
+            first = threading.Thread(target=_post_quietly, args=(client, _document(LONG_SQL)), daemon=True)
+            first.start()
+            _wait_for("a JVM being started", lambda: _launching_spark(server.proc.pid), server.proc, log)
+            _assert_sigterm_ends(server.proc, log)
+        # Stopped before the session was up, the attempt is not interrupted in-process: its lease expires and
+        # a sweeper settles the run (nothing was dispatched), or the interruption cancelled it.
+        assert _statuses(sqlite_url) in (["running"], ["cancelled"])
+    finally:
+        server.stop()
