@@ -9,7 +9,6 @@ in the Delta table exactly once, the crashed day included, which its reconciliat
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from decimal import Decimal
@@ -19,6 +18,7 @@ import pytest
 from deltalake import DeltaTable
 
 from support.cli import REPO_ROOT, SCRUBBED_ENV
+from support.docs import blocks_of
 
 pytestmark = pytest.mark.timeout(300)
 TUTORIAL = REPO_ROOT / "docs" / "tutorial.md"
@@ -26,10 +26,10 @@ SCRIPT_TIMEOUT_S = 240
 
 
 def tutorial_script() -> str:
-    """The page's `sh` blocks, in order, as one script."""
-    blocks = re.findall(r"```sh\n(.*?)```", TUTORIAL.read_text(encoding="utf-8"), flags=re.DOTALL)
+    """The page's `sh` blocks, in order, as one script (read by support.docs, as every document's are)."""
+    blocks = [block.text for block in blocks_of(TUTORIAL) if block.language == "sh"]
     assert len(blocks) >= 5, "the tutorial lost its command blocks"
-    return "\n".join(blocks)
+    return "".join(blocks)
 
 
 def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
