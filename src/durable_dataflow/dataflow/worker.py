@@ -100,6 +100,7 @@ class WorkerSummary:
     swept: dict[str, int] = field(default_factory=dict)  # sweeper decision -> count
     storage_failures: int = 0
     stopped_by_request: bool = False
+    schedule_evaluations: int = 0  # evaluations of the due schedules ended (each decided what was due then)
 
 
 class Backoff:
@@ -176,6 +177,10 @@ class Worker:
         self._outage = StorageOutage(self._log)
         self._last_sweep_s: float | None = None
         self._last_schedules_s: float | None = None
+        # The earliest schedule's next-due instant on this process's monotonic clock (None: unknown or none),
+        # and when it was last read (``_schedules_due``).
+        self._next_due_s: float | None = None
+        self._due_probed_s = 0.0
         self._summary_lock = threading.Lock()
 
     # ---- control ---------------------------------------------------------------------------
@@ -260,12 +265,29 @@ class Worker:
             return any(runs.list_page(conn, status=status, limit=1) for status in (RunStatus.QUEUED, RunStatus.RUNNING))
 
     def _schedules_due(self) -> bool:
+        """An evaluation is due at the earliest schedule's next-due instant, read after the last evaluation
+        (and again every poll while waiting: an apply meanwhile may bring it closer), and at the latest
+        ``schedule_interval_s`` after the last one."""
         last = self._last_schedules_s
-        return last is None or time.monotonic() - last >= self.options.schedule_interval_s
+        now = time.monotonic()
+        if last is None or now - last >= self.options.schedule_interval_s:
+            return True
+        if self._next_due_s is not None and now >= self._next_due_s:
+            return True
+        if now - self._due_probed_s >= self.options.poll_interval_s:
+            self._due_probed_s = now
+            try:
+                until_s = schedules.seconds_until_due(self.service.db)
+            except StorageUnavailable:  # the claim after it meets the outage too, logs it and backs off
+                until_s = None
+            self._next_due_s = None if until_s is None else now + until_s
+            return self._next_due_s is not None and now >= self._next_due_s
+        return False
 
     def _evaluate_schedules(self) -> None:
         """Decide and submit the due ticks; the tick keys make it safe for every worker to do so."""
         self._last_schedules_s = time.monotonic()
+        self._next_due_s = None
         try:
             evaluation = schedules.evaluate(self.service.db, self.service)
         except StorageUnavailable:
@@ -274,6 +296,8 @@ class Worker:
             self._log.error("schedules.unevaluated", error_type=type(error).__name__,
                             note="runs are still claimed; the next evaluation tries again")  # fmt: skip
             return
+        finally:
+            self.summary.schedule_evaluations += 1
         for decided in evaluation.decisions:
             if decided.new:
                 self._log.info("schedule.tick", tenant=decided.tenant, schedule=decided.name, tick=decided.tick,

@@ -325,6 +325,17 @@ def _due_page(
         return [_from_row(row) for row in conn.execute(query)]
 
 
+def seconds_until_due(db: Database) -> float | None:
+    """Seconds from now (database clock) until the earliest next-due instant of any schedule (0 when one is
+    due already; None when no schedule is active): one probe of ``ix_schedules_next_due``. A worker waits
+    this long, at most its evaluation interval, before its next evaluation, so a tick is decided on time
+    without evaluating every second."""
+    query = sa.select(sa.func.min(schedules.c.next_due_us), db.now_us_expr())
+    with db.read() as conn:
+        earliest, now_us = conn.execute(query).one()
+    return None if earliest is None else max(0.0, (int(earliest) - int(now_us)) / US_PER_S)
+
+
 def _store_next_due(db: Database, applied: AppliedSchedule, due_us: int | None) -> None:
     """Store the schedule's next-due instant, guarded on the one this evaluation read: an apply, pause or
     resume (or another evaluator) that changed it since is newer and stays."""
