@@ -79,6 +79,12 @@ def window_of(days: int) -> tuple[int, int]:
     return chosen, HOUR_US if chosen <= 2 else DAY_US
 
 
+def window_choices(days: int) -> tuple[int, ...]:
+    """The windows a page's select offers: ``WINDOW_DAYS``, and ``days`` when a link asked for another, so
+    the select shows the window drawn and submitting the form keeps it."""
+    return tuple(sorted({*WINDOW_DAYS, days}))
+
+
 def _nice_ceiling(value: float) -> float:
     """The smallest of 2, 4, 6, 10 × 10^k at or above ``value`` (at least 2): a round top for a count axis
     whose middle line is a whole number too."""
@@ -135,7 +141,7 @@ def outcome_columns(
             labels.append(Label(x + slot / 2, PLOT_TOP + PLOT_HEIGHT + 16, _bucket_text(bucket, bucket_us), "middle"))
     grid = (PLOT_TOP, PLOT_TOP + PLOT_HEIGHT / 2, PLOT_TOP + PLOT_HEIGHT)
     for y, value in zip(grid, (top, top / 2, 0.0), strict=True):
-        labels.append(Label(AXIS_LEFT - 6, y + 4, f"{value:g}", "end"))
+        labels.append(Label(AXIS_LEFT - 6, y + 4, f"{round(value):,}", "end"))
     totals = {o: sum(c.get(o, 0) for c in per.values()) for o in outcomes}
     unit = "hour" if bucket_us < DAY_US else "day"
     summary = f"{what} per {unit}, {len(buckets)} {unit}s: " + ", ".join(f"{n} {o}" for o, n in totals.items())
@@ -150,9 +156,10 @@ def outcome_columns(
     )
 
 
-def duration_bars(stats: Sequence[runs.DurationStats]) -> Chart:
+def duration_bars(stats: Sequence[runs.DurationStats], *, more: bool = False) -> Chart:
     """One row per definition: a bar to its mean duration and a tick at its longest, on one linear axis
-    from 0 to the longest of all (so rows compare), the numbers written at the row's end."""
+    from 0 to the longest of all (so rows compare), the numbers written at the row's end; ``more``: other
+    definitions had succeeded runs too (the summary says these are the ones with the most)."""
     longest = max((s.max_us for s in stats), default=0)
     scale = (PLOT_WIDTH - LABEL_WIDTH) / longest if longest else 0.0
     marks: list[Mark] = []
@@ -174,7 +181,10 @@ def duration_bars(stats: Sequence[runs.DurationStats]) -> Chart:
         labels=tuple(labels),
         grid=(),
         legend=(("bar-mean", "mean"), ("bar-max", "longest")),
-        summary=f"mean and longest duration of succeeded runs, {len(stats)} definition(s)",
+        summary=(
+            f"mean and longest duration of succeeded runs, {len(stats)} definition(s)"
+            + (f": the {len(stats)} with the most succeeded runs, others left out" if more else "")
+        ),
     )
 
 
@@ -193,8 +203,10 @@ def run_timeline(entries: Sequence[TimelineEntry], phases: Sequence[views.Phase]
     the first entry."""
     if not entries:
         return Chart(PLOT_WIDTH, 0.0, (), (), (), (), "no ledger entries")
-    start = entries[0].at_us
-    span = max(1, max(end_us, entries[-1].at_us) - start)
+    # From the earliest entry to the latest (or ``end_us``): a clock stepped back between two entries
+    # moves a mark, it never draws one off the chart.
+    start = min(e.at_us for e in entries)
+    span = max(1, max(end_us, *(e.at_us for e in entries)) - start)
     left = 90.0
     width = PLOT_WIDTH - left
     scale = width / span
@@ -206,7 +218,7 @@ def run_timeline(entries: Sequence[TimelineEntry], phases: Sequence[views.Phase]
         x = left + (phase.start_us - start) * scale
         marks.append(
             Mark(
-                x, 4.0, max(1.5, (phase.end_us - phase.start_us) * scale), LANE_HEIGHT - 8,
+                x, 4.0, max(1.5, max(0, phase.end_us - phase.start_us) * scale), LANE_HEIGHT - 8,
                 f"phase phase-{index % 4}", f"{phase.name}: {views.duration_text(phase.end_us - phase.start_us)}",
             )
         )  # fmt: skip

@@ -195,25 +195,25 @@ def history(
         parameters=runs.parse_parameter_filters([param] if param else [], "the parameter filter"),
     )
     days, bucket_us = charts.window_of(days)
-    found = operations.activity(
-        platform_of(request),
-        caller.tenant,
-        days=days,
-        bucket_us=bucket_us,
-        definition=definition or None,
-        durations=True,
-    )
+    outcomes_chart = durations_chart = None
+    if not cursor:  # the charts head the newest page only: paging through older runs reads none
+        found = operations.activity(
+            platform_of(request), caller.tenant, days=days, bucket_us=bucket_us, definition=definition or None,
+            durations=True,
+        )  # fmt: skip
+        outcomes_chart = charts.outcome_columns(
+            found.counts, start_us=found.start_us, now_us=found.now_us, bucket_us=bucket_us
+        )
+        durations_chart = charts.duration_bars(found.durations, more=found.more_definitions)
     filters = {"status": status, "recovery_status": recovery_status, "definition": definition, "param": param}
     if days != charts.WINDOW_DAYS_DEFAULT:
         filters["days"] = str(days)
     context = {
         **filters,
         "days": days,
-        "window_days": charts.WINDOW_DAYS,
-        "outcomes_chart": charts.outcome_columns(
-            found.counts, start_us=found.start_us, now_us=found.now_us, bucket_us=bucket_us
-        ),
-        "durations_chart": charts.duration_bars(found.durations),
+        "window_days": charts.window_choices(days),
+        "outcomes_chart": outcomes_chart,
+        "durations_chart": durations_chart,
         "filter_query": {name: value for name, value in filters.items() if value},
         "caller": caller,
         "page": page,
@@ -384,7 +384,7 @@ def ops_page(
         "projection": projection,
         "workers": fleet_rows,
         "days": days,
-        "window_days": charts.WINDOW_DAYS,
+        "window_days": charts.window_choices(days),
         "trouble_chart": trouble,
     }
     return render(request, "ops.html", context)

@@ -78,6 +78,10 @@ dataflow_runs = sa.Table(
     # The history page: newest first overall, and newest first per definition (benchmarks/ledger_scale).
     sa.Index("ix_dataflow_runs_created", "created_at_us", "run_id"),
     sa.Index("ix_dataflow_runs_definition_created", "definition_name", "created_at_us", "run_id"),
+    # One tenant's runs of one definition (the history's definition filter and its charts): without it a
+    # planner may read every tenant's runs of the name by the index above, in time that tells a tenant
+    # about the others' runs (migration 0016).
+    sa.Index("ix_dataflow_runs_tenant_definition_created", "tenant", "definition_name", "created_at_us", "run_id"),
     # Ops counts runs by status and recovery status, platform-wide and per tenant, from these alone.
     sa.Index("ix_dataflow_runs_status_pair", "status", "recovery_status"),
     sa.Index("ix_dataflow_runs_tenant_status_pair", "tenant", "status", "recovery_status"),

@@ -746,9 +746,10 @@ class DurationStats(BaseModel):
 
 def duration_stats(
     conn: Connection, *, tenant: str | None, since_us: int, definition_name: str | None = None
-) -> list[DurationStats]:
+) -> tuple[list[DurationStats], bool]:
     """Per definition, its succeeded runs recorded since ``since_us``: count, mean and longest duration;
-    the ``DURATION_DEFINITIONS_MAX`` definitions with the most such runs, by name."""
+    the ``DURATION_DEFINITIONS_MAX`` definitions with the most such runs, by name, and whether more
+    definitions had succeeded runs."""
     c = dataflow_runs.c
     took = c.updated_at_us - c.created_at_us
     count = sa.func.count().label("runs")
@@ -757,13 +758,14 @@ def duration_stats(
         .where(c.status == RunStatus.SUCCEEDED.value, *_activity_scope(tenant, since_us, definition_name))
         .group_by(c.definition_name)
         .order_by(count.desc(), c.definition_name)
-        .limit(DURATION_DEFINITIONS_MAX)
+        .limit(DURATION_DEFINITIONS_MAX + 1)
     )
     found = [
         DurationStats(definition_name=name, runs=int(n), mean_us=max(0, round(mean)), max_us=max(0, int(longest)))
         for name, n, mean, longest in conn.execute(query)
     ]
-    return sorted(found, key=lambda stats: stats.definition_name)
+    shown = sorted(found[:DURATION_DEFINITIONS_MAX], key=lambda stats: stats.definition_name)
+    return shown, len(found) > DURATION_DEFINITIONS_MAX
 
 
 def usage_by_definition(tenant: str) -> sa.Subquery:

@@ -559,6 +559,7 @@ class Activity:
     bucket_us: int
     counts: list[tuple[int, str, int]]
     durations: list[runs.DurationStats]
+    more_definitions: bool  # more definitions had succeeded runs than ``durations`` holds
 
 
 def activity(
@@ -578,9 +579,9 @@ def activity(
     counts = runs.outcome_counts(
         conn, db, tenant=tenant, since_us=start_us, bucket_us=bucket_us, definition_name=definition_name
     )
-    stats = (
+    stats, more = (
         runs.duration_stats(conn, tenant=tenant, since_us=start_us, definition_name=definition_name)
         if durations
-        else []
+        else ([], False)
     )
-    return Activity(start_us, now_us, bucket_us, counts, stats)
+    return Activity(start_us, now_us, bucket_us, counts, stats, more)
