@@ -143,3 +143,22 @@ def test_backfill_only_missing_submits_only_unpublished_days_and_stale_the_other
     plain.write_text(FLOW.format(version=1).split("target:")[0], encoding="utf-8")
     refused = cli("backfill", str(plain), "--from", "2024-03-01", "--to", "2024-03-01", "--only-missing")
     assert refused.code == 2 and "replace_partition" in refused.stderr, refused.output
+
+
+def test_stale_backfill_replays_the_days_already_queued_by_the_same_definition(cli: Cli, tmp_path: Path) -> None:
+    """A backfill queues days 1-3; `--only-missing --stale` of the same definition right after submits nothing
+    new: the days have no publication yet, but their runs of this definition hold the plain keys and are
+    replayed (before, each day was queued a second time under the hash-suffixed key). Day 4 is new."""
+    flow = _flow(tmp_path)
+    first = cli("backfill", str(flow), "--from", "2024-03-01", "--to", "2024-03-03", "--json")
+    assert first.code == 0 and [r["created"] for r in first.json()] == [True] * 3, first.output
+    again = cli("backfill", str(flow), "--from", "2024-03-01", "--to", "2024-03-04", "--only-missing", "--stale",
+                "--json")  # fmt: skip
+    assert again.code == 0, again.output
+    report = again.json()
+    assert [r["created"] for r in report] == [False, False, False, True]
+    assert [r["run_id"] for r in report[:3]] == [r["run_id"] for r in first.json()]
+    assert [r["idempotency_key"] for r in report] == [f"backfill:default:daily_totals:{r['tick']}" for r in report]
+    runs_listed = cli("runs", "--json", "--limit", "50").json()
+    assert len(runs_listed) == 4
+

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from croniter import CroniterError
+from sqlalchemy.engine import Connection
 
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import Conflict, EvidenceError, InputError, NotFound
@@ -180,26 +181,35 @@ def select_missing(
 ) -> Selection:
     """The days whose partition has no current publication (``dataflow.protocol.partitions``); with ``stale``, also
     those whose current publication came from another definition hash, each under the key
-    ``<key>:<definition hash, 12 hex digits>``. A definition whose target has no partition is refused."""
+    ``<key>:<definition hash, 12 hex digits>``. With ``stale``, a day with no publication keeps its plain key
+    unless a run of another definition hash holds it: a run of this definition already queued under it is
+    then replayed, never run a second time under the suffixed key. A definition whose target has no
+    partition is refused."""
     target = definition.target
     if target is None or target.partition is None:
         raise InputError("--only-missing needs a definition whose target has mode replace_partition and a partition")
     d_hash = definition_hash(definition)
+    selection = Selection([], [])
     with db.read() as conn:
         current = partitions.current_publications(conn, db, tenant, target.datasource)
-    selection = Selection([], [])
-    for item in items:
-        canonical = parameters_mod.check_parameters(definition, item.parameters)
-        digest = partition_tokens.partition_digest(parameters_mod.resolve_partition(target.partition, canonical))
-        found = current.get(digest)
-        if found is not None and (not stale or found.run.definition_hash == d_hash):
-            selection.published.append((item, found.run))
-        elif stale:
-            suffix = d_hash.removeprefix("sha256:")[:STALE_KEY_HASH_CHARS]
-            selection.submit.append(BackfillItem(item.tick, f"{item.key}:{suffix}", item.parameters, item.day))
-        else:
-            selection.submit.append(item)
+        for item in items:
+            canonical = parameters_mod.check_parameters(definition, item.parameters)
+            digest = partition_tokens.partition_digest(parameters_mod.resolve_partition(target.partition, canonical))
+            found = current.get(digest)
+            if found is not None and (not stale or found.run.definition_hash == d_hash):
+                selection.published.append((item, found.run))
+            elif stale and (found is not None or _held_by_another_definition(conn, tenant, item.key, d_hash)):
+                suffix = d_hash.removeprefix("sha256:")[:STALE_KEY_HASH_CHARS]
+                selection.submit.append(BackfillItem(item.tick, f"{item.key}:{suffix}", item.parameters, item.day))
+            else:
+                selection.submit.append(item)
     return selection
+
+
+def _held_by_another_definition(conn: Connection, tenant: str, key: str, d_hash: str) -> bool:
+    """A run of another definition hash holds ``key`` (a submit under it would be refused as a conflict)."""
+    holder = runs.find_by_key(conn, tenant, key)
+    return holder is not None and holder.definition_hash != d_hash
 
 
 def run_selected(
