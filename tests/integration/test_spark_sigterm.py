@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 from support.cli import make_cli
-from support.hostile import start_server
+from support.hostile import ServerProcess, start_server
 
 pytestmark = pytest.mark.spark
 
@@ -101,10 +101,8 @@ def _wait_for(what: str, ready: Callable[[], bool], proc: subprocess.Popen[bytes
         time.sleep(POLL_S)  # polling the database for a run's state, bounded by the deadline
 
 
-def test_sigterm_ends_a_server_with_spark_loaded_within_5s(tmp_path: Path, sqlite_url: str) -> None:
-    """Proves a `dataflow serve` that ran one Spark run inline (its JVM up) exits 0 within 5 s of SIGTERM,
-    JVM included, while a second inline Spark run (minutes long) executes; that run ends cancelled.
-    Before, uvicorn waited for the open request, so for the Spark job: far past 30 s."""
+def _server_with_a_submitter(tmp_path: Path, sqlite_url: str) -> tuple[ServerProcess, Path, dict[str, str]]:
+    """`dataflow serve` on a free port (its log at server.log) and the headers of tenant a's submitter token."""
     cli = make_cli(sqlite_url, tmp_path)
     made = cli("tokens", "create", "--tenant", "a", "--role", "submitter", "--name", "a")
     assert made.code == 0, made.output
@@ -112,7 +110,14 @@ def test_sigterm_ends_a_server_with_spark_loaded_within_5s(tmp_path: Path, sqlit
     log = tmp_path / "server.log"
     server = start_server(["--db", sqlite_url, "serve", "--port", "0", "--data-root", str(tmp_path / "data")],
                           cwd=tmp_path, env=cli.env, log_path=log)  # fmt: skip
-    headers = {"Authorization": f"Bearer {made.stdout.strip()}"}
+    return server, log, {"Authorization": f"Bearer {made.stdout.strip()}"}
+
+
+def test_sigterm_ends_a_server_with_spark_loaded_within_5s(tmp_path: Path, sqlite_url: str) -> None:
+    """Proves a `dataflow serve` that ran one Spark run inline (its JVM up) exits 0 within 5 s of SIGTERM,
+    JVM included, while a second inline Spark run (minutes long) executes; that run ends cancelled.
+    Before, uvicorn waited for the open request, so for the Spark job: far past 30 s."""
+    server, log, headers = _server_with_a_submitter(tmp_path, sqlite_url)
     try:
         with httpx.Client(base_url=server.base_url, timeout=RUN_WAIT_S, headers=headers) as client:
             answer = client.post("/v1/runs", json={"definition": _document()})
@@ -146,14 +151,7 @@ def test_sigterm_during_the_first_spark_start_ends_the_server_within_5s(tmp_path
     """Proves SIGTERM ends the server within 5 s, JVM included, when it arrives while the first Spark run
     is still starting its JVM (the JVM process exists, the session is not up yet): the stop does not wait
     for the session to come up. The run is left running for a sweeper (or ends cancelled), never succeeded."""
-    cli = make_cli(sqlite_url, tmp_path)
-    made = cli("tokens", "create", "--tenant", "a", "--role", "submitter", "--name", "a")
-    assert made.code == 0, made.output
-    (tmp_path / "data" / "a").mkdir(parents=True)
-    log = tmp_path / "server.log"
-    server = start_server(["--db", sqlite_url, "serve", "--port", "0", "--data-root", str(tmp_path / "data")],
-                          cwd=tmp_path, env=cli.env, log_path=log)  # fmt: skip
-    headers = {"Authorization": f"Bearer {made.stdout.strip()}"}
+    server, log, headers = _server_with_a_submitter(tmp_path, sqlite_url)
     try:
         with httpx.Client(base_url=server.base_url, timeout=RUN_WAIT_S, headers=headers) as client:
             first = threading.Thread(target=_post_quietly, args=(client, _document(LONG_SQL)), daemon=True)
