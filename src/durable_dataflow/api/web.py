@@ -180,7 +180,7 @@ def history(
     """The run history: parameters, status, Core recovery status, attempts, rows, recorded time and
     duration, and every warning; filtered by status, definition name and one ``NAME=VALUE`` parameter.
     Above it, two charts of the last ``days`` days (the definition filter applies to them): runs per
-    day (per hour for one day) by outcome, and the duration of succeeded runs per definition."""
+    day (per hour for up to two days) by outcome, and the duration of succeeded runs per definition."""
     caller = web_caller(request, platform_wide=True)
     if caller.token.is_platform:  # the landing page after login: a platform operator's page is /ui/ops
         return RedirectResponse("/ui/ops", status_code=303)

@@ -556,7 +556,6 @@ class Activity:
 
     start_us: int
     now_us: int
-    bucket_us: int
     counts: list[tuple[int, str, int]]
     durations: list[runs.DurationStats]
     more_definitions: bool  # more definitions had succeeded runs than ``durations`` holds
@@ -584,4 +583,4 @@ def activity(
         if durations
         else ([], False)
     )
-    return Activity(start_us, now_us, bucket_us, counts, stats, more)
+    return Activity(start_us, now_us, counts, stats, more)
