@@ -68,3 +68,29 @@ def test_ordinary_functions_and_relations_still_pass(tmp_path: Path) -> None:
            "select string_agg(upper('a') || k, ',' order by k) as s from r, t")
     result = execute(_definition(sql, csv=False), {}, ExecutionContext(base_dir=tmp_path, allowed_roots=(tmp_path,)))
     assert result.table.column("s").to_pylist() == ["A0,A1,A2"]
+
+
+def test_a_step_text_that_passed_is_not_parsed_again_and_a_refused_one_always_is(tmp_path: Path) -> None:
+    """Proves the per-process memory of checked step texts: a text that passed is not sent to DuckDB's
+    parser again (the second check is given a closed cursor, which fails any statement), while a refused
+    text is refused every time, from a fresh parse (nothing remembers a refusal), and a text that differs
+    by one character is parsed on its own."""
+    import duckdb
+
+    from durable_dataflow.dataflow.execution import sandbox
+
+    passed = sandbox.GatedStep("s0", "select 41 + 1 as s /* remembered */", frozenset())
+    refused = sandbox.GatedStep("s0", "select current_setting('temp_directory') as s /* never kept */", frozenset())
+    live = duckdb.connect()
+    sandbox.refuse_server_reads(live, passed)
+    for _ in range(2):
+        with pytest.raises(InputError, match="shows the server's configuration"):
+            sandbox.refuse_server_reads(live, refused)
+    closed = duckdb.connect()
+    closed.close()
+    sandbox.refuse_server_reads(closed, passed)  # remembered: no statement on the closed cursor
+    with pytest.raises(duckdb.ConnectionException):
+        sandbox.refuse_server_reads(closed, sandbox.GatedStep("s0", passed.sql + " ", frozenset()))
+    with pytest.raises(duckdb.ConnectionException):
+        sandbox.refuse_server_reads(closed, refused)  # a refusal is parsed again
+    live.close()

@@ -24,7 +24,9 @@ off and then locked, so no user statement can change a setting:
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -215,7 +217,29 @@ def refuse_server_reads(cursor: duckdb.DuckDBPyConnection, step: GatedStep) -> N
     """A step reads its sources by name: refuse a table function that reads a file, a relation named
     like a file, and a function or view that shows the server's configuration, anywhere in its parse
     tree (DuckDB's own, as json_serialize_sql gives it). Checked as the execution starts, before any
-    source is bound, so such a run ends failed with invalid_input like any file the sandbox refuses."""
+    source is bound, so such a run ends failed with invalid_input like any file the sandbox refuses.
+
+    The tree depends on the SQL text alone (DuckDB parses, it does not bind), so a text that passed is
+    remembered by its digest (``_PASSED``, the newest ``PASSED_SQL_KEPT``) and not parsed again by this
+    process; a refusal is never remembered."""
+    key = hashlib.blake2b(step.sql.encode("utf-8"), digest_size=32).digest()
+    with _PASSED_LOCK:
+        if key in _PASSED:
+            _PASSED.move_to_end(key)
+            return
+    _walk_for_server_reads(cursor, step)
+    with _PASSED_LOCK:
+        _PASSED[key] = None
+        while len(_PASSED) > PASSED_SQL_KEPT:
+            _PASSED.popitem(last=False)
+
+
+PASSED_SQL_KEPT = 4096  # step texts this process remembers as checked (32 bytes of digest each)
+_PASSED: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+_PASSED_LOCK = threading.Lock()  # inline executions run in threads of one process
+
+
+def _walk_for_server_reads(cursor: duckdb.DuckDBPyConnection, step: GatedStep) -> None:
     step_name = step.name
     tree = json.loads(str(cursor.execute("SELECT json_serialize_sql(?)", [step.sql]).fetchall()[0][0]))
     if tree.get("error"):
