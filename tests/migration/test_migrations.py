@@ -94,3 +94,29 @@ def test_0011_fills_the_partition_of_runs_recorded_before_it(db_url: str) -> Non
         ]
     finally:
         db.dispose()
+
+
+def test_0017_counts_the_results_stored_before_it_per_tenant(db_url: str) -> None:
+    """Results stored at revision 0016 (two of acme's runs, one of globex's, a run of initech without a
+    result) are summed per tenant into tenant_result_bytes by the upgrade to 0017; a tenant with no
+    stored result gets no row (the quota reads that as 0)."""
+    db = Database(db_url)
+    try:
+        migrations.upgrade(db, "0016_runs_by_tenant_definition")
+        owners = {"a1": "acme", "a2": "acme", "g1": "globex", "i1": "initech"}
+        runs = [{**_old_run(run_id, None, {}), "tenant": tenant} for run_id, tenant in owners.items()]
+        stored = {"a1": 1000, "a2": 234, "g1": 7}
+        results = [
+            {"run_id": run_id, "attempt": 1, "output_digest": "sha256:o", "format": "f", "row_count": 1,
+             "bytes": b"x" * size}
+            for run_id, size in stored.items()
+        ]  # fmt: skip
+        with db.begin() as conn:
+            conn.execute(sa.table("dataflow_runs", *(sa.column(name) for name in runs[0])).insert(), runs)
+            conn.execute(sa.table("run_results", *(sa.column(name) for name in results[0])).insert(), results)
+        migrations.upgrade(db)
+        with db.read() as conn:
+            found = conn.execute(sa.text("SELECT tenant, stored_bytes FROM tenant_result_bytes ORDER BY tenant")).all()
+        assert [tuple(row) for row in found] == [("acme", 1234), ("globex", 7)]
+    finally:
+        db.dispose()

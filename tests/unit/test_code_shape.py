@@ -56,9 +56,12 @@ OWNERS: dict[tuple[str, str], tuple[frozenset[str], str]] = {
         "the DataflowRun projection: insert, update (attempt-guarded), claim, lookups, listings, counts",
     ),
     ("dataflow.schema", "run_results"): (
-        frozenset({"dataflow.execution.results", "dataflow.protocol.quotas"}),
-        "stored result bytes: written in the atomic terminal commit, read for export; the result_bytes "
-        "quota sums their sizes (read-only; a counter kept by results.store would make quotas no owner)",
+        frozenset({"dataflow.execution.results"}),
+        "stored result bytes: written in the commit that ends execution, read for export and verification",
+    ),
+    ("dataflow.schema", "tenant_result_bytes"): (
+        frozenset({"dataflow.execution.results"}),
+        "the bytes each tenant's results stored: added to by results.store, read for the result_bytes quota",
     ),
     ("dataflow.schema", "partition_tokens"): (
         frozenset({"dataflow.protocol.partition_tokens"}),

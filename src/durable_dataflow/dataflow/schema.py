@@ -100,6 +100,16 @@ run_results = sa.Table(
     sa.Column("bytes", sa.LargeBinary, nullable=False),
 )
 
+# The bytes of every result a tenant's runs stored (``run_results``, whose owner keeps it: results.store adds
+# each result's size in the transaction that stores it). The result_bytes quota reads this one row per
+# tenant instead of summing the tenant's results; no row means nothing stored.
+tenant_result_bytes = sa.Table(
+    "tenant_result_bytes",
+    metadata,
+    sa.Column("tenant", sa.String(TENANT_LENGTH), primary_key=True),
+    sa.Column("stored_bytes", sa.BigInteger, nullable=False),
+)
+
 # The monotonic partition token per tenant, datasource and partition (dataflow.protocol.partition_tokens): taken
 # in each pre-dispatch commit of a replace_partition run, so the later authorized run of a partition wins.
 partition_tokens = sa.Table(

@@ -33,7 +33,7 @@ UPGRADE_LOCK_KEY = 0x0D_F10A_5EED
 # The newest migration's revision (tests/migration checks it is Alembic's head). Opening an
 # up-to-date database compares against it with one read and never imports Alembic, which with the
 # dialect modules it loads costs ~20 MiB and ~0.3 s in every process (CLI, worker, server).
-HEAD_REVISION = "0016_runs_by_tenant_definition"
+HEAD_REVISION = "0017_tenant_result_bytes"
 
 
 def all_metadata() -> list[sa.MetaData]:

@@ -1,11 +1,13 @@
-"""Result bytes: the Arrow IPC stream that is stored (this module owns ``run_results``), and exports
-to CSV, Parquet and JSON.
+"""Result bytes: the Arrow IPC stream that is stored (this module owns ``run_results`` and
+``tenant_result_bytes``), and exports to CSV, Parquet and JSON.
 
-Statements on ``run_results``:
+Statements on ``run_results`` and ``tenant_result_bytes``:
 
 - ``store``: store a run's result, once (the commit that ends its execution), its bytes handed to the
   database ``WRITE_CHUNK_BYTES`` at a time: SQLite's insert of a ``zeroblob`` then blob writes,
   PostgreSQL's binary ``COPY`` with the ``bytea`` streamed, so no driver holds a copy of the result;
+  the same transaction adds the result's size to its tenant's row of ``tenant_result_bytes`` (an
+  upsert), which ``tenant_stored_bytes`` reads for the result_bytes quota (protocol/quotas.py);
 - ``stored``: the format and all the bytes (exports, resumes: they need the whole table anyway);
 - ``open_stored``: the format and a reader that reads the bytes in pieces of ``READ_CHUNK_BYTES``
   (verification): SQLite's incremental blob I/O on the row's rowid, or PostgreSQL's
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import decimal
+import functools
 import json
 import math
 import struct
@@ -27,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from durable_dataflow.core.errors import InputError, NotFound
-from durable_dataflow.dataflow.schema import run_results
+from durable_dataflow.dataflow.schema import run_results, tenant_result_bytes
 
 if TYPE_CHECKING:  # pyarrow is imported by the functions that encode, decode and export bytes:
     import pyarrow as pa  # commands that only read runs (`runs`, `show`) never load it
@@ -68,9 +71,12 @@ _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)  # no OIDs,
 _COPY_TRAILER = struct.pack("!h", -1)
 
 
-def store(conn: Connection, run_id: str, attempt: int, result: Computed) -> None:
+def store(conn: Connection, run_id: str, tenant: str, attempt: int, result: Computed) -> None:
     """Store the bounded result, once per run: it is stored only by the commit that ends execution
-    (atomic terminal or forward pre-dispatch), which never happens twice for a run.
+    (atomic terminal or forward pre-dispatch), which never happens twice for a run. Its size is added
+    to ``tenant``'s stored bytes in the same transaction, so the counter and the results agree at every
+    commit. On PostgreSQL the upsert holds the tenant's counter row until the commit: the tenant's
+    concurrent storing commits take turns from there on, never waiting on another tenant's.
 
     The bytes reach the database ``WRITE_CHUNK_BYTES`` at a time, inside the caller's transaction (its
     fence check and all-or-nothing commit unchanged): binding the whole value as one parameter made the
@@ -89,6 +95,27 @@ def store(conn: Connection, run_id: str, attempt: int, result: Computed) -> None
             _store_postgres(conn, row, data)
     except dbapi_error as error:  # raised by the driver's own calls: translated as SQLAlchemy's are
         raise sa.exc.DBAPIError.instance(_COPY, None, error, dbapi_error, dialect=conn.dialect) from error
+    conn.execute(_add_stored_bytes(conn.dialect.name), {"tenant": tenant, "size": len(data)})
+
+
+@functools.cache
+def _add_stored_bytes(dialect: str) -> sa.Insert:
+    """``INSERT … ON CONFLICT (tenant) DO UPDATE SET stored_bytes = stored_bytes + excluded``, built once
+    per dialect (both spell the upsert the same; SQLAlchemy keeps it in each dialect's module)."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    insert = sqlite.insert if dialect == "sqlite" else postgresql.insert
+    statement = insert(tenant_result_bytes).values(tenant=sa.bindparam("tenant"), stored_bytes=sa.bindparam("size"))
+    added = tenant_result_bytes.c.stored_bytes + statement.excluded.stored_bytes
+    upsert: sa.Insert = statement.on_conflict_do_update(index_elements=["tenant"], set_={"stored_bytes": added})
+    return upsert
+
+
+def tenant_stored_bytes(tenant: sa.ColumnElement[str]) -> sa.ScalarSelect[int]:
+    """A scalar subquery: the bytes of every result ``tenant``'s runs stored (0 when none), one
+    primary-key read of the counter ``store`` keeps (the result_bytes quota, protocol/quotas.py)."""
+    stored = sa.func.coalesce(sa.func.max(tenant_result_bytes.c.stored_bytes), 0)
+    return sa.select(stored).where(tenant_result_bytes.c.tenant == tenant).scalar_subquery()
 
 
 def _store_sqlite(conn: Connection, row: dict[str, Any], data: memoryview) -> None:

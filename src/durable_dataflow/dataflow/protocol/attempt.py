@@ -211,7 +211,7 @@ def commit_atomic_success(attempt: Attempt, result: ExecutionResult) -> Run:
     (StaleAttempt when fenced off)."""
     run_id = attempt.run.run_id
     with fencing.fenced_chain(attempt.db, MODULE, run_id, attempt.number) as (conn, held):
-        results.store(conn, run_id, attempt.number, result)
+        results.store(conn, run_id, attempt.run.tenant, attempt.number, result)
         return transitions.succeed_atomic(
             conn, attempt.db, attempt.run, attempt.number, result, evidence_key=attempt.evidence_key, held=held
         )

@@ -349,7 +349,7 @@ def authorize_dispatch(attempt: Attempt, result: ExecutionResult, located: contr
         if not verification.ok:
             where = f" at seq {verification.broken_seq}" if verification.broken_seq is not None else ""
             raise EvidenceError(f"the run's evidence failed verification{where} before dispatch: {verification.reason}")
-        results.store(conn, run.run_id, number, result)
+        results.store(conn, run.run_id, run.tenant, number, result)
         partition = run_partition(run)
         # In this commit: the later authorized run of a partition wins.
         token = partition_tokens.take(conn, run.tenant, _datasource(run), partition) if partition is not None else None

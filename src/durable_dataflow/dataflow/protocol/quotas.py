@@ -25,20 +25,14 @@ rollback); READ COMMITTED counts only committed rows, so without it both would p
 write transaction begins IMMEDIATE (core.db), which already makes writers take turns. Other tenants'
 submits never wait for it.
 
-Statements (the counts read only; ``_TENANT_TURN`` is the one lock):
+Statements (``_TENANT_TURN`` is the one lock; the rest read):
 
-- ``runs.count_in_status``: the tenant's runs in one status, counted through
-  ``ix_dataflow_runs_tenant_status_pair`` and stopped at the limit, so its cost is bounded by the limit.
-- ``_result_bytes`` (a read-only co-owner of ``run_results``, tests/unit/test_code_shape.py): the sum of
-  the stored result sizes of the tenant's runs, joined to them by ``runs.join_tenant_runs``, through
-  ``ix_dataflow_runs_tenant_created`` and ``run_results``' primary key. ``length()`` reads a value's
-  header only (SQLite's record header, PostgreSQL's TOAST header), never the stored bytes, but the
-  cost grows with the tenant's stored results: a counter kept by the transaction that stores a result
-  (``execution/results.py``) is the cheaper shape, left for that module's owner.
-
-The checks are not serialized between concurrent submits of one tenant: each sees the committed state,
-so N submits racing at a limit can overshoot it by at most N - 1 runs. That keeps submission free of a
-per-tenant lock (the throughput benchmark); the bound on harm is the same.
+- ``_usage``: one statement, built once per database and status (``Database.statement``), of two scalar
+  subqueries from the tables' owners: ``runs.count_in_status``, the tenant's runs in one status counted
+  through ``ix_dataflow_runs_tenant_status_pair`` and stopped at the limit, so its cost is bounded by the
+  limit; and ``results.tenant_stored_bytes``, one primary-key read of the counter of stored result bytes
+  that ``results.store`` keeps in the transaction storing each result. Neither grows with the tenant's
+  history.
 """
 
 from __future__ import annotations
@@ -56,11 +50,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints,
 from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import units
+from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, QuotaExceeded
 from durable_dataflow.core.files import read_capped
+from durable_dataflow.dataflow.execution import results
 from durable_dataflow.dataflow.protocol import runs
 from durable_dataflow.dataflow.protocol.runs import RunStatus
-from durable_dataflow.dataflow.schema import run_results
 
 QUOTAS_ENV = "DATAFLOW_QUOTAS"  # the per-tenant overrides file (YAML)
 INLINE_EXECUTIONS_MAX_ENV = "DATAFLOW_INLINE_EXECUTIONS_MAX"  # the API's inline executions, all tenants
@@ -169,20 +164,28 @@ def take_tenant_turn(conn: Connection, tenant: str) -> None:
         conn.execute(_TENANT_TURN, {"lock_class": QUOTA_LOCK_CLASS, "tenant_key": _tenant_key(tenant)})
 
 
-def check_submit(conn: Connection, quotas: Quotas, tenant: str, *, inline: bool) -> None:
+def check_submit(db: Database, conn: Connection, quotas: Quotas, tenant: str, *, inline: bool) -> None:
     """Refuse recording one more run of ``tenant`` (queued, or ``inline``: running at once) when it would
     pass a quota. Called in the recording transaction before its first write; it takes the tenant's turn
     (``take_tenant_turn``) before counting, so the count and the insert are one step for the tenant."""
     limits = quotas.of(tenant)
     take_tenant_turn(conn, tenant)
-    if inline:
-        _check_count(conn, tenant, RunStatus.RUNNING, Quota.RUNNING_RUNS, limits.running_runs)
-    else:
-        _check_count(conn, tenant, RunStatus.QUEUED, Quota.QUEUED_RUNS, limits.queued_runs)
-    stored = _result_bytes(conn, tenant)
+    status, quota = (RunStatus.RUNNING, Quota.RUNNING_RUNS) if inline else (RunStatus.QUEUED, Quota.QUEUED_RUNS)
+    limit = limits.limit(quota)
+    row = conn.execute(db.statement(_usage, status), {"tenant": tenant, "count_max": limit}).one()
+    in_status, stored = int(row[0]), int(row[1])
+    if in_status >= limit:
+        raise refusal(quota, limit, f"this tenant has {limit} {status.value} runs")
     if stored >= limits.result_bytes:
         shown = _shown(SETTING_BY_QUOTA[Quota.RESULT_BYTES], stored)
         raise refusal(Quota.RESULT_BYTES, limits.result_bytes, f"this tenant's runs have stored {shown} of results")
+
+
+def _usage(_db: Database, status: RunStatus) -> sa.Select[int, int]:
+    """The tenant's runs in ``status`` (up to ``:count_max``) and its stored result bytes, in one read."""
+    tenant = sa.bindparam("tenant", type_=sa.String)
+    count_max = sa.bindparam("count_max", type_=sa.Integer)
+    return sa.select(runs.count_in_status(tenant, status, count_max), results.tenant_stored_bytes(tenant))
 
 
 def check_backfill_days(quotas: Quotas, tenant: str, days: int) -> None:
@@ -198,18 +201,6 @@ def check_applied_schedules(limit: int, applied: int) -> None:
     if applied >= limit:
         detail = f"this tenant has {applied} applied schedules (paused ones count)"
         raise refusal(Quota.APPLIED_SCHEDULES, limit, detail)
-
-
-def _check_count(conn: Connection, tenant: str, status: RunStatus, quota: Quota, limit: int) -> None:
-    if runs.count_in_status(conn, tenant, status, limit) >= limit:
-        raise refusal(quota, limit, f"this tenant has {limit} {status.value} runs")
-
-
-def _result_bytes(conn: Connection, tenant: str) -> int:
-    """Bytes of every result the tenant's runs stored (results are kept: nothing deletes them)."""
-    total = sa.select(sa.func.coalesce(sa.func.sum(sa.func.length(run_results.c.bytes)), 0))
-    statement = runs.join_tenant_runs(total.select_from(run_results), run_results.c.run_id, tenant)
-    return int(conn.execute(statement).scalar_one())
 
 
 # ---- settings: the environment and the quotas file -------------------------------------------------

@@ -561,9 +561,12 @@ def join_tenant_runs(query: sa.Select[Any], run_id: sa.ColumnElement[str], tenan
     return query.join(dataflow_runs, dataflow_runs.c.run_id == run_id).where(dataflow_runs.c.tenant == tenant)
 
 
-def count_in_status(conn: Connection, tenant: str, status: RunStatus, count_max: int) -> int:
-    """The tenant's runs in ``status``, counted up to ``count_max`` and no further (a quota's check,
-    dataflow.protocol.quotas): ``ix_dataflow_runs_tenant_status_pair`` serves it, read no further than the limit."""
+def count_in_status(
+    tenant: sa.ColumnElement[str], status: RunStatus, count_max: sa.ColumnElement[int]
+) -> sa.ScalarSelect[int]:
+    """A scalar subquery: the tenant's runs in ``status``, counted up to ``count_max`` and no further (a
+    quota's check, dataflow.protocol.quotas): ``ix_dataflow_runs_tenant_status_pair`` serves it, read no
+    further than the limit. ``tenant`` and ``count_max`` are the caller's bind parameters."""
     found = (
         sa.select(sa.literal(1))
         .select_from(dataflow_runs)
@@ -571,7 +574,7 @@ def count_in_status(conn: Connection, tenant: str, status: RunStatus, count_max:
         .limit(count_max)
         .subquery()
     )
-    return int(conn.execute(sa.select(sa.func.count()).select_from(found)).scalar_one())
+    return sa.select(sa.func.count()).select_from(found).scalar_subquery()
 
 
 def count_by(

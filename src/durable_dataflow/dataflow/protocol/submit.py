@@ -183,7 +183,7 @@ class Submitter:
         """The run's row and its first entries; inline (``claim``), attempt 1's lease too, and the row is
         inserted already holding what Outcome.STARTED projects, so it is written once. The tenant's quotas
         are checked first (``quotas.check_submit``): a refusal writes nothing."""
-        quotas.check_submit(conn, self.config.quotas, values["tenant"], inline=claim)
+        quotas.check_submit(self.db, conn, self.config.quotas, values["tenant"], inline=claim)
         if not self.definitions.stored(d_hash):
             catalog.store_definition(conn, self.db, defn, d_hash)
         lease = None
