@@ -548,3 +548,21 @@ def test_a_rendering_that_loses_a_name_is_refused(monkeypatch: pytest.MonkeyPatc
     table alias bare), the gate sees that the printed text reads back without `x--` and refuses it."""
     monkeypatch.setattr(spark_gate, "_DIALECT", sqlglot.Dialect.get_or_raise("spark"))
     _refused("select 1 from t lateral view explode(array(1)) `x--` as `y--`", "does not print as Spark SQL")
+
+
+@pytest.mark.parametrize("window", [
+    "row_number() over (partition by a order by b)",
+    "ntile(3) over (order by b)",
+    "lag(a) over (order by b)",
+    "lead(a, 2) over (order by b)",
+    "first_value(a) over (order by b)",
+    "last_value(a) over (order by b)",
+    "nth_value(a, 2) over (order by b)",
+    "sum(a) over (order by b rows between 1 preceding and current row)",
+])
+def test_row_picking_windows_pass_because_the_gate_cannot_see_ties(window: str) -> None:
+    """Pins the boundary docs/engines.md states: a window that numbers or picks rows passes the gate,
+    which cannot know whether its ORDER BY has ties (then the result depends on row order, and the guide
+    says to order by a unique key); the step is still checked and printed from its tree."""
+    step = gate(f"select {window} as n from t", RELATIONS)
+    assert step.tree.find(exp.Window) is not None and step.parameter_names == frozenset()
