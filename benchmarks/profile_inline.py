@@ -6,6 +6,8 @@
     .venv/bin/python benchmarks/profile_inline.py --loop --worker [runs]
     .venv/bin/py-spy record -r 400 -o inline.svg -- .venv/bin/python benchmarks/profile_inline.py --loop 300
     .venv/bin/py-spy record -r 400 -o worker.svg -- .venv/bin/python benchmarks/profile_inline.py --loop --worker 300
+    .venv/bin/py-spy record -r 400 --subprocesses -o isolated.svg -- .venv/bin/python benchmarks/profile_inline.py \
+        --loop --isolated 300
 
 Each starts its own throwaway server (``--fsync`` turns fsync on), warms up, then runs the trivial
 dataflow: inline (``runs.run_inline``, what ``dataflow run`` does) or, with ``--worker``, submitted
@@ -120,7 +122,13 @@ def main() -> None:
     mode.add_argument("--loop", action="store_true", help="just run (for py-spy record)")
     parser.add_argument("--worker", action="store_true", help="with --loop: queued runs served by a Worker")
     parser.add_argument("--fsync", action="store_true", help="run the server with fsync=on")
+    parser.add_argument("--isolated", action="store_true",
+                        help="each execution in a pooled executor process (what workers and serve do); "
+                             "py-spy needs --subprocesses to sample the executor")
     args = parser.parse_args()
+    from durable_dataflow.dataflow.execution import isolation
+
+    isolation.configure(isolation.Isolation.PROCESS if args.isolated else isolation.Isolation.NONE)
     with tempfile.TemporaryDirectory() as workdir, bench_server(fsync=args.fsync) as server:
         url = server.create_database("bench_profile")
         with Platform(url) as platform:

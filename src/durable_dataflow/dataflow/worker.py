@@ -51,6 +51,9 @@ SCHEDULE_INTERVAL_S_DEFAULT = 15.0
 POLL_INTERVAL_S_DEFAULT = 1.0
 ABANDONED_NOTE = "left to the sweeper once its lease expires; never retried blindly"
 INTERVAL_S_MIN = 0.01
+# The earliest next-due instant is read again at most this often (a worker polling every 10 ms read it
+# once per run): a schedule applied meanwhile with an earlier tick is decided at most this late.
+DUE_PROBE_S_MIN = 1.0
 INTERVAL_S_MAX = 3600.0
 # Back-off after the database was unavailable: doubles from the initial delay up to the maximum.
 BACKOFF_INITIAL_S = 0.1
@@ -266,15 +269,15 @@ class Worker:
 
     def _schedules_due(self) -> bool:
         """An evaluation is due at the earliest schedule's next-due instant, read after the last evaluation
-        (and again every poll while waiting: an apply meanwhile may bring it closer), and at the latest
-        ``schedule_interval_s`` after the last one."""
+        (and again every poll interval, at most once per ``DUE_PROBE_S_MIN``: an apply meanwhile may bring
+        it closer), and at the latest ``schedule_interval_s`` after the last one."""
         last = self._last_schedules_s
         now = time.monotonic()
         if last is None or now - last >= self.options.schedule_interval_s:
             return True
         if self._next_due_s is not None and now >= self._next_due_s:
             return True
-        if now - self._due_probed_s >= self.options.poll_interval_s:
+        if now - self._due_probed_s >= max(self.options.poll_interval_s, DUE_PROBE_S_MIN):
             self._due_probed_s = now
             try:
                 until_s = schedules.seconds_until_due(self.service.db)

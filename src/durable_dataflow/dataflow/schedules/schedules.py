@@ -330,10 +330,14 @@ def seconds_until_due(db: Database) -> float | None:
     due already; None when no schedule is active): one probe of ``ix_schedules_next_due``. A worker waits
     this long, at most its evaluation interval, before its next evaluation, so a tick is decided on time
     without evaluating every second."""
-    query = sa.select(sa.func.min(schedules.c.next_due_us), db.now_us_expr())
     with db.read() as conn:
-        earliest, now_us = conn.execute(query).one()
+        earliest, now_us = conn.execute(db.statement(_earliest_due)).one()
     return None if earliest is None else max(0.0, (int(earliest) - int(now_us)) / US_PER_S)
+
+
+def _earliest_due(db: Database) -> sa.Select[Any, int]:
+    """The earliest next-due instant and the database clock (built once per database and clock)."""
+    return sa.select(sa.func.min(schedules.c.next_due_us), db.now_us_expr())
 
 
 def _store_next_due(db: Database, applied: AppliedSchedule, due_us: int | None) -> None:
