@@ -51,6 +51,20 @@ class RunStatus(enum.StrEnum):
     CANCELLED = "cancelled"  # terminal: an operator cancelled it before dispatch authorization
 
 
+# A run in one of these states changes no more (reconcile and resume never touch them but a
+# ``reconciled_absent`` run, which a resume makes running again): ``updated_at_us`` is the time of the
+# transition into it. An unresolved run's row is written by every reconcile attempt (reconcile.started,
+# reconcile.undecided keep its status), so its ``updated_at_us`` is not when it became unresolved.
+FINISHED_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+def _refuse_nul(message: str, *values: str | None) -> None:
+    """PostgreSQL cannot compare a text holding NUL (SQLite can): a filter holding one is refused on both,
+    before any statement, with ``message``."""
+    if any(value is not None and "\x00" in value for value in values):
+        raise InputError(message)
+
+
 class RecoveryStatus(enum.StrEnum):
     RECORDED = "recorded"  # run.recorded committed, no attempt yet
     LEASED = "leased"  # an attempt holds the lease
@@ -282,8 +296,7 @@ def list_page(
     for name, value, allowed in (("status", status, _STATUSES), ("recovery_status", recovery_status, _RECOVERIES)):
         if value is not None and value not in allowed:
             raise InputError(f"{name} must be one of: {', '.join(sorted(allowed))}")
-    if any("\x00" in value for value in (tenant, definition_name) if value is not None):
-        raise InputError("a run filter must not contain a NUL character")
+    _refuse_nul("a run filter must not contain a NUL character", tenant, definition_name)
     query = sa.select(dataflow_runs)
     for number, (name, value) in enumerate((parameters or {}).items(), start=1):
         query = query.where(_parameter_condition(conn.dialect.name, number, name, value))
@@ -315,8 +328,7 @@ def partitioned_runs(conn: Connection, tenant: str, datasource: str) -> list[tup
     """The tenant's runs whose target partitions ``datasource``, newest first, each with its partition
     values (``partition_json``; None when the stored text cannot be read). More than
     ``PARTITION_RUNS_MAX`` is an InputError: a status read from part of the runs would be wrong."""
-    if any("\x00" in value for value in (tenant, datasource)):
-        raise InputError("a datasource name must not contain a NUL character")
+    _refuse_nul("a datasource name must not contain a NUL character", tenant, datasource)
     rows = conn.execute(
         sa.select(dataflow_runs)
         .where(dataflow_runs.c.tenant == tenant, dataflow_runs.c.partition_datasource == datasource)
@@ -336,8 +348,7 @@ def list_by_key_prefix(conn: Connection, tenant: str, prefix: str, *, limit: int
     match only themselves), newest first, at most ``limit``: a schedule's tick runs
     (``schedule:<tenant>:<name>:``) or a definition's backfill days (``backfill:<tenant>:<name>:``).
     The unique (tenant, idempotency_key) index serves the tenant; the prefix narrows within it."""
-    if "\x00" in tenant or "\x00" in prefix:
-        raise InputError("a run filter must not contain a NUL character")
+    _refuse_nul("a run filter must not contain a NUL character", tenant, prefix)
     rows = conn.execute(
         sa.select(dataflow_runs)
         .where(dataflow_runs.c.tenant == tenant, dataflow_runs.c.idempotency_key.startswith(prefix, autoescape=True))
@@ -351,8 +362,7 @@ def key_prefix_states(conn: Connection, tenant: str, prefix: str, *, limit: int)
     """``(idempotency key, status, created_at_us)`` of the tenant's runs whose key starts with ``prefix``
     (literally), newest first, at most ``limit``: three columns, no JSON parsed (a progress count over
     many backfill days)."""
-    if "\x00" in tenant or "\x00" in prefix:
-        raise InputError("a run filter must not contain a NUL character")
+    _refuse_nul("a run filter must not contain a NUL character", tenant, prefix)
     c = dataflow_runs.c
     rows = conn.execute(
         sa.select(c.idempotency_key, c.status, c.created_at_us)
@@ -687,8 +697,7 @@ DURATION_DEFINITIONS_MAX = 20
 
 
 def _activity_scope(tenant: str | None, since_us: int, definition_name: str | None) -> list[sa.ColumnElement[bool]]:
-    if any("\x00" in value for value in (tenant, definition_name) if value is not None):
-        raise InputError("a run filter must not contain a NUL character")
+    _refuse_nul("a run filter must not contain a NUL character", tenant, definition_name)
     where = [dataflow_runs.c.created_at_us >= since_us]
     if tenant is not None:
         where.append(dataflow_runs.c.tenant == tenant)
@@ -714,7 +723,7 @@ def outcome_counts(
     if bucket_us <= 0:
         raise InputError("a chart bucket must be longer than zero")
     c = dataflow_runs.c
-    finished = [RunStatus.SUCCEEDED.value, RunStatus.FAILED.value, RunStatus.CANCELLED.value]
+    finished = sorted(status.value for status in FINISHED_STATUSES)
     classified = (
         sa.select(
             (c.created_at_us - c.created_at_us % sa.literal_column(str(int(bucket_us)))).label("bucket"),

@@ -88,11 +88,7 @@ def duration_text(us: int) -> str:
 
 # ---- durations and phases of a run -------------------------------------------------------------
 
-# A run in one of these states changes no more (reconcile and resume never touch them but a
-# ``reconciled_absent`` run, which a resume makes running again): ``updated_at_us`` is the time of the
-# transition into it. An unresolved run's row is written by every reconcile attempt (reconcile.started,
-# reconcile.undecided keep its status), so its ``updated_at_us`` is not when it became unresolved.
-FINISHED_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+FINISHED_STATUSES = runs.FINISHED_STATUSES  # the states a run leaves no more (kept by runs, which counts them)
 # The status a ledger entry leaves a run in: the last entry of every transition that sets one
 # (``transition_table.TABLE``). Every other entry keeps the status (dispatch.authorized of a running
 # attempt, reconcile.started, reconcile.undecided, the first entry of a two-entry transition).
