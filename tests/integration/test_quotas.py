@@ -267,14 +267,6 @@ def test_concurrent_storing_commits_of_one_tenant_are_all_counted(db_url: str) -
 
     from durable_dataflow.dataflow.execution import results
 
-    @dataclass(frozen=True)
-    class Stored:  # the shape of an ExecutionResult that results.store reads
-        ipc_bytes: memoryview
-        row_count: int = 1
-        output_digest: str = "sha256:" + "0" * 64
-        source_fingerprint_digest: str = "sha256:" + "0" * 64
-        sources: tuple[tuple[str, str, str], ...] = ()
-
     sizes = [1000 + i for i in range(8)]
     start = threading.Barrier(len(sizes))
     failures: list[BaseException] = []
@@ -284,7 +276,7 @@ def test_concurrent_storing_commits_of_one_tenant_are_all_counted(db_url: str) -
             try:
                 start.wait()
                 with platform.db.begin() as conn:
-                    results.store(conn, f"r{i}", "acme", 1, Stored(memoryview(b"x" * sizes[i])))
+                    results.store(conn, f"r{i}", "acme", 1, flows.StoredResult(memoryview(b"x" * sizes[i])))
             except BaseException as error:  # reported by the assertion below
                 failures.append(error)
 

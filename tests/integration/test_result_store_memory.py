@@ -8,13 +8,13 @@ import json
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
 
 import pytest
 import sqlalchemy as sa
 
 from durable_dataflow.core.db import Database
 from durable_dataflow.dataflow.execution import results
+from support import flows
 
 STORE_PROBE = textwrap.dedent("""
     import hashlib, json, sys
@@ -70,15 +70,6 @@ def test_storing_a_200_mib_result_costs_at_most_half_its_size_more(db_url: str) 
     assert grown_kib <= (RESULT_MIB << 10) // 2 + STORE_BASELINE_KIB, report
 
 
-@dataclass(frozen=True)
-class _Stored:
-    ipc_bytes: memoryview
-    row_count: int = 1
-    output_digest: str = "sha256:" + "0" * 64
-    source_fingerprint_digest: str = "sha256:" + "0" * 64
-    sources: tuple[tuple[str, str, str], ...] = ()
-
-
 @pytest.mark.postgres
 def test_a_stored_result_is_kept_uncompressed_on_postgresql(pg_db: Database) -> None:
     """Proves migration 0014 makes PostgreSQL keep a compressible result uncompressed (STORAGE EXTERNAL), so
@@ -86,7 +77,7 @@ def test_a_stored_result_is_kept_uncompressed_on_postgresql(pg_db: Database) -> 
     for every chunk: pg_column_compression is NULL and the stored size is the result's."""
     data = b"a" * (8 << 20)
     with pg_db.begin() as conn:
-        results.store(conn, "r1", "t", 1, _Stored(memoryview(data)))
+        results.store(conn, "r1", "t", 1, flows.StoredResult(memoryview(data)))
     with pg_db.read() as conn:
         query = sa.text("select pg_column_compression(bytes), pg_column_size(bytes) from run_results")
         compression, size = conn.execute(query).one()

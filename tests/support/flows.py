@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +240,14 @@ def verify(platform: Platform, run_id: str) -> ledger.Verification:
     """What `dataflow verify` says of the run as stored now."""
     with platform.db.read() as conn:
         return derivation.verify_run(conn, runs.get(conn, run_id), platform.runs.config.evidence_key)
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    """The shape of an ExecutionResult that ``results.store`` reads: bytes to store as a run's result."""
+
+    ipc_bytes: memoryview
+    row_count: int = 1
+    output_digest: str = "sha256:" + "0" * 64
+    source_fingerprint_digest: str = "sha256:" + "0" * 64
+    sources: tuple[tuple[str, str, str], ...] = ()
