@@ -39,6 +39,7 @@ result stored under v2 is still verified with its table in memory.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import os
 import struct
@@ -97,8 +98,10 @@ def _check_supported(field: pa.Field) -> None:
         )
 
 
+@functools.lru_cache(maxsize=256)
 def _zero_of(t: pa.DataType) -> pa.Scalar:
-    """The zero of t (False, 0, 0.0, "", b"", the epoch), read from one row of zeroed buffers.
+    """The zero of t (False, 0, 0.0, "", b"", the epoch), read from one row of zeroed buffers; kept per
+    type (a scalar is immutable), since every digest of every result asks for its columns' zeros.
 
     ``pa.scalar`` on a Python value would make pyarrow look for pandas, which costs ≈ 0.2 s where
     pandas is installed, on every ``dataflow verify``; buffers never do."""
