@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from durable_dataflow.api.app import create_app
 from durable_dataflow.cli import main as cli_main
 from durable_dataflow.cli.common import EXIT_CODES
-from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.errors import InputError, QuotaExceeded
 from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.protocol import quotas
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
@@ -276,7 +276,8 @@ def test_concurrent_storing_commits_of_one_tenant_are_all_counted(db_url: str) -
             try:
                 start.wait()
                 with platform.db.begin() as conn:
-                    results.store(conn, f"r{i}", "acme", 1, flows.StoredResult(memoryview(b"x" * sizes[i])))
+                    size = results.store(conn, f"r{i}", 1, flows.StoredResult(memoryview(b"x" * sizes[i])))
+                    results.count_stored(conn, "acme", size)
             except BaseException as error:  # reported by the assertion below
                 failures.append(error)
 
@@ -287,3 +288,65 @@ def test_concurrent_storing_commits_of_one_tenant_are_all_counted(db_url: str) -
             thread.join()
         counted, _ = _stored_bytes_by_tenant(platform)
     assert not failures and counted == {"acme": sum(sizes)}
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_a_quota_at_its_largest_value_counts_on_both_databases(serve: Any, inline: bool) -> None:
+    """Proves the largest quota the parser accepts (QUOTA_VALUE_MAX, the natural "off" switch) is counted
+    against, not sent as a 32-bit parameter: PostgreSQL refused LIMIT 2**62::INTEGER and the submit failed
+    with a storage error (a 500) instead of being recorded."""
+    served = serve({"queued_runs": quotas.QUOTA_VALUE_MAX, "running_runs": quotas.QUOTA_VALUE_MAX,
+                    "result_bytes": quotas.QUOTA_VALUE_MAX})  # fmt: skip
+    answer = served.submit(served.tokens.submitter, queue=not inline)
+    assert answer.status_code == 201, answer.text
+    assert served.runs_of("acme") == 1
+
+
+@pytest.mark.parametrize("forward", [False, True])
+def test_the_counter_is_the_last_statement_of_the_storing_commit(db_url: str, tmp_path: Path, forward: bool) -> None:
+    """Proves the counter's upsert is the last statement before the commit that stores a result (atomic
+    terminal, forward pre-dispatch): on PostgreSQL it holds the tenant's counter row until that commit, so
+    the tenant's other storing commits wait for it only that long (before, it ran first and held the row
+    through the ledger append, the checkpoint's verification and the projection)."""
+    events: list[str] = []
+    with Platform(db_url) as platform:
+        sa.event.listen(platform.db.engine, "before_cursor_execute",
+                        lambda _c, _cur, statement, *_: events.append(statement))  # fmt: skip
+        sa.event.listen(platform.db.engine, "commit", lambda _c: events.append("COMMIT"))
+        if forward:
+            assert flows.forward(platform, tmp_path, "parquet", "f1").status == "succeeded"
+        else:
+            platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "a1"))
+    upserts = [i for i, sql in enumerate(events) if sql.lstrip().upper().startswith("INSERT INTO TENANT_RESULT_BYTES")]
+    assert len(upserts) == 1, events
+    assert events[upserts[0] + 1] == "COMMIT", events[upserts[0] - 3 : upserts[0] + 3]
+
+
+def test_db_recount_rebuilds_the_counter_after_results_were_deleted_by_hand(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Proves `dataflow db recount` rebuilds the result_bytes counter from the stored results: with acme's
+    result_bytes quota reached, an operator deletes a stored result by hand; the counter still counts it
+    (nothing else deletes results, so nothing else lowers it) until the recount, after which the counter
+    equals each tenant's sum again and acme's next submit is recorded."""
+    from durable_dataflow.dataflow.schema import run_results
+
+    with Platform(db_url) as platform:
+        first = platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "a1")).run
+        platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "g1", tenant="globex"))
+        counted, _ = _stored_bytes_by_tenant(platform)
+    write_quotas(tmp_path, monkeypatch, {"result_bytes": counted["acme"]})
+    with Platform(db_url) as platform:
+        with pytest.raises(QuotaExceeded):
+            platform.runs.submit(flows.request(flows.definition(), tmp_path, "a2"))
+        with platform.db.begin() as conn:
+            conn.execute(sa.delete(run_results).where(run_results.c.run_id == first.run_id))
+        with pytest.raises(QuotaExceeded):  # the counter does not know of the deletion
+            platform.runs.submit(flows.request(flows.definition(), tmp_path, "a2"))
+    capsys.readouterr()
+    assert cli_main(["--db", db_url, "db", "recount"]) == 0
+    assert "recounted for 1 tenant(s)" in capsys.readouterr().out
+    with Platform(db_url) as platform:
+        counted, sums = _stored_bytes_by_tenant(platform)
+        assert counted == sums == {"globex": sums["globex"]}
+        assert platform.runs.submit(flows.request(flows.definition(), tmp_path, "a2")).created

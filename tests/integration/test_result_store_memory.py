@@ -37,11 +37,11 @@ STORE_PROBE = textwrap.dedent("""
     db = Database(sys.argv[1])
     migrations.upgrade(db)
     with db.begin() as conn:  # imports, connection and statements warmed up by a small result
-        results.store(conn, "warm", "t", 1, Stored(memoryview(b"w" * (1 << 20))))
+        results.store(conn, "warm", 1, Stored(memoryview(b"w" * (1 << 20))))
     data = b"0123456789abcdef" * (int(sys.argv[2]) << 16)  # every page written: it counts in the RSS
     before_kib = peak_kib()
     with db.begin() as conn:
-        results.store(conn, "big", "t", 1, Stored(memoryview(data)))
+        results.store(conn, "big", 1, Stored(memoryview(data)))
     after_kib = peak_kib()
     digest = hashlib.sha256()
     with db.read() as conn, results.open_stored(conn, "big") as found:
@@ -77,7 +77,7 @@ def test_a_stored_result_is_kept_uncompressed_on_postgresql(pg_db: Database) -> 
     for every chunk: pg_column_compression is NULL and the stored size is the result's."""
     data = b"a" * (8 << 20)
     with pg_db.begin() as conn:
-        results.store(conn, "r1", "t", 1, flows.StoredResult(memoryview(data)))
+        results.store(conn, "r1", 1, flows.StoredResult(memoryview(data)))
     with pg_db.read() as conn:
         query = sa.text("select pg_column_compression(bytes), pg_column_size(bytes) from run_results")
         compression, size = conn.execute(query).one()

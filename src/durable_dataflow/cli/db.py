@@ -1,4 +1,4 @@
-"""``dataflow db upgrade|current`` and ``dataflow version``.
+"""``dataflow db upgrade|current|recount`` and ``dataflow version``.
 
 ``version`` answers without the database or its libraries: the migrations and the storage engine are
 imported by the ``db`` commands that use them."""
@@ -64,6 +64,25 @@ def current_command(ctx: typer.Context) -> None:
              "run `dataflow db upgrade`")
     )
     raise typer.Exit(common.EXIT_ERROR)
+
+
+@db_app.command("recount")
+def recount_command(ctx: typer.Context) -> None:
+    """Count each tenant's stored result bytes again from the results themselves (the result_bytes
+    quota's counter): after stored results were deleted by hand, or stored by a process older than
+    migration 0017. Run it while no worker or server is storing results."""
+    from durable_dataflow.dataflow.execution import results
+    from durable_dataflow.dataflow.protocol import runs
+
+    database = _database(ctx)
+    try:
+        with common.spinner("recounting"), database.begin() as conn:
+            tenants = results.recount_stored(conn, runs.tenant_of)
+    finally:
+        database.dispose()
+    common.stdout_console().print(
+        Text(f"{database.info.url_redacted}: stored result bytes recounted for {tenants} tenant(s)")
+    )
 
 
 def version_command() -> None:

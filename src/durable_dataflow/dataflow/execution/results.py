@@ -6,8 +6,10 @@ Statements on ``run_results`` and ``tenant_result_bytes``:
 - ``store``: store a run's result, once (the commit that ends its execution), its bytes handed to the
   database ``WRITE_CHUNK_BYTES`` at a time: SQLite's insert of a ``zeroblob`` then blob writes,
   PostgreSQL's binary ``COPY`` with the ``bytea`` streamed, so no driver holds a copy of the result;
-  the same transaction adds the result's size to its tenant's row of ``tenant_result_bytes`` (an
-  upsert), which ``tenant_stored_bytes`` reads for the result_bytes quota (protocol/quotas.py);
+- ``count_stored``: add the stored size to its tenant's row of ``tenant_result_bytes`` (an upsert), in
+  the transaction that stored it, as its last statement; ``tenant_stored_bytes`` reads it for the
+  result_bytes quota (protocol/quotas.py); ``recount_stored`` rebuilds it from the results themselves
+  (``dataflow db recount``);
 - ``stored``: the format and all the bytes (exports, resumes: they need the whole table anyway);
 - ``open_stored``: the format and a reader that reads the bytes in pieces of ``READ_CHUNK_BYTES``
   (verification): SQLite's incremental blob I/O on the row's rowid, or PostgreSQL's
@@ -71,12 +73,10 @@ _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)  # no OIDs,
 _COPY_TRAILER = struct.pack("!h", -1)
 
 
-def store(conn: Connection, run_id: str, tenant: str, attempt: int, result: Computed) -> None:
+def store(conn: Connection, run_id: str, attempt: int, result: Computed) -> int:
     """Store the bounded result, once per run: it is stored only by the commit that ends execution
-    (atomic terminal or forward pre-dispatch), which never happens twice for a run. Its size is added
-    to ``tenant``'s stored bytes in the same transaction, so the counter and the results agree at every
-    commit. On PostgreSQL the upsert holds the tenant's counter row until the commit: the tenant's
-    concurrent storing commits take turns from there on, never waiting on another tenant's.
+    (atomic terminal or forward pre-dispatch), which never happens twice for a run. Returns the bytes
+    stored, which the same transaction passes to ``count_stored`` as its last statement.
 
     The bytes reach the database ``WRITE_CHUNK_BYTES`` at a time, inside the caller's transaction (its
     fence check and all-or-nothing commit unchanged): binding the whole value as one parameter made the
@@ -95,7 +95,15 @@ def store(conn: Connection, run_id: str, tenant: str, attempt: int, result: Comp
             _store_postgres(conn, row, data)
     except dbapi_error as error:  # raised by the driver's own calls: translated as SQLAlchemy's are
         raise sa.exc.DBAPIError.instance(_COPY, None, error, dbapi_error, dialect=conn.dialect) from error
-    conn.execute(_add_stored_bytes(conn.dialect.name), {"tenant": tenant, "size": len(data)})
+    return len(data)
+
+
+def count_stored(conn: Connection, tenant: str, size: int) -> None:
+    """Add ``size`` stored bytes to ``tenant``'s counter, in the transaction that stored them (``store``)
+    and as its last statement before the commit: on PostgreSQL the upsert holds the tenant's counter row
+    until the commit, so the tenant's concurrent storing commits take turns only for that moment, never
+    waiting on another tenant's. The counter and the results then agree at every commit."""
+    conn.execute(_add_stored_bytes(conn.dialect.name), {"tenant": tenant, "size": size})
 
 
 @functools.cache
@@ -109,6 +117,24 @@ def _add_stored_bytes(dialect: str) -> sa.Insert:
     added = tenant_result_bytes.c.stored_bytes + statement.excluded.stored_bytes
     upsert: sa.Insert = statement.on_conflict_do_update(index_elements=["tenant"], set_={"stored_bytes": added})
     return upsert
+
+
+def recount_stored(conn: Connection, tenant_of: Callable[[sa.ColumnElement[str]], sa.ColumnElement[str]]) -> int:
+    """Rebuild every tenant's counter from the stored results (``tenant_of`` maps a run-id column to its
+    run's tenant: ``runs.tenant_of``), in the caller's transaction; returns how many tenants have stored
+    bytes. For an operator after stored results were deleted by hand, or stored by a process older than
+    the counter (migration 0017): run it while no worker or server stores results."""
+    each = sa.select(
+        tenant_of(run_results.c.run_id).label("tenant"), sa.func.length(run_results.c.bytes).label("size")
+    ).subquery("each_result")
+    sums = (
+        sa.select(each.c.tenant, sa.func.sum(each.c.size))
+        .where(each.c.tenant.is_not(None))  # a result whose run row is gone belongs to no tenant
+        .group_by(each.c.tenant)
+    )
+    conn.execute(sa.delete(tenant_result_bytes))
+    conn.execute(sa.insert(tenant_result_bytes).from_select(["tenant", "stored_bytes"], sums))
+    return int(conn.execute(sa.select(sa.func.count()).select_from(tenant_result_bytes)).scalar_one())
 
 
 def tenant_stored_bytes(tenant: sa.ColumnElement[str]) -> sa.ScalarSelect[int]:

@@ -211,7 +211,9 @@ def commit_atomic_success(attempt: Attempt, result: ExecutionResult) -> Run:
     (StaleAttempt when fenced off)."""
     run_id = attempt.run.run_id
     with fencing.fenced_chain(attempt.db, MODULE, run_id, attempt.number) as (conn, held):
-        results.store(conn, run_id, attempt.run.tenant, attempt.number, result)
-        return transitions.succeed_atomic(
+        size = results.store(conn, run_id, attempt.number, result)
+        final = transitions.succeed_atomic(
             conn, attempt.db, attempt.run, attempt.number, result, evidence_key=attempt.evidence_key, held=held
         )
+        results.count_stored(conn, attempt.run.tenant, size)  # last: holds the tenant's counter row to the commit
+        return final

@@ -22,8 +22,9 @@ concurrent submits cannot both count the same last free slot: on PostgreSQL :fun
 takes a transaction-scoped advisory lock on the tenant (``_TENANT_TURN``: ``pg_advisory_xact_lock`` with
 the class ``QUOTA_LOCK_CLASS`` and a key hashed from the tenant name, released by the commit or
 rollback); READ COMMITTED counts only committed rows, so without it both would pass. On SQLite every
-write transaction begins IMMEDIATE (core.db), which already makes writers take turns. Other tenants'
-submits never wait for it.
+write transaction begins IMMEDIATE (core.db), which already makes writers take turns. Another tenant's
+submit waits for it only when its name hashes to the same 32-bit key (rare, and only for the moment from
+the check to the commit).
 
 Statements (``_TENANT_TURN`` is the one lock; the rest read):
 
@@ -184,7 +185,7 @@ def check_submit(db: Database, conn: Connection, quotas: Quotas, tenant: str, *,
 def _usage(_db: Database, status: RunStatus) -> sa.Select[int, int]:
     """The tenant's runs in ``status`` (up to ``:count_max``) and its stored result bytes, in one read."""
     tenant = sa.bindparam("tenant", type_=sa.String)
-    count_max = sa.bindparam("count_max", type_=sa.Integer)
+    count_max = sa.bindparam("count_max", type_=sa.BigInteger)  # a quota may be up to QUOTA_VALUE_MAX
     return sa.select(runs.count_in_status(tenant, status, count_max), results.tenant_stored_bytes(tenant))
 
 

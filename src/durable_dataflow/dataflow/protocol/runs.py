@@ -565,6 +565,11 @@ def tenant_run_ids(tenant: str) -> sa.Select[tuple[str]]:
     return sa.select(dataflow_runs.c.run_id).where(dataflow_runs.c.tenant == tenant)
 
 
+def tenant_of(run_id: sa.ColumnElement[str]) -> sa.ScalarSelect[str]:
+    """A scalar subquery: the tenant of the run ``run_id`` names (a run-id column of another table)."""
+    return sa.select(dataflow_runs.c.tenant).where(dataflow_runs.c.run_id == run_id).scalar_subquery()
+
+
 def join_tenant_runs(query: sa.Select[Any], run_id: sa.ColumnElement[str], tenant: str) -> sa.Select[Any]:
     """``query`` joined to the tenant's runs on ``run_id`` (a subject-id column): cheaper than
     :func:`tenant_run_ids` when the other side holds few rows (held leases)."""
