@@ -135,3 +135,30 @@ def test_stale_transaction_rolls_back_everything(db: Database) -> None:
         ledger.append(conn, db, MODULE, "s", 1, "never", {})
     with db.read() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(ledger_entries)).scalar_one() == 0
+
+
+def test_the_heartbeat_thread_beats_a_lease_registered_ahead_of_a_later_one(db: Database) -> None:
+    """Proves the one heartbeat thread is woken for a lease whose first beat comes before every beat it is
+    waiting for: with a 30 s lease registered (its beat due in 10 s), a 1.5 s lease registered next must be
+    beaten within about 0.5 s (its TTL/3), not after the 10 s the thread was waiting. Also: a lease
+    registered behind an earlier beat (the 30 s one) does not stop that earlier beat. Waits on the
+    database's own view of the lease, with a deadline, never for a fixed time."""
+    from durable_dataflow.core.heartbeat import Heartbeats
+
+    long_lease, short_lease = _acquire(db, "long", ttl_s=30), _acquire(db, "short", ttl_s=1.5)
+    beats = Heartbeats(db)
+    try:
+        with beats.keep_alive(MODULE, "long", long_lease.attempt, 30), \
+                beats.keep_alive(MODULE, "short", short_lease.attempt, 1.5):  # fmt: skip
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                with db.read() as conn:
+                    found = leases.expiry_of(conn, db, MODULE, ["short"])["short"]
+                if found.expires_at_us > short_lease.expires_at_us:
+                    break
+            else:
+                raise AssertionError("the 1.5 s lease was not beaten within 5 s: the thread slept on the 30 s one")
+            with db.read() as conn:
+                assert not leases.expiry_of(conn, db, MODULE, ["short"])["short"].expired
+    finally:
+        beats.close()

@@ -55,13 +55,17 @@ class Heartbeats:
         return KeepAlive(self, module, subject_id, attempt, ttl_s)
 
     def register(self, alive: KeepAlive) -> None:
+        """Schedule ``alive``'s first beat; the thread is woken only when that beat is now the earliest (it
+        waits for the earliest beat, or for any): a lease registered behind an earlier one, as every run's
+        lease is behind its predecessors' of the same TTL, costs the thread no wake-up."""
         with self._cond:
             self._schedule(alive)
             if self._thread is None or not self._thread.is_alive():
                 self._closed = False
                 self._thread = threading.Thread(target=self._loop, name="heartbeats", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if self._due[0][2] is alive:
+                self._cond.notify()
 
     def unregister(self, alive: KeepAlive) -> None:
         with self._cond:  # a beat in progress holds no lock: it may still finish, and is harmless
