@@ -119,6 +119,8 @@ warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]", category=User
 
 _session: SparkSession | None = None
 _session_lock = threading.Lock()
+_launching = False  # a classic session's JVM is being started (under _session_lock)
+_LAUNCH_MARK = b"_PYSPARK_DRIVER_CONN_INFO_PATH="  # in the environment pyspark gives its launcher, and only there
 
 
 def spark_conf_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -222,15 +224,63 @@ def _discard(spark: SparkSession) -> None:
 def session() -> SparkSession:
     """The process's Spark session, started on first use (thread-safe); stopped at exit. A classic
     session whose JVM died is replaced by a new one (a new JVM)."""
-    global _session
+    global _session, _launching
     with _session_lock:
         if _session is not None and not _is_remote(_session) and not _jvm_answers():
             _discard(_session)
             _session = None
         if _session is None or (not _is_remote(_session) and _session.sparkContext._jsc is None):
-            _session = _start()
+            atexit.register(_end_launch)  # the process may exit (SIGTERM) before the session is up
+            _launching = True
+            try:
+                _session = _start()
+            finally:
+                _launching = False
+                atexit.unregister(_end_launch)
             atexit.register(stop_session)
         return _session
+
+
+def _end_launch() -> None:
+    """At exit while a JVM is still starting: kill pyspark's launcher and what it started. Once up, the JVM
+    exits when its stdin (a pipe from this process) closes; before its gateway watches that pipe, a JVM
+    started on a busy host outlived the process by seconds (and a stopped server must not leave one)."""
+    if _launching:
+        for pid in _launched_processes():
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)  # SIGKILL: there is nothing of the run's to save in a JVM not yet up
+
+
+def _launched_processes() -> list[int]:
+    """This process's descendants started by pyspark's gateway launcher (spark-submit, the launcher's
+    java, the JVM): those whose environment carries the mark pyspark sets for its launcher only. Found
+    through /proc (Linux; elsewhere none); none when this process itself carries the mark."""
+    if _LAUNCH_MARK.decode().rstrip("=") in os.environ:
+        return []
+    found: list[int] = []
+    pending = [os.getpid()]
+    while pending:
+        pid = pending.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/children") as listed:
+                    children = [int(child) for child in listed.read().split()]
+            except OSError:
+                continue
+            for child in children:
+                try:
+                    with open(f"/proc/{child}/environ", "rb") as environ:
+                        launched = _LAUNCH_MARK in environ.read()
+                except OSError:
+                    continue
+                if launched:
+                    found.append(child)
+                    pending.append(child)
+    return found
 
 
 def _is_remote(spark: SparkSession) -> bool:

@@ -1,0 +1,97 @@
+"""A process that exits while its first Spark session is still starting kills the JVM being launched
+(issue 29, finding 6: a JVM not yet watching its stdin outlived a SIGTERMed server by seconds).
+
+pyspark's launcher is stood in for by shell processes carrying the environment mark pyspark gives its
+launcher only; the end-to-end proof with a real JVM is tests/integration/test_spark_sigterm.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from durable_dataflow.dataflow.execution import spark_engine
+
+GONE_WAIT_S = 10.0
+POLL_S = 0.02
+MARK = spark_engine._LAUNCH_MARK.decode().rstrip("=")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_S)  # polling /proc for a killed process's end, bounded by the deadline
+    return True
+
+
+def _start(marked: bool) -> tuple[subprocess.Popen[str], int]:
+    """A shell (the launcher) that started a sleep (the JVM it would exec or fork): both pids."""
+    env = dict(os.environ)
+    env.pop(MARK, None)
+    if marked:
+        env[MARK] = "/tmp/conn-info"
+    shell = subprocess.Popen(
+        ["sh", "-c", "sleep 120 & echo $!; wait"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert shell.stdout is not None
+    return shell, int(shell.stdout.readline())
+
+
+@pytest.fixture
+def launches() -> Iterator[list[tuple[subprocess.Popen[str], int]]]:
+    started: list[tuple[subprocess.Popen[str], int]] = []
+    yield started
+    for shell, grandchild in started:
+        for pid in (shell.pid, grandchild):
+            if _alive(pid):
+                os.kill(pid, 9)
+        shell.wait(timeout=GONE_WAIT_S)
+        for pipe in (shell.stdin, shell.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="the launcher is found through /proc")
+def test_an_exit_during_the_launch_kills_the_launcher_and_what_it_started(
+    launches: list[tuple[subprocess.Popen[str], int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves the exit hook kills every marked descendant (the launcher and its child) while a launch is
+    under way, and leaves this process's other children alone (the DuckDB executors, a sink's tools)."""
+    monkeypatch.delenv(MARK, raising=False)
+    launches.append(_start(marked=True))
+    launches.append(_start(marked=False))
+    (launcher, jvm), (other, others_child) = launches
+    assert sorted(spark_engine._launched_processes()) == sorted([launcher.pid, jvm])
+    monkeypatch.setattr(spark_engine, "_launching", True)
+    spark_engine._end_launch()
+    launcher.wait(timeout=GONE_WAIT_S)
+    assert _gone_within(jvm, GONE_WAIT_S), "the launcher's child outlived the exit"
+    assert other.poll() is None and _alive(others_child)
+
+
+def test_no_launch_under_way_kills_nothing(
+    launches: list[tuple[subprocess.Popen[str], int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves the hook kills nothing once the session is up (the JVM then exits on its stdin's end, after
+    stop_session), nor when this process itself carries the mark (every child would)."""
+    monkeypatch.delenv(MARK, raising=False)
+    launches.append(_start(marked=True))
+    (launcher, jvm), = launches
+    spark_engine._end_launch()  # _launching is False outside session()
+    assert launcher.poll() is None and _alive(jvm)
+    monkeypatch.setenv(MARK, "/tmp/own")
+    assert spark_engine._launched_processes() == []
