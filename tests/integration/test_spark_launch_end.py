@@ -6,8 +6,10 @@ launcher only; the end-to-end proof with a real JVM is tests/integration/test_sp
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,22 +67,43 @@ def launches() -> Iterator[list[tuple[subprocess.Popen[str], int]]]:
                 pipe.close()
 
 
+# Run in a fresh process: the test's own process may hold a real Spark JVM (another test's session, under
+# xdist), which the hook would rightly count as launched and kill.
+_EXITING_DURING_A_LAUNCH = """
+import json, os, subprocess, sys
+from durable_dataflow.dataflow.execution import spark_engine
+mark = sys.argv[1]
+def start(marked):
+    env = {k: v for k, v in os.environ.items() if k != mark}
+    if marked:
+        env[mark] = "/tmp/conn-info"
+    shell = subprocess.Popen(["sh", "-c", "sleep 120 & echo $!; wait"], env=env, stdout=subprocess.PIPE, text=True)
+    return shell, int(shell.stdout.readline())
+(launcher, jvm), (other, others_child) = start(True), start(False)
+found = sorted(spark_engine._launched_processes())
+spark_engine._launching = True
+spark_engine._end_launch()
+launcher.wait(timeout=10)
+print(json.dumps({"found": found, "launched": sorted([launcher.pid, jvm]), "jvm": jvm,
+                  "other_alive": other.poll() is None, "others_child": others_child}), flush=True)
+other.kill()
+os.kill(others_child, 9)
+other.wait(timeout=10)
+"""
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="the launcher is found through /proc")
-def test_an_exit_during_the_launch_kills_the_launcher_and_what_it_started(
-    launches: list[tuple[subprocess.Popen[str], int]], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_exit_during_the_launch_kills_the_launcher_and_what_it_started() -> None:
     """Proves the exit hook kills every marked descendant (the launcher and its child) while a launch is
-    under way, and leaves this process's other children alone (the DuckDB executors, a sink's tools)."""
-    monkeypatch.delenv(MARK, raising=False)
-    launches.append(_start(marked=True))
-    launches.append(_start(marked=False))
-    (launcher, jvm), (other, others_child) = launches
-    assert sorted(spark_engine._launched_processes()) == sorted([launcher.pid, jvm])
-    monkeypatch.setattr(spark_engine, "_launching", True)
-    spark_engine._end_launch()
-    launcher.wait(timeout=GONE_WAIT_S)
-    assert _gone_within(jvm, GONE_WAIT_S), "the launcher's child outlived the exit"
-    assert other.poll() is None and _alive(others_child)
+    under way, and leaves the process's other children alone (the DuckDB executors, a sink's tools)."""
+    env = {k: v for k, v in os.environ.items() if k != MARK}
+    done = subprocess.run([sys.executable, "-c", _EXITING_DURING_A_LAUNCH, MARK], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["found"] == report["launched"], "the launcher and its child are not exactly what was found"
+    assert _gone_within(report["jvm"], GONE_WAIT_S), "the launcher's child outlived the exit"
+    assert report["other_alive"], "a child that pyspark did not launch was killed"
 
 
 def test_no_launch_under_way_kills_nothing(
