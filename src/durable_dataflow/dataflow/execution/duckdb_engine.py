@@ -3,8 +3,9 @@
 File sources (CSV, Parquet) are read by DuckDB itself through views over ``read_csv`` /
 ``read_parquet`` in a database confined to exactly those files (``sandbox.open_confined``); a Delta
 snapshot is scanned as a pyarrow dataset with pushdown; a PostgreSQL query streams into a private
-table; inline rows are registered as an Arrow table. One watch thread per execution interrupts the
-engine when the time is up, or the process is interrupted, and reports progress (docs/engines.md).
+table; inline rows are registered as an Arrow table. A watch per execution, ticked by the process's one watcher
+thread (execution.watcher), interrupts the engine when the time is up, or the process is interrupted,
+and reports progress (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from durable_dataflow.core import crashpoints
 from durable_dataflow.core.errors import DataflowError, ExecutionError, InputError, Interrupted, LimitExceeded
 from durable_dataflow.dataflow.definitions import parameters
 from durable_dataflow.dataflow.definitions.definitions import Definition, parse_arrow_type
-from durable_dataflow.dataflow.execution import interruption, progress, resultstream, sandbox, typed_sources
+from durable_dataflow.dataflow.execution import interruption, progress, resultstream, sandbox, typed_sources, watcher
 from durable_dataflow.dataflow.execution.engine import PROGRESS_INTERVAL_S, RESULT_BATCH_ROWS, EngineRun
 from durable_dataflow.dataflow.execution.limits import ExecutionLimits, format_size
 from durable_dataflow.dataflow.execution.postgres_source import PostgresStream
@@ -32,9 +33,11 @@ from durable_dataflow.dataflow.execution.sources import ArrowDataset, ArrowTable
 
 
 class _Watch:
-    """One thread per execution: interrupts the engine when the time budget runs out or the process is
-    interrupted (an interruption is a deadline reached now) and, when someone watches, reports the
-    engine's progress and the result stream's size meanwhile."""
+    """The watch of one execution, ticked by the process's watcher thread (execution.watcher): interrupts
+    the engine when the time budget runs out or the process is interrupted (an interruption is a deadline
+    reached now), until the execution notices, and, when someone watches, reports the engine's progress
+    and the result stream's size meanwhile. Once the ``with`` block is left it never touches the
+    connection again (a late interrupt would stop the connection's next query)."""
 
     def __init__(
         self,
@@ -60,52 +63,57 @@ class _Watch:
         self.reports_percent = reports_percent
         self.collector: resultstream.ResultCollector | None = None
         self.fired = threading.Event()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="dataflow-execution-watch", daemon=True)
+        self._lock = threading.Lock()  # held by a tick; the block's end takes it to mark the watch done
+        self._done = False
+        self._next_report_at: float | None = None
+        self._watcher = watcher.watcher()
 
     def __enter__(self) -> _Watch:
-        self._thread.start()
+        now = time.monotonic()
+        if self.sink is not None:
+            self._next_report_at = now + PROGRESS_INTERVAL_S
+        self._watcher.add(self, self._next_wake_at(now))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._done.set()
-        self._thread.join()
+        with self._lock:  # a tick under way ends first; none after this touches the connection
+            self._done = True
+        self._watcher.remove(self)
 
     # The declared-type checks of the bound sources (replaced by _bind_sources): a data error that one
     # of them reports is the source's invalid input, naming the source and the column.
     type_checks = typed_sources.TypeChecks()
 
-    def _watch(self) -> None:
-        interval = PROGRESS_INTERVAL_S if self.sink is not None else self.time_limit_s
-        next_report = time.monotonic() + interval
-        while True:  # ends when the execution ends, its time is up or the process is interrupted
-            now = time.monotonic()
-            remaining = self.deadline_at - now
-            if remaining <= 0 or self._interrupted():
-                self._stop_engine()
-                return
-            wait = min(next_report - now, remaining)
-            if self.interruption is not None:
-                wait = min(wait, interruption.POLL_S)
-            if self._done.wait(max(0.0, wait)):
-                return
-            if self.sink is not None and time.monotonic() >= next_report:
+    def tick(self, now: float) -> float | None:
+        """What is due at ``now`` (watcher.Watched): the next instant to be woken at, None once done."""
+        with self._lock:
+            if self._done:
+                return None
+            if self.fired.is_set():  # an interrupt that lands between two statements is not kept: again
+                self.con.interrupt()
+                return now + interruption.POLL_S
+            if now >= self.deadline_at or self._interrupted():
+                self.fired.set()
+                for stream in self.streams:
+                    stream.cancel()
+                self.con.interrupt()
+                return now + interruption.POLL_S
+            if self._next_report_at is not None and now >= self._next_report_at:
                 self._report()
-                next_report = time.monotonic() + interval
+                self._next_report_at = time.monotonic() + PROGRESS_INTERVAL_S
+            return self._next_wake_at(now)
+
+    def _next_wake_at(self, now: float) -> float:
+        """The deadline, the next progress report, and the next look for an interruption: the earliest."""
+        at = self.deadline_at
+        if self._next_report_at is not None:
+            at = min(at, self._next_report_at)
+        if self.interruption is not None:
+            at = min(at, now + interruption.POLL_S)
+        return at
 
     def _interrupted(self) -> bool:
         return self.interruption is not None and self.interruption.requested
-
-    def _stop_engine(self) -> None:
-        """Interrupt until the execution notices: an interrupt that lands between two statements (or
-        before a statement's query starts) is not kept by DuckDB, and the next one would run on."""
-        self.fired.set()
-        for stream in self.streams:
-            stream.cancel()
-        while True:
-            self.con.interrupt()
-            if self._done.wait(interruption.POLL_S):
-                return
 
     def _report(self) -> None:
         if self.sink is None:

@@ -2,9 +2,10 @@
 
 A signal handler runs in the main thread, between two bytecodes: it only calls :meth:`Interruption.request`,
 which writes two attributes (no lock, no logging, no I/O, so it cannot deadlock on what the interrupted
-code held). Everything else polls: each execution's watch thread (DuckDB, Spark), which treats a
-requested interruption as a deadline reached now and stops the engine the way a time limit does
-(``con.interrupt()``, the job tag cancelled, PostgreSQL source queries cancelled); and the run service,
+code held). Everything else polls: each execution's watch (DuckDB: ticked by the process's watcher
+thread; Spark: a thread of its own), which treats a requested interruption as a deadline reached now
+and stops the engine the way a time limit does (``con.interrupt()``, the job tag cancelled, PostgreSQL
+source queries cancelled); and the run service,
 which looks (:meth:`Interruption.check`) right before its terminal or pre-dispatch commit, after
 everything else the attempt does first (the partition row check included), and cancels the run instead
 (dataflow.protocol.cancel).
@@ -21,7 +22,7 @@ from durable_dataflow.core.errors import Interrupted
 # How a run (and the process executing it) was started; requests.Provenance records it with each run.
 Trigger = Literal["cli", "api", "schedule", "worker"]
 
-# How often a watch thread looks for an interruption: the engine stops well within a second.
+# How often a watch looks for an interruption: the engine stops well within a second.
 POLL_S = 0.1
 
 

@@ -1,0 +1,148 @@
+"""The process's one watcher thread (dataflow.execution.watcher) and the DuckDB execution's watch on it.
+
+Each execution used to start and join a thread of its own: two thread hand-offs a run, each waiting for a
+core on a busy host. These tests hold the shared thread to what the per-execution one did: due work is
+done on time, even when it is due before everything already watched; nothing is touched or held once its
+execution ended."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import weakref
+from typing import Any
+
+import duckdb
+
+from durable_dataflow.dataflow.execution import duckdb_engine, interruption, watcher
+from durable_dataflow.dataflow.execution.limits import ExecutionLimits
+
+WAIT_S = 10.0
+HOUR_S = 3600.0
+
+
+class _Ticks:
+    """A watched thing that records its ticks and asks to be woken again ``every`` seconds (None: once)."""
+
+    def __init__(self, every: float | None = None) -> None:
+        self.every = every
+        self.ticked = threading.Event()
+        self.count = 0
+
+    def tick(self, now: float) -> float | None:
+        self.count += 1
+        self.ticked.set()
+        return None if self.every is None else now + self.every
+
+
+def test_work_due_before_everything_watched_wakes_the_thread() -> None:
+    """Proves a watch due now is ticked at once although the thread sleeps toward one due in an hour
+    (fails when an earlier instant does not wake the thread)."""
+    shared = watcher.Watcher()
+    late, soon = _Ticks(), _Ticks()
+    shared.add(late, time.monotonic() + HOUR_S)
+    assert not late.ticked.wait(0.05)  # the thread is now asleep until the hour
+    shared.add(soon, time.monotonic())
+    assert soon.ticked.wait(WAIT_S), "a watch due now waited behind one due in an hour"
+    assert not late.ticked.is_set()
+    shared.remove(late)
+    shared.remove(soon)
+    assert shared.watched() == 0
+
+
+def test_a_watch_removed_while_it_ticks_is_not_scheduled_again() -> None:
+    """Proves a watch removed during its own tick is dropped, not held until its next instant (fails
+    when the thread puts it back in the schedule after the tick)."""
+    shared = watcher.Watcher()
+    entered, release = threading.Event(), threading.Event()
+
+    class Slow(_Ticks):
+        def tick(self, now: float) -> float | None:
+            entered.set()
+            release.wait(WAIT_S)
+            return now + HOUR_S
+
+    slow = Slow()
+    shared.add(slow, time.monotonic())
+    assert entered.wait(WAIT_S)
+    shared.remove(slow)  # while its tick is under way
+    release.set()
+    follower = _Ticks()
+    shared.add(follower, time.monotonic())  # ticked after the thread handled the slow one's return
+    assert follower.ticked.wait(WAIT_S)
+    shared.remove(follower)
+    assert shared.watched() == 0
+    assert all(entry[2] is not slow for entry in shared._schedule), "the removed watch was scheduled again"
+
+
+def test_a_watch_is_ticked_again_at_the_instant_it_asks_for() -> None:
+    shared = watcher.Watcher()
+    repeating = _Ticks(every=0.01)
+    shared.add(repeating, time.monotonic())
+    deadline = time.monotonic() + WAIT_S
+    while repeating.count < 3:
+        assert time.monotonic() < deadline, "the watch was not ticked again"
+        repeating.ticked.wait(0.05)
+    shared.remove(repeating)
+
+
+class _Connection:
+    """Stands in for a DuckDB connection: counts interrupts."""
+
+    def __init__(self) -> None:
+        self.interrupts = 0
+
+    def interrupt(self) -> None:
+        self.interrupts += 1
+
+
+def _watch(con: Any, deadline_at: float, interrupted: interruption.Interruption | None = None) -> duckdb_engine._Watch:
+    return duckdb_engine._Watch(con, ExecutionLimits(), deadline_at, None, False, interrupted=interrupted)
+
+
+def test_an_ended_watch_never_touches_its_connection() -> None:
+    """Proves a tick after the execution's block ended interrupts nothing (fails when the done mark is not
+    checked: a late interrupt would stop the connection's next query)."""
+    con = _Connection()
+    watch = _watch(con, time.monotonic() + HOUR_S)
+    with watch:
+        pass
+    assert watch.tick(time.monotonic() + 2 * HOUR_S) is None
+    assert con.interrupts == 0
+
+
+def test_the_deadline_fires_and_interrupts_until_the_execution_ends() -> None:
+    """Proves the watch fires at the deadline and interrupts again every poll until the block ends (an
+    interrupt between two statements is not kept by DuckDB), then stops."""
+    con = _Connection()
+    watch = _watch(con, time.monotonic())
+    with watch:
+        assert watch.fired.wait(WAIT_S), "the deadline did not fire"
+        deadline = time.monotonic() + WAIT_S
+        while con.interrupts < 2:
+            assert time.monotonic() < deadline, "the interrupt was not repeated"
+            time.sleep(interruption.POLL_S / 4)  # polling a counter the watcher thread raises, bounded
+    after = con.interrupts
+    assert watch.tick(time.monotonic()) is None and con.interrupts == after
+
+
+def test_executions_share_one_thread_and_leave_nothing_watched() -> None:
+    """Proves consecutive executions are watched by one long-lived thread (no thread started per run),
+    and that an ended execution is neither watched nor kept alive by the watcher."""
+    shared = watcher.watcher()
+    con = duckdb.connect()
+    before = {t for t in threading.enumerate() if t.name == watcher.THREAD_NAME}
+    seen: set[threading.Thread] = set()
+    for _ in range(3):
+        with _watch(con, time.monotonic() + HOUR_S) as watch:
+            con.execute("select 1").fetchall()
+            seen |= {t for t in threading.enumerate() if t.name == watcher.THREAD_NAME} - before
+    assert not seen - {shared._thread}, "an execution started a watch thread of its own"
+    assert shared._thread is not None and shared._thread.is_alive()
+    assert shared.watched() == 0
+    gone = weakref.ref(watch)
+    del watch
+    gc.collect()
+    assert gone() is None, "the watcher holds on to an ended execution's watch (and its connection)"
+    con.close()
