@@ -146,3 +146,26 @@ def test_executions_share_one_thread_and_leave_nothing_watched() -> None:
     gc.collect()
     assert gone() is None, "the watcher holds on to an ended execution's watch (and its connection)"
     con.close()
+
+
+def test_a_tick_that_raises_does_not_stop_the_watcher() -> None:
+    """Proves one execution's failing tick (a closed connection, a failed cancel) is retried and every
+    other watch is still served (fails when the exception ends the one thread that watches them all)."""
+    shared = watcher.Watcher()
+
+    class Failing(_Ticks):
+        def tick(self, now: float) -> float | None:
+            super().tick(now)
+            raise RuntimeError("the connection is closed")
+
+    failing, other = Failing(), _Ticks()
+    shared.add(failing, time.monotonic())
+    assert failing.ticked.wait(WAIT_S)
+    shared.add(other, time.monotonic())
+    assert other.ticked.wait(WAIT_S), "a watch was never ticked after another's tick raised"
+    deadline = time.monotonic() + WAIT_S
+    while failing.count < 2:
+        assert time.monotonic() < deadline, "the failing watch was not tried again"
+        failing.ticked.wait(0.05)
+    shared.remove(failing)
+    shared.remove(other)

@@ -25,6 +25,9 @@ import time
 from typing import Protocol
 
 THREAD_NAME = "dataflow-execution-watch"
+# A tick that raised is tried again this much later: one execution's failure (a closed connection, a
+# cancel request that failed) never stops the thread that watches every other one.
+RETRY_S = 0.1
 
 
 class Watched(Protocol):
@@ -80,7 +83,10 @@ class Watcher:
                 while self._schedule and self._schedule[0][0] <= now:
                     due.append(heapq.heappop(self._schedule)[2])
             for watched in due:  # outside the schedule's lock: a tick may cancel a query over the network
-                at = watched.tick(now)
+                try:
+                    at = watched.tick(now)
+                except Exception:
+                    at = time.monotonic() + RETRY_S
                 if at is None:
                     continue
                 with self._wake:
