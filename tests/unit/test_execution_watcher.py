@@ -169,3 +169,20 @@ def test_a_tick_that_raises_does_not_stop_the_watcher() -> None:
         failing.ticked.wait(0.05)
     shared.remove(failing)
     shared.remove(other)
+
+
+def test_a_thread_asleep_with_nothing_watched_is_woken_by_the_next_watch() -> None:
+    """Proves a watch added while the thread sleeps with an empty schedule (until notified) is ticked
+    (fails when only a thread with a scheduled instant is notified)."""
+    shared = watcher.Watcher()
+    first, second = _Ticks(), _Ticks()
+    shared.add(first, time.monotonic())
+    assert first.ticked.wait(WAIT_S)
+    deadline = time.monotonic() + WAIT_S
+    while shared._asleep_until is None:  # the thread has dropped the first watch and gone to sleep
+        assert time.monotonic() < deadline, "the thread did not go back to sleep"
+        first.ticked.wait(0.01)
+    shared.add(second, time.monotonic() + 0.01)
+    assert second.ticked.wait(WAIT_S), "the sleeping thread was not woken by the next watch"
+    shared.remove(first)
+    shared.remove(second)

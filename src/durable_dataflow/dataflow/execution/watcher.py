@@ -4,7 +4,8 @@ Each DuckDB execution is watched: interrupted when its time is up or the process
 asked for progress meanwhile (duckdb_engine's ``_Watch``). A thread started and joined per execution
 cost two thread hand-offs a run (each waits for a core on a busy host: a trivial run's executor spent
 about a quarter of its samples there); one long-lived thread per process now serves every execution,
-woken only when a newly watched execution is due before everything already watched.
+woken only when a newly watched execution is due before the instant the thread sleeps until (an ended
+execution is dropped without waking it, so back-to-back runs wake it about once per interruption poll).
 
 A watched thing says when it next wants to be woken (``tick(now)`` returns that instant, or None when it
 is done) and keeps its own lock, so that once ``remove`` has returned for it, it is never ticked again
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import os
 import threading
 import time
@@ -44,6 +46,9 @@ class Watcher:
         self._watching: set[Watched] = set()  # what is watched, scheduled or being ticked
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
+        # The instant the thread sleeps until (inf: until notified), None while it is not asleep (it reads
+        # the schedule again before it sleeps): an add notifies only a thread that would wake too late.
+        self._asleep_until: float | None = None
 
     def add(self, watched: Watched, at: float) -> None:
         """Watch ``watched`` from now on; it is first ticked at ``at`` (monotonic)."""
@@ -51,11 +56,10 @@ class Watcher:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, name=THREAD_NAME, daemon=True)
                 self._thread.start()
-            earliest = self._schedule[0][0] if self._schedule else None
             self._watching.add(watched)
             heapq.heappush(self._schedule, (at, next(self._order), watched))
-            if earliest is None or at < earliest:  # otherwise the thread wakes before it is due anyway
-                self._wake.notify()
+            if self._asleep_until is not None and at < self._asleep_until:
+                self._wake.notify()  # otherwise the thread wakes (or looks) before it is due anyway
 
     def remove(self, watched: Watched) -> None:
         """Stop watching ``watched`` (O(watched executions): a handful). A tick under way is the watched
@@ -77,7 +81,9 @@ class Watcher:
             with self._wake:
                 now = time.monotonic()
                 while not self._schedule or self._schedule[0][0] > now:
+                    self._asleep_until = self._schedule[0][0] if self._schedule else math.inf
                     self._wake.wait(None if not self._schedule else self._schedule[0][0] - now)
+                    self._asleep_until = None
                     now = time.monotonic()
                 due: list[Watched] = []
                 while self._schedule and self._schedule[0][0] <= now:
