@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -82,7 +83,7 @@ def start(marked):
 (launcher, jvm), (other, others_child) = start(True), start(False)
 found = sorted(spark_engine._launched_processes())
 spark_engine._launching = True
-spark_engine._end_launch()
+spark_engine.end_launch()
 launcher.wait(timeout=10)
 print(json.dumps({"found": found, "launched": sorted([launcher.pid, jvm]), "jvm": jvm,
                   "other_alive": other.poll() is None, "others_child": others_child}), flush=True)
@@ -114,7 +115,51 @@ def test_no_launch_under_way_kills_nothing(
     monkeypatch.delenv(MARK, raising=False)
     launches.append(_start(marked=True))
     (launcher, jvm), = launches
-    spark_engine._end_launch()  # _launching is False outside session()
+    spark_engine.end_launch()  # _launching is False outside session()
     assert launcher.poll() is None and _alive(jvm)
     monkeypatch.setenv(MARK, "/tmp/own")
     assert spark_engine._launched_processes() == []
+
+
+_FORCED_EXIT_DURING_A_LAUNCH = """
+import os, subprocess, sys, threading
+from durable_dataflow.cli import interrupts
+from durable_dataflow.dataflow.execution import interruption, spark_engine
+env = dict(os.environ, **{sys.argv[1]: "/tmp/conn-info"})
+launcher = subprocess.Popen(["sh", "-c", "sleep 120 & echo $!; wait"], env=env, stdout=subprocess.PIPE, text=True)
+jvm = int(launcher.stdout.readline())
+spark_engine._launching = True  # as while session() starts the JVM in the run's thread
+
+def run():
+    print(jvm, flush=True)  # the handlers are installed: the test may signal
+    threading.Event().wait(120)
+
+with interrupts.handled(interruption.Interruption()):
+    interrupts.call_in_thread(run, lambda: None)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="the launcher is found through /proc")
+def test_dataflow_runs_forced_exit_also_kills_a_launching_jvm() -> None:
+    """Proves `dataflow run`'s forced exit on a second signal (os._exit, which skips atexit) kills a JVM
+    still starting, as a normal exit does (fails when only atexit runs the hook)."""
+    env = {k: v for k, v in os.environ.items() if k != MARK}
+    child = subprocess.Popen([sys.executable, "-c", _FORCED_EXIT_DURING_A_LAUNCH, MARK], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert child.stdout is not None
+        jvm = int(child.stdout.readline())
+        child.send_signal(signal.SIGINT)
+        child.send_signal(signal.SIGTERM)  # a second signal (of another kind: two alike may merge)
+        assert child.wait(timeout=30) == 130
+        gone = _gone_within(jvm, GONE_WAIT_S)
+        if not gone:
+            os.kill(jvm, signal.SIGKILL)
+        assert gone, "the launching JVM outlived dataflow run's forced exit"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        for pipe in (child.stdout, child.stderr):
+            if pipe is not None:
+                pipe.close()

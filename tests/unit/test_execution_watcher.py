@@ -186,3 +186,61 @@ def test_a_thread_asleep_with_nothing_watched_is_woken_by_the_next_watch() -> No
     assert second.ticked.wait(WAIT_S), "the sleeping thread was not woken by the next watch"
     shared.remove(first)
     shared.remove(second)
+
+
+def test_an_ended_watch_that_was_ticked_is_not_held_while_the_thread_sleeps() -> None:
+    """Proves a watch ticked before its execution ended (every execution longer than the interruption poll)
+    is released: the thread keeps no reference to its last batch while it sleeps (a watch holds its result
+    collector, up to output.max_bytes)."""
+    ticked = threading.Event()
+
+    class Ticked(duckdb_engine._Watch):
+        def tick(self, now: float) -> float | None:
+            at = super().tick(now)
+            ticked.set()
+            return at
+
+    watch = Ticked(_Connection(), ExecutionLimits(), time.monotonic() + HOUR_S, None, False,  # type: ignore[arg-type]
+                   interrupted=interruption.Interruption())  # fmt: skip
+    with watch:
+        assert ticked.wait(WAIT_S), "the watch was never ticked: the test would prove nothing"
+    gone = weakref.ref(watch)
+    del watch
+    deadline = time.monotonic() + WAIT_S
+    while gone() is not None:
+        assert time.monotonic() < deadline, "the watcher holds an ended watch (and its result) while it sleeps"
+        gc.collect()
+        time.sleep(0.01)  # the thread may be finishing its pass: bounded
+
+
+def test_a_slow_cancel_does_not_delay_another_executions_deadline() -> None:
+    """Proves the cancel request to a PostgreSQL source (which may wait on the network, up to 10 s) is not
+    sent from the shared thread: another execution's deadline fires on time while it hangs."""
+    release = threading.Event()
+
+    class HangingStream:
+        def cancel(self) -> None:
+            release.wait(WAIT_S)
+
+    first = duckdb_engine._Watch(_Connection(), ExecutionLimits(), time.monotonic(), None, False,
+                                 streams=(HangingStream(),))  # type: ignore[arg-type]  # fmt: skip
+    second = _watch(_Connection(), time.monotonic() + 0.05)
+    try:
+        with first, second:
+            assert first.fired.wait(WAIT_S)
+            assert second.fired.wait(WAIT_S / 4), "a hanging cancel held back another execution's deadline"
+    finally:
+        release.set()
+
+
+def test_an_unbounded_deadline_does_not_stop_the_watcher() -> None:
+    """Proves a watch due at infinity (no time limit) leaves the thread serving the others (fails when the
+    wait's timeout overflows and ends the thread)."""
+    shared = watcher.Watcher()
+    never, soon = _Ticks(), _Ticks()
+    shared.add(never, float("inf"))
+    assert not never.ticked.wait(0.05)
+    shared.add(soon, time.monotonic())
+    assert soon.ticked.wait(WAIT_S), "the thread died on an infinite deadline"
+    shared.remove(never)
+    shared.remove(soon)

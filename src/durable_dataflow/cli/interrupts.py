@@ -52,6 +52,13 @@ def handled(interruption: Interruption) -> Iterator[None]:
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
+def _end_spark_launch() -> None:
+    """The Spark engine's exit hook, when that engine was loaded (importing it here would load pyspark)."""
+    spark_engine = sys.modules.get("durable_dataflow.dataflow.execution.spark_engine")
+    if spark_engine is not None:
+        spark_engine.end_launch()
+
+
 def call_in_thread(fn: Callable[[], T], on_stop: Callable[[], None]) -> T:
     """``fn()`` in a thread of its own, awaited here; its exception is raised here. The wait wakes every
     POLL_S: a signal the kernel delivered to another thread (the main one was stopped, or already had
@@ -78,6 +85,7 @@ def call_in_thread(fn: Callable[[], T], on_stop: Callable[[], None]) -> T:
     except StopWaiting:
         on_stop()
         thread.join(STOP_GRACE_S)
+        _end_spark_launch()  # os._exit skips atexit, which kills a Spark JVM still starting
         sys.stdout.flush()
         sys.stderr.write("interrupted\n")
         sys.stderr.flush()

@@ -32,6 +32,14 @@ from durable_dataflow.dataflow.execution.postgres_source import PostgresStream
 from durable_dataflow.dataflow.execution.sources import ArrowDataset, ArrowTable, FileScan, ResolvedSource
 
 
+def _cancel_streams(streams: tuple[PostgresStream, ...]) -> None:
+    """Cancel each PostgreSQL source query an execution may be waiting on; one failed cancel does not
+    keep the others running."""
+    for stream in streams:
+        with contextlib.suppress(Exception):
+            stream.cancel()
+
+
 class _Watch:
     """The watch of one execution, ticked by the process's watcher thread (execution.watcher): interrupts
     the engine when the time budget runs out or the process is interrupted (an interruption is a deadline
@@ -94,9 +102,10 @@ class _Watch:
                 return now + interruption.POLL_S
             if now >= self.deadline_at or self._interrupted():
                 self.fired.set()
-                for stream in self.streams:
-                    stream.cancel()
                 self.con.interrupt()
+                if self.streams:  # a cancel request may wait on the network: never on the shared watcher thread
+                    threading.Thread(target=_cancel_streams, args=(self.streams,), name="dataflow-source-cancel",
+                                     daemon=True).start()  # fmt: skip
                 return now + interruption.POLL_S
             if self._next_report_at is not None and now >= self._next_report_at:
                 self._report()

@@ -230,21 +230,22 @@ def session() -> SparkSession:
             _discard(_session)
             _session = None
         if _session is None or (not _is_remote(_session) and _session.sparkContext._jsc is None):
-            atexit.register(_end_launch)  # the process may exit (SIGTERM) before the session is up
+            atexit.register(end_launch)  # the process may exit (SIGTERM) before the session is up
             _launching = True
             try:
                 _session = _start()
             finally:
                 _launching = False
-                atexit.unregister(_end_launch)
+                atexit.unregister(end_launch)
             atexit.register(stop_session)
         return _session
 
 
-def _end_launch() -> None:
-    """At exit while a JVM is still starting: kill pyspark's launcher and what it started. Once up, the JVM
-    exits when its stdin (a pipe from this process) closes; before its gateway watches that pipe, a JVM
-    started on a busy host outlived the process by seconds (and a stopped server must not leave one)."""
+def end_launch() -> None:
+    """At exit (atexit, and ``dataflow run``'s forced exit on a second signal) while a JVM is still
+    starting: kill pyspark's launcher and what it started. Once up, the JVM exits when its stdin (a pipe
+    from this process) closes; before its gateway watches that pipe, a JVM started on a busy host
+    outlived the process by seconds (and a stopped server must not leave one)."""
     if _launching:
         for pid in _launched_processes():
             with contextlib.suppress(OSError):
@@ -274,7 +275,8 @@ def _launched_processes() -> list[int]:
             for child in children:
                 try:
                     with open(f"/proc/{child}/environ", "rb") as environ:
-                        launched = _LAUNCH_MARK in environ.read()
+                        entries = b"\0" + environ.read()
+                    launched = b"\0" + _LAUNCH_MARK in entries
                 except OSError:
                     continue
                 if launched:

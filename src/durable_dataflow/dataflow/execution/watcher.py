@@ -53,7 +53,7 @@ class Watcher:
     def add(self, watched: Watched, at: float) -> None:
         """Watch ``watched`` from now on; it is first ticked at ``at`` (monotonic)."""
         with self._wake:
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._serve, name=THREAD_NAME, daemon=True)
                 self._thread.start()
             self._watching.add(watched)
@@ -82,22 +82,29 @@ class Watcher:
                 now = time.monotonic()
                 while not self._schedule or self._schedule[0][0] > now:
                     self._asleep_until = self._schedule[0][0] if self._schedule else math.inf
-                    self._wake.wait(None if not self._schedule else self._schedule[0][0] - now)
+                    # Capped: a wait past threading.TIMEOUT_MAX raises OverflowError (an infinite deadline).
+                    timeout = None if not self._schedule else min(self._schedule[0][0] - now, threading.TIMEOUT_MAX)
+                    self._wake.wait(timeout)
                     self._asleep_until = None
                     now = time.monotonic()
                 due: list[Watched] = []
                 while self._schedule and self._schedule[0][0] <= now:
                     due.append(heapq.heappop(self._schedule)[2])
-            for watched in due:  # outside the schedule's lock: a tick may cancel a query over the network
-                try:
-                    at = watched.tick(now)
-                except Exception:
-                    at = time.monotonic() + RETRY_S
-                if at is None:
-                    continue
-                with self._wake:
-                    if watched in self._watching:  # not removed while it ticked: held no longer than that
-                        heapq.heappush(self._schedule, (at, next(self._order), watched))
+            due.reverse()
+            while due:  # outside the schedule's lock; popped, so nothing ended is held while the thread sleeps
+                self._tick(due.pop())
+
+    def _tick(self, watched: Watched) -> None:
+        """Tick one watched thing, and schedule it again unless it is done or was removed meanwhile."""
+        try:
+            at = watched.tick(time.monotonic())
+        except Exception:
+            at = time.monotonic() + RETRY_S
+        if at is None:
+            return
+        with self._wake:
+            if watched in self._watching:  # not removed while it ticked: held no longer than that
+                heapq.heappush(self._schedule, (at, next(self._order), watched))
 
 
 _watcher: Watcher | None = None
