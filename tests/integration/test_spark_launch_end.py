@@ -81,6 +81,9 @@ def start(marked):
     shell = subprocess.Popen(["sh", "-c", "sleep 120 & echo $!; wait"], env=env, stdout=subprocess.PIPE, text=True)
     return shell, int(shell.stdout.readline())
 (launcher, jvm), (other, others_child) = start(True), start(False)
+for pid in (jvm, others_child):  # until each child has exec'd (before, its /proc entry may read empty)
+    while not open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"sleep"):
+        pass
 found = sorted(spark_engine._launched_processes())
 spark_engine._launching = True
 spark_engine.end_launch()
@@ -131,6 +134,15 @@ jvm = int(launcher.stdout.readline())
 spark_engine._launching = True  # as while session() starts the JVM in the run's thread
 
 def run():
+    main = threading.main_thread().ident
+    while True:  # until the main thread waits in call_in_thread's join: a second signal is handled there
+        frame, names = sys._current_frames().get(main), set()
+        while frame is not None:
+            names.add(frame.f_code.co_name)
+            frame = frame.f_back
+        if "join" in names:
+            break
+        threading.Event().wait(0.001)
     print(jvm, flush=True)  # the handlers are installed: the test may signal
     threading.Event().wait(120)
 
@@ -151,7 +163,8 @@ def test_dataflow_runs_forced_exit_also_kills_a_launching_jvm() -> None:
         jvm = int(child.stdout.readline())
         child.send_signal(signal.SIGINT)
         child.send_signal(signal.SIGTERM)  # a second signal (of another kind: two alike may merge)
-        assert child.wait(timeout=30) == 130
+        code = child.wait(timeout=30)
+        assert code == 130, (code, child.stderr.read()[-2000:] if child.stderr is not None else "")
         gone = _gone_within(jvm, GONE_WAIT_S)
         if not gone:
             os.kill(jvm, signal.SIGKILL)
