@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +20,6 @@ import pytest
 from durable_dataflow.dataflow.execution import spark_engine
 
 GONE_WAIT_S = 10.0
-POLL_S = 0.02
 MARK = spark_engine._LAUNCH_MARK.decode().rstrip("=")
 
 
@@ -33,12 +32,15 @@ def _alive(pid: int) -> bool:
 
 
 def _gone_within(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(POLL_S)  # polling /proc for a killed process's end, bounded by the deadline
-    return True
+    """Whether the process ends within ``seconds``: its pidfd turns readable when it exits."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([pidfd], [], [], seconds)[0])
+    finally:
+        os.close(pidfd)
 
 
 def _start(marked: bool) -> tuple[subprocess.Popen[str], int]:

@@ -88,13 +88,16 @@ def test_a_watch_is_ticked_again_at_the_instant_it_asks_for() -> None:
 
 
 class _Connection:
-    """Stands in for a DuckDB connection: counts interrupts."""
+    """Stands in for a DuckDB connection: counts interrupts; ``repeated`` is set at the second one."""
 
     def __init__(self) -> None:
         self.interrupts = 0
+        self.repeated = threading.Event()
 
     def interrupt(self) -> None:
         self.interrupts += 1
+        if self.interrupts >= 2:
+            self.repeated.set()
 
 
 def _watch(con: Any, deadline_at: float, interrupted: interruption.Interruption | None = None) -> duckdb_engine._Watch:
@@ -119,10 +122,7 @@ def test_the_deadline_fires_and_interrupts_until_the_execution_ends() -> None:
     watch = _watch(con, time.monotonic())
     with watch:
         assert watch.fired.wait(WAIT_S), "the deadline did not fire"
-        deadline = time.monotonic() + WAIT_S
-        while con.interrupts < 2:
-            assert time.monotonic() < deadline, "the interrupt was not repeated"
-            time.sleep(interruption.POLL_S / 4)  # polling a counter the watcher thread raises, bounded
+        assert con.repeated.wait(WAIT_S), "the interrupt was not repeated"
     after = con.interrupts
     assert watch.tick(time.monotonic()) is None and con.interrupts == after
 
@@ -204,13 +204,11 @@ def test_an_ended_watch_that_was_ticked_is_not_held_while_the_thread_sleeps() ->
                    interrupted=interruption.Interruption())  # fmt: skip
     with watch:
         assert ticked.wait(WAIT_S), "the watch was never ticked: the test would prove nothing"
-    gone = weakref.ref(watch)
+    released = threading.Event()
+    weakref.finalize(watch, released.set)
     del watch
-    deadline = time.monotonic() + WAIT_S
-    while gone() is not None:
-        assert time.monotonic() < deadline, "the watcher holds an ended watch (and its result) while it sleeps"
-        gc.collect()
-        time.sleep(0.01)  # the thread may be finishing its pass: bounded
+    gc.collect()
+    assert released.wait(WAIT_S), "the watcher holds an ended watch (and its result) while it sleeps"
 
 
 def test_a_slow_cancel_does_not_delay_another_executions_deadline() -> None:
