@@ -42,6 +42,7 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import threading
 import time
 import uuid
@@ -245,44 +246,85 @@ def end_launch() -> None:
     """At exit (atexit, and ``dataflow run``'s forced exit on a second signal) while a JVM is still
     starting: kill pyspark's launcher and what it started. Once up, the JVM exits when its stdin (a pipe
     from this process) closes; before its gateway watches that pipe, a JVM started on a busy host
-    outlived the process by seconds (and a stopped server must not leave one)."""
-    if _launching:
-        for pid in _launched_processes():
+    outlived the process by seconds (and a stopped server must not leave one).
+
+    The launched processes are stopped first, and the tree read again until it holds nothing new: a
+    process killed before its children would orphan them (no longer this process's descendants, so
+    never found), and a stopped one forks no more. Then each is killed."""
+    if not _launching:
+        return
+    stopped: list[int] = []
+    while fresh := [pid for pid in _launched_processes() if pid not in stopped]:
+        for pid in fresh:
             with contextlib.suppress(OSError):
-                os.kill(pid, 9)  # SIGKILL: there is nothing of the run's to save in a JVM not yet up
+                os.kill(pid, signal.SIGSTOP)
+        stopped += fresh
+        _await_stopped(fresh)
+    for pid in stopped:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)  # there is nothing of the run's to save in a JVM not yet up
+
+
+STOP_WAIT_S = 1.0  # a process in an uninterruptible wait stops only when it leaves it: not waited for longer
+
+
+def _await_stopped(pids: Sequence[int]) -> None:
+    """Until each of pids is stopped or gone (a fork it was making is then linked: the next read of the
+    tree sees the child), at most STOP_WAIT_S."""
+    deadline = time.monotonic() + STOP_WAIT_S
+    waiting = list(pids)
+    while waiting and time.monotonic() < deadline:
+        waiting = [pid for pid in waiting if _state(pid) not in ("T", "t", "Z", "X", None)]
+        if waiting:
+            os.sched_yield()
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter from /proc (None when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
 
 
 def _launched_processes() -> list[int]:
     """This process's descendants started by pyspark's gateway launcher (spark-submit, the launcher's
-    java, the JVM): those whose environment carries the mark pyspark sets for its launcher only. Found
-    through /proc (Linux; elsewhere none); none when this process itself carries the mark."""
+    java, the JVM): each whose environment carries the mark pyspark sets for its launcher only, and
+    every descendant of one (whatever its own environment reads: a process in the middle of an exec
+    reads empty). Found through /proc (Linux; elsewhere none); none when this process itself carries
+    the mark."""
     if _LAUNCH_MARK.decode().rstrip("=") in os.environ:
         return []
     found: list[int] = []
-    pending = [os.getpid()]
+    pending = [(os.getpid(), False)]
     while pending:
-        pid = pending.pop()
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{pid}/task/{task}/children") as listed:
-                    children = [int(child) for child in listed.read().split()]
-            except OSError:
-                continue
-            for child in children:
-                try:
-                    with open(f"/proc/{child}/environ", "rb") as environ:
-                        entries = b"\0" + environ.read()
-                    launched = b"\0" + _LAUNCH_MARK in entries
-                except OSError:
-                    continue
-                if launched:
-                    found.append(child)
-                    pending.append(child)
+        pid, launched = pending.pop()
+        for child in _children(pid):
+            if launched or _carries_mark(child):
+                found.append(child)
+                pending.append((child, True))
     return found
+
+
+def _children(pid: int) -> list[int]:
+    children: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return children
+    for task in tasks:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as listed:
+            children += [int(child) for child in listed.read().split()]
+    return children
+
+
+def _carries_mark(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            return b"\0" + _LAUNCH_MARK in b"\0" + environ.read()
+    except OSError:
+        return False
 
 
 def _is_remote(spark: SparkSession) -> bool:
