@@ -76,3 +76,24 @@ def test_a_disposed_database_refuses_to_be_used(db_url: str) -> None:
         pass
     with pytest.raises(InvariantViolation, match="used after it was disposed"), database.begin():
         pass
+
+
+def test_a_cursor_describes_each_result_once_and_every_result_anew(pg_db: Database) -> None:
+    """Proves the PostgreSQL engine's cursor builds ``description`` once per result (the same list when read
+    again) and describes the next statement's result, not the one before: a stale cache would name the
+    first statement's columns, or no columns, for the second."""
+    with pg_db.begin() as conn:
+        dbapi = conn.connection.dbapi_connection
+        assert dbapi is not None
+        cursor = dbapi.cursor()
+        cursor.execute("select 1 as a, 2 as b")
+        first = cursor.description
+        assert [c[0] for c in first or ()] == ["a", "b"]
+        assert cursor.description is first, "read again, the same description"
+        cursor.execute("select 3 as c")
+        assert [c[0] for c in cursor.description or ()] == ["c"]
+        cursor.execute("create temporary table t (x int)")
+        assert cursor.description is None, "a statement without rows has none"
+        cursor.execute("insert into t values (1) returning x")
+        assert [c[0] for c in cursor.description or ()] == ["x"]
+        cursor.close()

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,6 +149,33 @@ def test_errors_come_back_as_the_same_class_and_progress_is_relayed(pool: isolat
     d = _definition("select sum(a.range % 7)::bigint as n from range(400000000) a, range(3) b")
     execute(d, {}, _context(tmp_path), progress_sink=reports.append)
     assert reports and all(r.phase is progress.Phase.EXECUTING for r in reports)
+
+
+def test_each_definition_travels_once_to_an_executor_which_runs_each_jobs_own(
+    pool: isolation.ExecutorPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves the pool sends a definition object to an executor once (a next job with the same object
+    carries none) and the executor runs each job's own definition: two definitions in turn on one
+    executor, and the first again on the executor that replaced a discarded one (which is sent it anew)."""
+    sent: list[Definition | None] = []
+    converse = isolation._converse
+
+    def recording(executor: Any, job: isolation.Job, *rest: Any) -> Any:
+        sent.append(job.definition)
+        return converse(executor, job, *rest)
+
+    monkeypatch.setattr(isolation, "_converse", recording)
+    one, two = _definition("select 1::bigint as n"), _definition("select 2::bigint as n")
+    rows = [execute(d, {}, _context(tmp_path)).table.to_pylist() for d in (one, one, two, one)]
+    assert rows == [[{"n": 1}], [{"n": 1}], [{"n": 2}], [{"n": 1}]]
+    assert sent == [one, None, two, one]
+    [pid] = pool.pids()
+    unsendable = EngineRun(one, {"x": threading.Lock()}, [], ExecutionLimits(), time.monotonic() + 60)
+    with pytest.raises(ExecutionError, match=r"could not be sent"):  # its executor is discarded
+        pool.run(unsendable, engine_for(one).gate(one, ExecutionLimits()), 1024)
+    assert pool.pids() == [] and sent[-1] is None
+    assert execute(one, {}, _context(tmp_path)).table.to_pylist() == [{"n": 1}]
+    assert pool.pids() != [pid] and sent[-1] is one, "a new executor is sent the definition"
 
 
 def _peak_kib(pid: int) -> int:

@@ -17,6 +17,7 @@ a second engine with deferred transactions, so readers never wait for the write 
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import urllib.parse
@@ -296,11 +297,39 @@ def _postgres_engine(url: str) -> Engine:
         url,
         pool_size=POSTGRES_POOL_SIZE,
         max_overflow=POSTGRES_POOL_OVERFLOW,
-        connect_args={"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S},
+        connect_args={"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S, "cursor_factory": _described_once_cursor()},
     )
     event.listen(engine.pool, "checkout", _replace_ended_connection)
     event.listen(engine, "before_cursor_execute", _refuse_writes)
     return engine
+
+
+@functools.cache
+def _described_once_cursor() -> type[Any]:
+    """psycopg's cursor, whose ``description`` is built once per result instead of on every read.
+
+    psycopg builds a new list of ``Column`` objects each time ``description`` is read, and SQLAlchemy reads
+    it two to four times for every statement (result set-up, ``RETURNING``, the row processors): about 120
+    ``Column`` objects a queued run. The list is kept with the result it describes and built again only
+    when the cursor holds another result (a new statement, ``nextset``). psycopg is imported here, when an
+    engine is made, so that commands that never open PostgreSQL do not pay for the import."""
+    import psycopg
+
+    class DescribedOnceCursor(psycopg.Cursor[Any]):
+        __slots__ = ("_described",)
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._described: tuple[object, Any] | None = None
+
+        @property
+        def description(self) -> Any:
+            result, described = self.pgresult, self._described
+            if described is None or described[0] is not result:
+                described = self._described = (result, super().description)
+            return described[1]
+
+    return DescribedOnceCursor
 
 
 _READ_ONLY = "dataflow_read_only"  # execution option of the connections Database.read() hands out
