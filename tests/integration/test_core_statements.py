@@ -80,8 +80,9 @@ def test_a_disposed_database_refuses_to_be_used(db_url: str) -> None:
 
 def test_a_cursor_describes_each_result_once_and_every_result_anew(pg_db: Database) -> None:
     """Proves the PostgreSQL engine's cursor builds ``description`` once per result (the same list when read
-    again) and describes the next statement's result, not the one before: a stale cache would name the
-    first statement's columns, or no columns, for the second."""
+    again), as DB-API seven-item sequences with psycopg's names and type codes, and describes the next
+    statement's result, not the one before: a stale cache would name the first statement's columns, or
+    no columns, for the second."""
     with pg_db.begin() as conn:
         dbapi = conn.connection.dbapi_connection
         assert dbapi is not None
@@ -90,8 +91,12 @@ def test_a_cursor_describes_each_result_once_and_every_result_anew(pg_db: Databa
         first = cursor.description
         assert [c[0] for c in first or ()] == ["a", "b"]
         assert cursor.description is first, "read again, the same description"
+        assert first is not None and [(c.name, c.type_code, len(c)) for c in first] == [("a", 23, 7), ("b", 23, 7)]
+        assert first[0][6] is None and first[0].internal_size == 4
         cursor.execute("select 3 as c")
         assert [c[0] for c in cursor.description or ()] == ["c"]
+        cursor.execute("select")
+        assert cursor.description == [], "rows of no column are described, as psycopg does"
         cursor.execute("create temporary table t (x int)")
         assert cursor.description is None, "a statement without rows has none"
         cursor.execute("insert into t values (1) returning x")

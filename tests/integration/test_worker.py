@@ -176,3 +176,42 @@ def test_a_session_ended_by_the_server_is_storage_unavailable(pg_url: str) -> No
             assert conn.execute(sa.text("select 1")).scalar() == 1  # the pool recovers
     finally:
         db.dispose()
+
+
+def test_an_idle_worker_reads_whether_anything_is_queued_before_it_claims_again(
+    platform: Platform, definitions: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves a worker whose claim found nothing polls with one read of the status index (runs.any_queued)
+    instead of the claim's transaction, and claims (and runs) a run as soon as one is queued."""
+    claims: list[Any] = []
+    probes: list[bool] = []
+    polled, claimed = threading.Event(), threading.Event()
+    claim_next, any_queued = platform.runs.claim_next, runs.any_queued
+
+    def counting_claim() -> Any:
+        claims.append(claim := claim_next())
+        if claim is not None:
+            claimed.set()
+        return claim
+
+    def counting_probe(conn: Any) -> bool:
+        probes.append(queued := any_queued(conn))
+        if len(probes) == 5:
+            polled.set()
+        return queued
+
+    monkeypatch.setattr(platform.runs, "claim_next", counting_claim)
+    monkeypatch.setattr(runs, "any_queued", counting_probe)
+    worker = Worker(platform.runs, WorkerOptions(**FAST))
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert polled.wait(JOIN_S), "the idle worker polls by reading"
+        assert claims == [None], "one claim found nothing; the polls after it did not claim"
+        run_id = submit(platform, definitions[0], 1)
+        assert claimed.wait(JOIN_S), "a queued run is claimed"
+    finally:
+        worker.request_stop("test done")
+        thread.join(JOIN_S)
+    assert True in probes and len(claims) == 2
+    assert platform.runs.get(run_id).status == "succeeded"

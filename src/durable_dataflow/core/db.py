@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
@@ -306,30 +306,62 @@ def _postgres_engine(url: str) -> Engine:
 
 @functools.cache
 def _described_once_cursor() -> type[Any]:
-    """psycopg's cursor, whose ``description`` is built once per result instead of on every read.
+    """psycopg's cursor, whose ``description`` is built once per result, of plain named tuples.
 
-    psycopg builds a new list of ``Column`` objects each time ``description`` is read, and SQLAlchemy reads
-    it two to four times for every statement (result set-up, ``RETURNING``, the row processors): about 120
-    ``Column`` objects a queued run. The list is kept with the result it describes and built again only
-    when the cursor holds another result (a new statement, ``nextset``). psycopg is imported here, when an
-    engine is made, so that commands that never open PostgreSQL do not pay for the import."""
+    psycopg builds a new list of ``Column`` objects each time ``description`` is read (each ``Column``
+    looks its type up, and reads by index through an ``attrgetter``), and SQLAlchemy reads it two to four
+    times for every statement and then each column's name and type code by index: a queued run read about
+    120 ``Column`` objects, most of them of the runs table's wide ``RETURNING``. The description is now
+    built once per result, as the DB-API's seven-item named tuples (``name`` and ``type_code`` as psycopg
+    gives them, ``internal_size`` from the result, the sizes that need the type's catalog None), and built
+    again only when the cursor holds another result (a new statement, ``nextset``). Only SQLAlchemy reads
+    these cursors' descriptions (sources and sinks connect with psycopg's own cursors). psycopg is imported
+    here, when an engine is made, so that commands that never open PostgreSQL do not pay for the import."""
     import psycopg
+    from psycopg import pq
+
+    with_rows = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.SINGLE_TUPLE, pq.ExecStatus.TUPLES_CHUNK)
 
     class DescribedOnceCursor(psycopg.Cursor[Any]):
         __slots__ = ("_described",)
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._described: tuple[object, Any] | None = None
+            self._described: tuple[object, list[_Described] | None] | None = None
 
         @property
-        def description(self) -> Any:
+        def description(self) -> Any:  # DB-API sequences, not psycopg.Column (see above)
             result, described = self.pgresult, self._described
             if described is None or described[0] is not result:
-                described = self._described = (result, super().description)
+                described = self._described = (result, self._describe())
             return described[1]
 
+        def _describe(self) -> list[_Described] | None:
+            result = self.pgresult
+            if result is None or not (result.nfields or result.status in with_rows):  # as psycopg decides
+                return None
+            encoding = self.connection.info.encoding
+            return [_Described(_field_name(result.fname(i), i, encoding), result.ftype(i), None,
+                               size if (size := result.fsize(i)) >= 0 else None, None, None, None)
+                    for i in range(result.nfields)]  # fmt: skip
+
     return DescribedOnceCursor
+
+
+class _Described(NamedTuple):
+    """One column of a PostgreSQL result, as the DB-API describes it (``_described_once_cursor``)."""
+
+    name: str
+    type_code: int
+    display_size: int | None
+    internal_size: int | None
+    precision: int | None
+    scale: int | None
+    null_ok: bool | None
+
+
+def _field_name(raw: bytes | None, index: int, encoding: str) -> str:
+    return raw.decode(encoding) if raw else f"column_{index + 1}"  # a COPY's columns have no name (psycopg's rule)
 
 
 _READ_ONLY = "dataflow_read_only"  # execution option of the connections Database.read() hands out

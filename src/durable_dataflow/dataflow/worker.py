@@ -185,6 +185,11 @@ class Worker:
         self._next_due_s: float | None = None
         self._due_probed_s = 0.0
         self._summary_lock = threading.Lock()
+        # Whether the last claim found nothing. The next polls then read whether anything is queued (one
+        # indexed statement, autocommit on PostgreSQL) before claiming: an idle claim is a transaction of
+        # up to four round trips (the fairest tenant's run, then any unlocked one), and idle workers polling
+        # every 10 ms took the CPU a busy submitter needed (docs/performance.md, §2).
+        self._found_nothing = False
 
     # ---- control ---------------------------------------------------------------------------
 
@@ -237,9 +242,17 @@ class Worker:
         if len(self._inflight) >= self.options.concurrency:
             self._wait_for_room()
             return True
-        ok, claim = self._guarded("claim", self.service.claim_next)
-        if not ok:
-            return True
+        queued: bool | None = True
+        if self._found_nothing:  # an idle poll: one indexed read first, the claim's transaction only if worth it
+            ok, queued = self._guarded("claim", self._anything_queued)
+            if not ok:
+                return True
+        claim = None
+        if queued:
+            ok, claim = self._guarded("claim", self.service.claim_next)
+            if not ok:
+                return True
+            self._found_nothing = claim is None
         if claim is not None:
             self._start(pool, claim)
             if self.options.once:
@@ -254,6 +267,10 @@ class Worker:
             return False
         self._wait_for_work()
         return True
+
+    def _anything_queued(self) -> bool:
+        with self.service.db.read() as conn:
+            return runs.any_queued(conn)
 
     def _idle(self) -> bool:
         """Sweep first (a dead worker's run is not idle until decided), then: nothing queued or running."""

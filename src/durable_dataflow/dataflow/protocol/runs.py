@@ -555,6 +555,15 @@ _OLDEST_QUEUED_SKIP_LOCKED = (
 )
 
 
+_ANY_QUEUED = sa.select(dataflow_runs.c.run_id).where(dataflow_runs.c.status == RunStatus.QUEUED).limit(1)
+
+
+def any_queued(conn: Connection) -> bool:
+    """Whether any run is queued (one probe of the status index): a worker that found nothing to claim
+    asks this before it claims again (``worker.Worker``), not the claim's transaction of two statements."""
+    return conn.execute(_ANY_QUEUED).first() is not None
+
+
 # ---- read-only statements of the Ops projection (ops.ledger) ---------------------------------
 
 CountColumn = Literal["status", "recovery_status"]
