@@ -3,6 +3,8 @@ and shape, rebuilt when the test clock moves, and the values of one execution ne
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import sqlalchemy as sa
 
@@ -101,4 +103,7 @@ def test_a_cursor_describes_each_result_once_and_every_result_anew(pg_db: Databa
         assert cursor.description is None, "a statement without rows has none"
         cursor.execute("insert into t values (1) returning x")
         assert [c[0] for c in cursor.description or ()] == ["x"]
+        result = cursor.pgresult
         cursor.close()
+        kept = [o for o in gc.get_referrers(result) if isinstance(o, tuple)]
+        assert kept == [], "a closed cursor's kept description lets its result (its rows) go"

@@ -4,10 +4,12 @@ that the operating system bounds, whose death ends only its own run."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import threading
 import time
 from collections.abc import Iterator
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +178,26 @@ def test_each_definition_travels_once_to_an_executor_which_runs_each_jobs_own(
     assert pool.pids() == [] and sent[-1] is None
     assert execute(one, {}, _context(tmp_path)).table.to_pylist() == [{"n": 1}]
     assert pool.pids() != [pid] and sent[-1] is one, "a new executor is sent the definition"
+
+
+def test_an_executor_that_died_idle_is_replaced_before_the_job_is_sent(
+    pool: isolation.ExecutorPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves an idle executor that died (the OOM killer, an operator) before the forkserver reported its
+    death (``is_alive()`` reads that report, here held at True) does not fail the next execution with a
+    raw BrokenPipeError: the job never reached it, so a fresh executor runs it (found by a review)."""
+    d = _definition("select 1::bigint as n")
+    assert execute(d, {}, _context(tmp_path)).table.to_pylist() == [{"n": 1}]
+    [pid] = pool.pids()
+    ended = os.pidfd_open(pid)  # readable once the process has exited
+    try:
+        os.kill(pid, signal.SIGKILL)
+        assert select.select([ended], [], [], WAIT_S_MAX)[0]
+    finally:
+        os.close(ended)
+    monkeypatch.setattr(BaseProcess, "is_alive", lambda _self: True)  # the death not reported yet
+    assert execute(d, {}, _context(tmp_path)).table.to_pylist() == [{"n": 1}]
+    assert pid not in pool.pids()
 
 
 def _peak_kib(pid: int) -> int:

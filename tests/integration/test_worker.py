@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 from structlog.testing import capture_logs
 
 from durable_dataflow.core import ledger
@@ -215,3 +216,52 @@ def test_an_idle_worker_reads_whether_anything_is_queued_before_it_claims_again(
         thread.join(JOIN_S)
     assert True in probes and len(claims) == 2
     assert platform.runs.get(run_id).status == "succeeded"
+
+
+def test_an_idle_worker_whose_claims_fail_while_reads_work_backs_off_and_logs_one_outage(
+    platform: Platform, definitions: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves a worker whose claim found nothing, and whose claims then fail (the lease write times out,
+    as behind a long lock) while reads still work, backs off with growing delays and logs one outage: the
+    idle read's success neither ends the back-off nor logs a recovery (found by a review of the read)."""
+    dbapi = platform.runs.db.engine.dialect.loaded_dbapi
+    worker_threads: list[threading.Thread] = []
+    failures: list[str] = []
+    idle, failed_enough = threading.Event(), threading.Event()
+
+    def lease_write_times_out(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        writes_a_lease = " leases" in statement and statement.lstrip()[:6].upper() in ("INSERT", "UPDATE")
+        if writes_a_lease and threading.current_thread() in worker_threads:
+            failures.append(statement)
+            if len(failures) == 6:
+                failed_enough.set()
+            raise dbapi.OperationalError("canceling statement due to lock timeout")
+
+    claim_next = platform.runs.claim_next
+
+    def claim() -> Any:
+        if (found := claim_next()) is None:
+            idle.set()
+        return found
+
+    event.listen(platform.runs.db.engine, "before_cursor_execute", lease_write_times_out)
+    monkeypatch.setattr(platform.runs, "claim_next", claim)
+    options = {**FAST, "sweep_interval_s": 60.0, "backoff_max_s": 0.64}
+    worker = Worker(platform.runs, WorkerOptions(**options))
+    thread = threading.Thread(target=worker.run)
+    worker_threads.append(thread)
+    try:
+        with capture_logs() as logs:
+            thread.start()
+            assert idle.wait(JOIN_S), "the worker found nothing to claim"
+            submit(platform, definitions[0], 1)
+            assert failed_enough.wait(JOIN_S), "its claims fail"
+            worker.request_stop("test done")
+            thread.join(JOIN_S)
+    finally:
+        worker.request_stop("test done")
+        thread.join(JOIN_S)
+        event.remove(platform.runs.db.engine, "before_cursor_execute", lease_write_times_out)
+    outage = [(e["event"], e.get("retry_in_s")) for e in logs if e["event"].startswith("storage.")]
+    assert [delay for kind, delay in outage[:6]] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.32], outage
+    assert ("storage.recovered", None) not in outage[:6], outage

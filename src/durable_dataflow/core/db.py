@@ -329,6 +329,19 @@ def _described_once_cursor() -> type[Any]:
             super().__init__(*args, **kwargs)
             self._described: tuple[object, list[_Described] | None] | None = None
 
+        # The kept description holds its result (all its rows): let it go when psycopg does.
+        def execute(self, *args: Any, **kwargs: Any) -> Any:
+            self._described = None
+            return super().execute(*args, **kwargs)
+
+        def executemany(self, *args: Any, **kwargs: Any) -> None:
+            self._described = None
+            super().executemany(*args, **kwargs)
+
+        def close(self) -> None:
+            self._described = None
+            super().close()
+
         @property
         def description(self) -> Any:  # DB-API sequences, not psycopg.Column (see above)
             result, described = self.pgresult, self._described

@@ -250,7 +250,8 @@ class Worker:
         claim = None
         if queued:
             ok, claim = self._guarded("claim", self.service.claim_next)
-            if not ok:
+            if not ok:  # claim again, not probe, until it works: a probe's success would end the back-off
+                self._found_nothing = False
                 return True
             self._found_nothing = claim is None
         if claim is not None:

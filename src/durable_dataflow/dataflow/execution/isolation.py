@@ -17,7 +17,8 @@ in an executor process of an :class:`ExecutorPool` (``DATAFLOW_ISOLATION=process
   fails, DuckDB reports "Out of Memory", the run ends ``limit_exceeded`` and the executor lives on), and
   the parent's watch, which reads the executor's resident size every ``WATCH_INTERVAL_S`` and SIGKILLs it
   past the bound (what ``RLIMIT_DATA`` does not see: file-backed and shared pages);
-* a dead executor (killed by the watch, the kernel or anything else) ends only its run and is replaced.
+* a dead executor (killed by the watch, the kernel or anything else) ends only its run and is replaced;
+  one that died while idle, before the forkserver reported it, is replaced before the job is sent to it.
 
 Executors ignore SIGINT and SIGTERM (they share the parent's process group, and a Ctrl-C is the parent's
 to decide): on an interruption the parent kills the executor and raises ``Interrupted``. Executors die
@@ -268,10 +269,19 @@ class ExecutorPool:
         """Run the job in an executor; the caller's progress sink and interruption are served from here."""
         bound_bytes = memory_bound_bytes(job.limits, result_bytes_max)
         data_extra = bound_bytes + job.limits.threads * DATA_SLACK_PER_THREAD_BYTES if self._data_limit else None
-        executor = self._take()
-        definition = None if executor.definition is job.definition else job.definition
-        sent = Job(definition, dict(job.params), tuple(job.resolved), tuple(gated), job.limits,
-                   job.deadline_at, job.progress_sink is not None, data_extra)  # fmt: skip
+        for turn in range(2):  # a second executor only when the first died idle, before the job reached it
+            executor = self._take()
+            definition = None if executor.definition is job.definition else job.definition
+            sent = Job(definition, dict(job.params), tuple(job.resolved), tuple(gated), job.limits,
+                       job.deadline_at, job.progress_sink is not None, data_extra)  # fmt: skip
+            try:
+                return self._run_in(executor, sent, bound_bytes, job)
+            except _DiedIdle:
+                if turn:
+                    raise ExecutionError("the execution could not be sent to its executor process (it died)") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _run_in(self, executor: _Executor, sent: Job, bound_bytes: int, job: EngineRun) -> BoundedResult:
         try:
             result = _converse(executor, sent, bound_bytes, job.progress_sink, job.interruption)
         except DataflowError:
@@ -280,7 +290,7 @@ class ExecutorPool:
             else:
                 self._discard(executor)
             raise
-        except BaseException:  # e.g. a KeyboardInterrupt in the parent mid-conversation: start afresh
+        except BaseException:  # e.g. a KeyboardInterrupt in the parent mid-conversation, or _DiedIdle: start afresh
             self._discard(executor)
             raise
         self._give_back(executor)
@@ -329,6 +339,10 @@ class ExecutorPool:
             executor.kill()
 
 
+class _DiedIdle(Exception):
+    """An executor taken from the idle list had died before the job was sent: nothing of the job ran."""
+
+
 def _converse(
     executor: _Executor,
     job: Job,
@@ -345,6 +359,8 @@ def _converse(
     except (pickle.PicklingError, TypeError, AttributeError) as error:  # a source binding that cannot travel
         kind = type(error).__name__
         raise ExecutionError(f"the execution could not be sent to its executor process ({kind})") from None
+    except OSError:  # its end of the pipe is closed: it died while idle (the forkserver had not reported it yet)
+        raise _DiedIdle from None
     if job.definition is not None:
         executor.definition = job.definition
     peak_bytes = 0
