@@ -86,15 +86,12 @@ def test_a_cursor_describes_each_result_once_and_every_result_anew(pg_db: Databa
     statement's result, not the one before: a stale cache would name the first statement's columns, or
     no columns, for the second."""
     with pg_db.begin() as conn:
-        dbapi = conn.connection.dbapi_connection
-        assert dbapi is not None
-        cursor = dbapi.cursor()
+        cursor = conn.connection.driver_connection.cursor()
         cursor.execute("select 1 as a, 2 as b")
         first = cursor.description
         assert [c[0] for c in first or ()] == ["a", "b"]
         assert cursor.description is first, "read again, the same description"
-        assert first is not None and [(c.name, c.type_code, len(c)) for c in first] == [("a", 23, 7), ("b", 23, 7)]
-        assert first[0][6] is None and first[0].internal_size == 4
+        assert [(c.name, c.type_code, c.internal_size) for c in first or ()] == [("a", 23, 4), ("b", 23, 4)]
         cursor.execute("select 3 as c")
         assert [c[0] for c in cursor.description or ()] == ["c"]
         cursor.execute("select")

@@ -171,13 +171,13 @@ def test_each_definition_travels_once_to_an_executor_which_runs_each_jobs_own(
     rows = [execute(d, {}, _context(tmp_path)).table.to_pylist() for d in (one, one, two, one)]
     assert rows == [[{"n": 1}], [{"n": 1}], [{"n": 2}], [{"n": 1}]]
     assert sent == [one, None, two, one]
-    [pid] = pool.pids()
+    assert len(pool.pids()) == 1, "one executor served the four jobs"
     unsendable = EngineRun(one, {"x": threading.Lock()}, [], ExecutionLimits(), time.monotonic() + 60)
     with pytest.raises(ExecutionError, match=r"could not be sent"):  # its executor is discarded
         pool.run(unsendable, engine_for(one).gate(one, ExecutionLimits()), 1024)
     assert pool.pids() == [] and sent[-1] is None
     assert execute(one, {}, _context(tmp_path)).table.to_pylist() == [{"n": 1}]
-    assert pool.pids() != [pid] and sent[-1] is one, "a new executor is sent the definition"
+    assert sent[-1] is one, "a new executor is sent the definition"
 
 
 def test_an_executor_that_died_idle_is_replaced_before_the_job_is_sent(

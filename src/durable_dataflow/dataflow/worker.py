@@ -283,7 +283,7 @@ class Worker:
 
     def _runs_pending(self) -> bool:
         with self.service.db.read() as conn:
-            return any(runs.list_page(conn, status=status, limit=1) for status in (RunStatus.QUEUED, RunStatus.RUNNING))
+            return runs.any_queued(conn) or bool(runs.list_page(conn, status=RunStatus.RUNNING, limit=1))
 
     def _schedules_due(self) -> bool:
         """An evaluation is due at the earliest schedule's next-due instant, read after the last evaluation

@@ -269,19 +269,19 @@ class ExecutorPool:
         """Run the job in an executor; the caller's progress sink and interruption are served from here."""
         bound_bytes = memory_bound_bytes(job.limits, result_bytes_max)
         data_extra = bound_bytes + job.limits.threads * DATA_SLACK_PER_THREAD_BYTES if self._data_limit else None
-        for turn in range(2):  # a second executor only when the first died idle, before the job reached it
-            executor = self._take()
-            definition = None if executor.definition is job.definition else job.definition
-            sent = Job(definition, dict(job.params), tuple(job.resolved), tuple(gated), job.limits,
-                       job.deadline_at, job.progress_sink is not None, data_extra)  # fmt: skip
-            try:
-                return self._run_in(executor, sent, bound_bytes, job)
-            except _DiedIdle:
-                if turn:
-                    raise ExecutionError("the execution could not be sent to its executor process (it died)") from None
-        raise AssertionError("unreachable")  # pragma: no cover
+        with contextlib.suppress(_DiedIdle):  # it died idle, before the job reached it: nothing of it ran
+            return self._run_in(self._take(), job, gated, bound_bytes, data_extra)
+        try:
+            return self._run_in(self._take(), job, gated, bound_bytes, data_extra)
+        except _DiedIdle:
+            raise ExecutionError("the execution could not be sent to its executor process (it died)") from None
 
-    def _run_in(self, executor: _Executor, sent: Job, bound_bytes: int, job: EngineRun) -> BoundedResult:
+    def _run_in(
+        self, executor: _Executor, job: EngineRun, gated: Sequence[object], bound_bytes: int, data_extra: int | None
+    ) -> BoundedResult:
+        definition = None if executor.definition is job.definition else job.definition
+        sent = Job(definition, dict(job.params), tuple(job.resolved), tuple(gated), job.limits,
+                   job.deadline_at, job.progress_sink is not None, data_extra)  # fmt: skip
         try:
             result = _converse(executor, sent, bound_bytes, job.progress_sink, job.interruption)
         except DataflowError:
