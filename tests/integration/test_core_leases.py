@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from durable_dataflow.core import fencing, leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, LeaseUnavailable, StaleAttempt
+from durable_dataflow.core.invariants import InvariantViolation
 from durable_dataflow.core.schema import ledger_entries
 
 MODULE = "test"
@@ -162,3 +163,43 @@ def test_the_heartbeat_thread_beats_a_lease_registered_ahead_of_a_later_one(db: 
                 assert not leases.expiry_of(conn, db, MODULE, ["short"])["short"].expired
     finally:
         beats.close()
+
+
+def _head(db: Database, subject: str = "s") -> tuple[int | None, str | None]:
+    with db.read() as conn:
+        entries = ledger.read(conn, MODULE, subject)
+    return (entries[-1].seq, entries[-1].entry_hash) if entries else (None, None)
+
+
+def test_a_grant_asked_for_the_chain_head_reads_it_with_the_grants_clock(db: Database) -> None:
+    """Proves ``acquire(..., chain_head=True)`` returns the subject's ledger head as the grant saw it: an
+    empty chain on a first grant, the last entry on the next grant (its update path), each with the
+    grant's own database clock; entries appended from it chain on and verify. Without the flag, none."""
+    with db.begin() as conn:
+        first = leases.acquire(conn, db, MODULE, "s", "holder", 5, expected_attempt=0, chain_head=True)
+    assert first.chain_head == ledger.Head(None, None, first.acquired_at_us)
+    with fencing.fenced(db, MODULE, "s", 1) as conn:
+        ledger.append(conn, db, MODULE, "s", 1, "by.one", {})
+        ledger.append(conn, db, MODULE, "s", 1, "by.one.again", {})
+    db.advance_clock(6)
+    with db.begin() as conn:
+        second = leases.acquire(conn, db, MODULE, "s", "holder", 5, expected_attempt=1, chain_head=True)
+        assert second.chain_head == ledger.Head(*_head(db), second.acquired_at_us)
+        assert second.chain_head.seq == 2
+        ledger.append_many(conn, db, MODULE, "s", [(2, "by.two", {})], head=second.chain_head)
+    with db.read() as conn:
+        entries = ledger.read(conn, MODULE, "s")
+        assert ledger.verify_entries(entries, MODULE, "s").ok
+    assert [e.kind for e in entries] == ["by.one", "by.one.again", "by.two"]
+    assert entries[-1].recorded_at_us == second.acquired_at_us
+    db.advance_clock(6)
+    with db.begin() as conn:
+        assert leases.acquire(conn, db, MODULE, "s", "holder", 5).chain_head is None
+
+
+def test_an_append_starts_from_one_head_only(db: Database) -> None:
+    """Proves ``append_many`` refuses two heads at once (a new subject's time and a head read elsewhere)."""
+    with pytest.raises(InvariantViolation, match="one head"), db.begin() as conn:
+        ledger.append_many(
+            conn, db, MODULE, "s", [(1, "k", {})], new_subject_at_us=1, head=ledger.Head(None, None, 1)
+        )

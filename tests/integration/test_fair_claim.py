@@ -52,3 +52,39 @@ def test_within_one_tenant_the_claim_is_first_in_first_out(platform: Platform, t
     claimed = [platform.runs.claim_next() for _ in queued]
     assert [c.run.run_id if c is not None else None for c in claimed] == queued
     assert platform.runs.claim_next() is None
+
+
+def test_a_claim_appends_attempt_started_from_the_head_its_lease_grant_read(
+    platform: Platform, tmp_path: Path
+) -> None:
+    """Proves the claim's transaction reads the run's ledger head in its lease grant, not in a statement
+    of its own: the claim's select, the grant, the ledger insert, the run's update, nothing else (the
+    code before read the head between the grant and the insert), and the run's chain then verifies
+    (the grant's update path, a later attempt's claim: test_core_leases)."""
+    import sqlalchemy as sa
+
+    from durable_dataflow.core import ledger
+
+    definition = harness.inline_definition(tmp_path / "defs", "head")
+    run_id = _queue(platform, definition, "t", 0)
+    sent: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        if not statement.lstrip().upper().startswith(("BEGIN", "SAVEPOINT", "RELEASE")):
+            sent.append(" ".join(statement.split()))
+
+    sa.event.listen(platform.db.engine, "before_cursor_execute", record)
+    try:
+        claim = platform.runs.claim_next()
+    finally:
+        sa.event.remove(platform.db.engine, "before_cursor_execute", record)
+    assert claim is not None and claim.run.run_id == run_id
+    heads = [s for s in sent if "ledger_entries" in s]
+    assert len(sent) == 4, sent
+    assert sent[1].startswith("INSERT INTO leases") and "ledger_entries" in sent[1], sent
+    assert sent[2].startswith("INSERT INTO ledger_entries") and sent[3].startswith("UPDATE dataflow_runs"), sent
+    assert len(heads) == 2  # the grant's head subqueries and the insert: no read of the head on its own
+    with platform.db.read() as conn:
+        entries = ledger.read(conn, "dataflow", run_id)
+    assert ledger.verify_entries(entries, "dataflow", run_id).ok
+    assert [e.kind for e in entries][-1] == "attempt.started" and entries[-1].seq == len(entries)

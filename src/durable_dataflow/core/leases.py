@@ -18,6 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from durable_dataflow.core import ledger
 from durable_dataflow.core.db import Database, insert_if_absent
 from durable_dataflow.core.errors import InputError, LeaseUnavailable, StaleAttempt
 from durable_dataflow.core.invariants import invariant
@@ -41,6 +42,9 @@ class Lease:
     holder: str
     acquired_at_us: int
     expires_at_us: int
+    # With ``acquire(..., chain_head=True)``: the subject's ledger head as the grant read it, with the grant's
+    # clock (the time of the entries the holder appends next in the same transaction).
+    chain_head: ledger.Head | None = None
 
 
 @dataclass(frozen=True)
@@ -91,26 +95,31 @@ def acquire(
     ttl_s: float,
     *,
     expected_attempt: int | None = None,
+    chain_head: bool = False,
 ) -> Lease:
     """Grant the next attempt if no live lease exists; raise :class:`LeaseUnavailable` otherwise.
 
     ``expected_attempt`` makes the grant conditional on the current attempt (a claim that read the
-    subject's state under that attempt must not take a lease granted since).
+    subject's state under that attempt must not take a lease granted since). ``chain_head``: the grant
+    also reads the subject's ledger head (``ledger.head_columns``, in the same round trip) into
+    ``Lease.chain_head``, for the entries its holder appends next under the lease row it now locks.
     """
     holder = holder[:HOLDER_LENGTH_MAX]
+    head = ledger.head_parameters(module, subject_id) if chain_head else {}
     if expected_attempt == 0:  # a subject created in this transaction: nothing to update
-        first = _insert_first(conn, db, module, subject_id, holder, ttl_s, expected_attempt)
-        return Lease(
-            module, subject_id, int(first.attempt), holder, int(first.acquired_at_us), int(first.expires_at_us)
-        )
-    row = conn.execute(
-        db.statement(_next_grant_statement, expected_attempt is not None),
-        {**_match(module, subject_id, expected_attempt), "set_holder": holder, "ttl_us": ttl_us(ttl_s)},
-    ).one_or_none()
-    if row is None:
-        row = _insert_first(conn, db, module, subject_id, holder, ttl_s, expected_attempt)
+        row = _insert_first(conn, db, module, subject_id, holder, ttl_s, expected_attempt, head)
+    else:
+        granted = conn.execute(
+            db.statement(_next_grant_statement, expected_attempt is not None, chain_head),
+            {**_match(module, subject_id, expected_attempt), "set_holder": holder, "ttl_us": ttl_us(ttl_s), **head},
+        ).one_or_none()
+        row = granted or _insert_first(conn, db, module, subject_id, holder, ttl_s, expected_attempt, head)
     invariant(int(row.attempt) >= 1, "a granted attempt is a positive fencing token")
-    return Lease(module, subject_id, int(row.attempt), holder, int(row.acquired_at_us), int(row.expires_at_us))
+    acquired_at_us = int(row.acquired_at_us)
+    read = None
+    if chain_head:
+        read = ledger.Head(None if row.head_seq is None else int(row.head_seq), row.head_hash, acquired_at_us)
+    return Lease(module, subject_id, int(row.attempt), holder, acquired_at_us, int(row.expires_at_us), read)
 
 
 def _insert_first(
@@ -121,14 +130,19 @@ def _insert_first(
     holder: str,
     ttl_s: float,
     expected_attempt: int | None,
-) -> sa.Row[tuple[int, int, int]]:
-    """The first grant of a subject: ``INSERT … ON CONFLICT DO NOTHING RETURNING``, one statement."""
+    head: dict[str, str],
+) -> sa.Row[Any]:
+    """The first grant of a subject: ``INSERT … ON CONFLICT DO NOTHING RETURNING``, one statement
+    (``head``: ``ledger.head_parameters``, to read the subject's ledger head with it)."""
     if expected_attempt not in (None, 0):
         raise LeaseUnavailable(f"{module}/{subject_id} is leased by another holder or its attempt moved on")
     row = conn.execute(
-        db.statement(_first_grant_statement),
-        {"module": module, "subject_id": subject_id, "attempt": 1, "holder": holder, "ttl_us": ttl_us(ttl_s)},
-    ).one_or_none()
+        db.statement(_first_grant_statement, bool(head)),
+        {
+            "module": module, "subject_id": subject_id, "attempt": 1, "holder": holder, "ttl_us": ttl_us(ttl_s),
+            **head,
+        },
+    ).one_or_none()  # fmt: skip
     if row is None:
         raise LeaseUnavailable(f"{module}/{subject_id} is leased by another holder")
     return row
@@ -144,9 +158,19 @@ def _matched_key() -> sa.ColumnElement[bool]:
     return _key(sa.bindparam("match_module"), sa.bindparam("match_subject_id"))
 
 
-def _next_grant_statement(db: Database, guarded: bool) -> sa.Update:
+def _granted(chain_head: bool) -> tuple[sa.ColumnElement[Any], ...]:
+    """What a grant returns: the lease, and with ``chain_head`` the subject's ledger head (as
+    ``head_seq``, ``head_hash``)."""
+    granted = (leases.c.attempt, leases.c.acquired_at_us, leases.c.expires_at_us)
+    if not chain_head:
+        return granted
+    seq, entry_hash = ledger.head_columns()
+    return (*granted, seq.label("head_seq"), entry_hash.label("head_hash"))
+
+
+def _next_grant_statement(db: Database, guarded: bool, chain_head: bool) -> sa.Update:
     """The grant of the next attempt over a released or expired lease (``guarded``: only while the
-    lease still names ``match_attempt``)."""
+    lease still names ``match_attempt``; ``chain_head``: see ``_granted``)."""
     now = db.now_us_expr()
     free = sa.or_(leases.c.released_at_us.is_not(None), leases.c.expires_at_us <= now)
     if guarded:
@@ -161,18 +185,18 @@ def _next_grant_statement(db: Database, guarded: bool) -> sa.Update:
             expires_at_us=now + sa.bindparam("ttl_us", type_=sa.BigInteger()),
             released_at_us=None,
         )
-        .returning(leases.c.attempt, leases.c.acquired_at_us, leases.c.expires_at_us)
+        .returning(*_granted(chain_head))
     )
 
 
-def _first_grant_statement(db: Database) -> sa.Insert:
+def _first_grant_statement(db: Database, chain_head: bool) -> sa.Insert:
     """A subject's first grant, ``INSERT … ON CONFLICT DO NOTHING RETURNING`` (the columns' values
-    come with the execution)."""
+    come with the execution; ``chain_head``: see ``_granted``)."""
     now = db.now_us_expr()
     return (
         insert_if_absent(db.dialect, leases, ["module", "subject_id"])
         .values(acquired_at_us=now, expires_at_us=now + sa.bindparam("ttl_us", type_=sa.BigInteger()))
-        .returning(leases.c.attempt, leases.c.acquired_at_us, leases.c.expires_at_us)
+        .returning(*_granted(chain_head))
     )
 
 

@@ -33,6 +33,7 @@ from sqlalchemy.engine import Connection
 from durable_dataflow.core import hashing
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError
+from durable_dataflow.core.invariants import invariant
 from durable_dataflow.core.schema import KIND_LENGTH, ledger_entries, ledger_outbox
 from durable_dataflow.core.secrets import Secret
 
@@ -63,6 +64,17 @@ class Entry:
         return entry_body(
             self.module, self.subject_id, self.seq, self.attempt, self.kind, self.payload, self.recorded_at_us
         )
+
+
+@dataclass(frozen=True)
+class Head:
+    """A subject's last entry as the caller's transaction read it (``seq`` and ``entry_hash`` None: an
+    empty chain), and the database clock read by the same statement: the time of the entries appended
+    after it."""
+
+    seq: int | None
+    entry_hash: str | None
+    now_us: int
 
 
 @dataclass(frozen=True)
@@ -167,16 +179,22 @@ def append_many(
     evidence_key: Secret | None = None,
     new_subject_at_us: int | None = None,
     held: HeldChain | None = None,
+    head: Head | None = None,
 ) -> list[Entry]:
     """Append entries ``(attempt, kind, payload)`` in order: one head-and-clock read, one insert.
 
     ``new_subject_at_us`` is for a subject created in the caller's transaction: the chain is empty,
     and the given database time (read in that transaction) is the entries' time, so nothing is read.
     ``held`` is the chain the caller's transaction already read under the subject's lock: its head
-    and clock are used, so nothing is read either.
+    and clock are used, so nothing is read either. ``head`` is the head a statement of the caller's
+    read under that lock (``head_columns``: the claim's lease grant), so nothing is read either.
     """
     if not items:
         raise InputError("append_many needs at least one entry")
+    invariant(
+        (new_subject_at_us is not None) + (held is not None) + (head is not None) <= 1,
+        "an append starts from one head: a new subject's, a held chain's or one read with the caller's lock",
+    )
     if new_subject_at_us is not None:
         return _insert_chained(conn, db, module, subject_id, items, 0, genesis_hash(module, subject_id),
                                new_subject_at_us, evidence_key)  # fmt: skip
@@ -187,30 +205,42 @@ def append_many(
         if seq + len(items) > ENTRIES_PER_SUBJECT_MAX:
             raise InputError(f"subject {module}/{subject_id} reached {ENTRIES_PER_SUBJECT_MAX} ledger entries")
         return _insert_chained(conn, db, module, subject_id, items, seq, prev_hash, held.now_us, evidence_key)
-    head = conn.execute(db.statement(_head_statement), {"head_module": module, "head_subject_id": subject_id}).one()
-    seq = 0 if head.seq is None else int(head.seq)
+    if head is None:
+        read = conn.execute(db.statement(_head_statement), head_parameters(module, subject_id)).one()
+        head = Head(None if read.seq is None else int(read.seq), read.entry_hash, int(read.now_us))
+    seq = 0 if head.seq is None else head.seq
     if seq + len(items) > ENTRIES_PER_SUBJECT_MAX:
         raise InputError(f"subject {module}/{subject_id} reached {ENTRIES_PER_SUBJECT_MAX} ledger entries")
     prev_hash = genesis_hash(module, subject_id) if head.seq is None else str(head.entry_hash)
-    return _insert_chained(conn, db, module, subject_id, items, seq, prev_hash, int(head.now_us), evidence_key)
+    return _insert_chained(conn, db, module, subject_id, items, seq, prev_hash, head.now_us, evidence_key)
 
 
-def _head_statement(db: Database) -> sa.Select[tuple[int, int | None, str | None]]:
+def head_columns() -> tuple[sa.ScalarSelect[int], sa.ScalarSelect[str]]:
+    """The last entry of the subject named by the bind parameters ``head_module`` and ``head_subject_id``
+    (``head_parameters``), as two scalar subqueries ``(seq, entry_hash)``, NULL for an empty chain: for a
+    statement of another module that reads the head in its own round trip (the claim's lease grant,
+    core.leases), which then passes it to ``append_many`` as ``head``."""
+    subject = (
+        ledger_entries.c.module == sa.bindparam("head_module"),
+        ledger_entries.c.subject_id == sa.bindparam("head_subject_id"),
+    )
+
+    def last(column: sa.ColumnElement[Any]) -> sa.ScalarSelect[Any]:
+        return sa.select(column).where(*subject).order_by(ledger_entries.c.seq.desc()).limit(1).scalar_subquery()
+
+    return last(ledger_entries.c.seq), last(ledger_entries.c.entry_hash)
+
+
+def head_parameters(module: str, subject_id: str) -> dict[str, str]:
+    """The values of ``head_columns``'s bind parameters."""
+    return {"head_module": module, "head_subject_id": subject_id}
+
+
+def _head_statement(db: Database) -> sa.Select[int, int, str]:
     """The subject's head ``(seq, entry_hash)`` (NULLs for an empty chain) and the database clock,
     in one round trip."""
-    last = (
-        sa.select(ledger_entries.c.seq, ledger_entries.c.entry_hash)
-        .where(
-            ledger_entries.c.module == sa.bindparam("head_module"),
-            ledger_entries.c.subject_id == sa.bindparam("head_subject_id"),
-        )
-        .order_by(ledger_entries.c.seq.desc())
-        .limit(1)
-        .subquery()
-    )
-    return sa.select(db.now_us_expr().label("now_us"), last.c.seq, last.c.entry_hash).select_from(
-        sa.select(sa.literal(1).label("one")).subquery().outerjoin(last, sa.true())
-    )
+    seq, entry_hash = head_columns()
+    return sa.select(db.now_us_expr().label("now_us"), seq.label("seq"), entry_hash.label("entry_hash"))
 
 
 def _insert_chained(

@@ -98,26 +98,39 @@ def unexpected_error(run_id: str, error: Exception) -> ExecutionError:
 
 
 def take_lease(
-    conn: Connection, db: Database, holder_lock: HolderLock, config: ServiceConfig, run_id: str, expected_attempt: int
+    conn: Connection,
+    db: Database,
+    holder_lock: HolderLock,
+    config: ServiceConfig,
+    run_id: str,
+    expected_attempt: int,
+    *,
+    chain_head: bool = False,
 ) -> leases.Lease:
     """Attempt ``expected_attempt + 1``'s lease (LeaseUnavailable while another is live); the holder
-    lock is held first, so a sweeper can tell this process died (core/holders.py)."""
+    lock is held first, so a sweeper can tell this process died (core/holders.py). ``chain_head``: the
+    grant also reads the run's ledger head (``leases.acquire``)."""
     holder_lock.ensure()
     return leases.acquire(
-        conn, db, MODULE, run_id, config.holder, config.lease_ttl_s, expected_attempt=expected_attempt
-    )
+        conn, db, MODULE, run_id, config.holder, config.lease_ttl_s, expected_attempt=expected_attempt,
+        chain_head=chain_head,
+    )  # fmt: skip
 
 
 def claim_next(db: Database, holder_lock: HolderLock, config: ServiceConfig) -> Claim | None:
     """Claim the fairest queued run (``runs.fairest_queued``: the oldest queued run of the tenant with the
     fewest running runs; ``FOR UPDATE SKIP LOCKED`` on PostgreSQL): its next attempt's lease and
-    ``attempt.started`` in one commit."""
+    ``attempt.started`` in one commit. The lease's grant reads the run's ledger head too (the statement
+    that locks the lease row, which serializes the run's ledger writers), so ``attempt.started`` is
+    appended without a read of its own: three statements after the claim's select."""
     try:
         with db.begin() as conn:
             row = runs.fairest_queued(conn, skip_locked=db.dialect == "postgresql")
             if row is None:
                 return None
-            lease = take_lease(conn, db, holder_lock, config, row.run_id, expected_attempt=int(row.attempt))
+            lease = take_lease(
+                conn, db, holder_lock, config, row.run_id, expected_attempt=int(row.attempt), chain_head=True
+            )
             run = transitions.start_attempt(conn, db, row.run_id, lease, evidence_key=config.evidence_key)
     except LeaseUnavailable:
         return None

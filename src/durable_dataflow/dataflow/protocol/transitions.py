@@ -242,10 +242,11 @@ def _recorded_payload(row: Mapping[str, Any]) -> dict[str, Any]:
 def start_attempt(
     conn: Connection, db: Database, run_id: str, lease: leases.Lease, *, evidence_key: Secret | None
 ) -> Run:
-    """STARTED: ``attempt.started`` under the lease just taken (a claim), and the row projected running."""
+    """STARTED: ``attempt.started`` under the lease just taken (a claim), and the row projected running;
+    from the ledger head the lease's grant read (``lease.chain_head``), else read here."""
     ledger.append_many(
         conn, db, MODULE, run_id, items(Outcome.STARTED, lease.attempt, [{"holder": lease.holder}]),
-        evidence_key=evidence_key,
+        evidence_key=evidence_key, head=lease.chain_head,
     )  # fmt: skip
     started = TABLE[Outcome.STARTED]
     return runs.update(conn, db, run_id, attempt=lease.attempt, status=started.status, recovery_status=started.recovery)
