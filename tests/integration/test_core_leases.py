@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -203,3 +204,43 @@ def test_an_append_starts_from_one_head_only(db: Database) -> None:
         ledger.append_many(
             conn, db, MODULE, "s", [(1, "k", {})], new_subject_at_us=1, head=ledger.Head(None, None, 1)
         )
+
+
+def test_a_beat_that_raises_unexpectedly_is_logged_once_and_beats_go_on(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves an unexpected error of a heartbeat is not swallowed silently: one ``heartbeat.failed``
+    error naming the lease and the error's type (not its message) however many beats fail, and the
+    lease is beaten again once the error is gone (fails when the thread logs nothing, logs every beat,
+    or stops beating). A bug stand-in replaces the beat's statement; the database is real."""
+    from structlog.testing import capture_logs
+
+    from durable_dataflow.core.heartbeat import Heartbeats
+
+    lease = _acquire(db, "hb", ttl_s=30)
+    real_heartbeat = leases.heartbeat
+    failures = {"left": 3}
+    failed_thrice, beaten_after = threading.Event(), threading.Event()
+
+    def flaky(*args: object, **kwargs: object) -> int:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            if failures["left"] == 0:
+                failed_thrice.set()
+            raise RuntimeError("a message that must not reach the log")
+        expires = real_heartbeat(*args, **kwargs)  # type: ignore[arg-type]
+        beaten_after.set()
+        return expires
+
+    monkeypatch.setattr(leases, "heartbeat", flaky)
+    beats = Heartbeats(db)
+    with capture_logs() as logs:
+        try:
+            with beats.keep_alive(MODULE, "hb", lease.attempt, 0.3):  # a beat every 0.1 s
+                assert failed_thrice.wait(10), "the beats stopped after an unexpected error"
+                assert beaten_after.wait(10), "the lease was not beaten again once the error was gone"
+        finally:
+            beats.close()
+    failed = [entry for entry in logs if entry["event"] == "heartbeat.failed"]
+    assert len(failed) == 1 and failed[0]["error"] == "RuntimeError" and failed[0]["subject_id"] == "hb"
+    assert "must not reach" not in repr(logs)

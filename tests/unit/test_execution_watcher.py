@@ -14,6 +14,7 @@ import weakref
 from typing import Any
 
 import duckdb
+from structlog.testing import capture_logs
 
 from durable_dataflow.dataflow.execution import duckdb_engine, interruption, watcher
 from durable_dataflow.dataflow.execution.limits import ExecutionLimits
@@ -169,6 +170,31 @@ def test_a_tick_that_raises_does_not_stop_the_watcher() -> None:
         failing.ticked.wait(0.05)
     shared.remove(failing)
     shared.remove(other)
+
+
+def test_a_tick_that_raises_is_logged_once_by_its_type_only() -> None:
+    """Proves a failing tick is not swallowed silently: one ``execution.watch_failed`` warning naming the
+    error's type (never its message, which may quote the step's SQL) however often the tick is retried,
+    and none after the watch was removed (fails when the watcher logs nothing, or every retry)."""
+    shared = watcher.Watcher()
+
+    class Failing(_Ticks):
+        def tick(self, now: float) -> float | None:
+            super().tick(now)
+            raise RuntimeError("select 'a secret in the sql'")
+
+    failing = Failing()
+    with capture_logs() as logs:
+        shared.add(failing, time.monotonic())
+        deadline = time.monotonic() + WAIT_S
+        while failing.count < 3:
+            assert time.monotonic() < deadline, "the failing watch was not tried again"
+            failing.ticked.wait(0.05)
+        shared.remove(failing)
+    failed = [entry for entry in logs if entry["event"] == "execution.watch_failed"]
+    assert failed == [{"event": "execution.watch_failed", "error": "RuntimeError", "retry_s": watcher.RETRY_S,
+                       "log_level": "warning"}]
+    assert "secret" not in repr(logs)
 
 
 def test_a_thread_asleep_with_nothing_watched_is_woken_by_the_next_watch() -> None:

@@ -5,7 +5,10 @@ every ``ttl/3`` through a fenced heartbeat. An attempt registers for as long as 
 (:meth:`Heartbeats.keep_alive`); one that ends before its first beat is due (most runs, at the
 default 30 s TTL) costs no heartbeat and no thread of its own. When a heartbeat is refused (the
 lease expired, e.g. because the process was paused) that lease's beats stop and its ``lost`` is
-set; the attempt's next fenced write would be refused anyway, ``lost`` only lets it stop early.
+set; the attempt's next fenced write would be refused anyway, ``lost`` only lets it stop early. A beat
+the database could not take (an outage) is tried again next beat, silently: the worker's own guarded
+statements report outages. Any other error of a beat is a bug: it is logged once per lease
+(``heartbeat.failed``, the error's type), and the lease's beats go on.
 """
 
 from __future__ import annotations
@@ -15,11 +18,15 @@ import threading
 import time
 from types import TracebackType
 
+import structlog
+
 from durable_dataflow.core import fencing, leases
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import DataflowError, StaleAttempt
 
 HEARTBEATS_PER_TTL = 3
+
+_log = structlog.get_logger("dataflow.service")
 
 
 class KeepAlive:
@@ -31,6 +38,7 @@ class KeepAlive:
         self.ttl_s = ttl_s
         self.lost = threading.Event()
         self.ended = False  # set under the scheduler's lock on exit: no beat is taken after it
+        self.failed = False  # a beat raised an unexpected error (logged once): only the heartbeat thread sets it
 
     def __enter__(self) -> KeepAlive:
         self._beats.register(self)
@@ -108,8 +116,13 @@ class Heartbeats:
                 continue
             except DataflowError:
                 pass  # the database is briefly unavailable: try again next beat; expiry decides
-            except Exception:  # one lease's unexpected error must not stop every lease's beats
-                pass  # as an outage: the next beat tries again, and expiry decides if none succeeds
+            except Exception as error:  # one lease's unexpected error must not stop every lease's beats
+                if not alive.failed:  # as an outage: the next beat tries again, and expiry decides if none succeeds
+                    alive.failed = True
+                    _log.error(
+                        "heartbeat.failed", module=module, subject_id=subject_id, attempt=attempt,
+                        error=type(error).__name__, note="the lease's beats go on; it expires if none succeeds",
+                    )  # fmt: skip
             with self._cond:
                 if not alive.ended:
                     self._schedule(alive)

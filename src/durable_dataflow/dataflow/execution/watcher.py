@@ -13,7 +13,9 @@ by surprise: ``remove`` takes it out of the schedule, and a tick already under w
 (the watch holds its lock while it ticks, and marks itself done under that lock before ``remove``), and
 nothing removed is held on to (a done execution's database connection is released with it).
 The thread is started on first use in each process (an executor forked from the forkserver starts its
-own), and is a daemon: it holds nothing durable.
+own), and is a daemon: it holds nothing durable. A tick that raises is logged (``execution.watch_failed``,
+the error's type only: a driver's message may quote the step's SQL) once per watched thing, and tried
+again ``RETRY_S`` later.
 """
 
 from __future__ import annotations
@@ -26,10 +28,14 @@ import threading
 import time
 from typing import Protocol
 
+import structlog
+
 THREAD_NAME = "dataflow-execution-watch"
 # A tick that raised is tried again this much later: one execution's failure (a closed connection, a
 # cancel request that failed) never stops the thread that watches every other one.
 RETRY_S = 0.1
+
+_log = structlog.get_logger("dataflow.execution")
 
 
 class Watched(Protocol):
@@ -44,6 +50,7 @@ class Watcher:
         self._wake = threading.Condition(threading.Lock())
         self._schedule: list[tuple[float, int, Watched]] = []  # a heap of (instant, order, watched)
         self._watching: set[Watched] = set()  # what is watched, scheduled or being ticked
+        self._failed: set[Watched] = set()  # watched things whose tick raised (logged once each)
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
         # The instant the thread sleeps until (inf: until notified), None while it is not asleep (it reads
@@ -66,6 +73,7 @@ class Watcher:
         one's to fence with its own lock."""
         with self._wake:
             self._watching.discard(watched)
+            self._failed.discard(watched)
             kept = [entry for entry in self._schedule if entry[2] is not watched]
             if len(kept) != len(self._schedule):
                 heapq.heapify(kept)
@@ -98,8 +106,14 @@ class Watcher:
         """Tick one watched thing, and schedule it again unless it is done or was removed meanwhile."""
         try:
             at = watched.tick(time.monotonic())
-        except Exception:
+        except Exception as error:
             at = time.monotonic() + RETRY_S
+            with self._wake:
+                first = watched in self._watching and watched not in self._failed
+                if first:
+                    self._failed.add(watched)
+            if first:
+                _log.warning("execution.watch_failed", error=type(error).__name__, retry_s=RETRY_S)
         if at is None:
             return
         with self._wake:
