@@ -265,3 +265,46 @@ def test_an_idle_worker_whose_claims_fail_while_reads_work_backs_off_and_logs_on
     outage = [(e["event"], e.get("retry_in_s")) for e in logs if e["event"].startswith("storage.")]
     assert [delay for kind, delay in outage[:6]] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.32], outage
     assert "storage.recovered" not in [kind for kind, _ in outage], outage
+
+
+def test_a_worker_whose_claims_fail_while_its_beats_work_keeps_backing_off(
+    platform: Platform, definitions: tuple[Path, Path]
+) -> None:
+    """Proves a heartbeat's success does not end an outage its claims are in: with a run queued and every
+    lease write timing out (as behind a long lock) while the worker's heartbeat row is beaten every 0.1 s,
+    the claim's delays grow to the maximum and stay there, and no recovery is logged (the code before
+    reset the back-off and logged ``storage.recovered`` at every beat, so the delays started over)."""
+    dbapi = platform.runs.db.engine.dialect.loaded_dbapi
+    worker_threads: list[threading.Thread] = []
+    failures: list[str] = []
+    failed_enough = threading.Event()
+
+    def lease_write_times_out(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        writes_a_lease = " leases" in statement and statement.lstrip()[:6].upper() in ("INSERT", "UPDATE")
+        if writes_a_lease and threading.current_thread() in worker_threads:
+            failures.append(statement)
+            if len(failures) == 12:
+                failed_enough.set()
+            raise dbapi.OperationalError("canceling statement due to lock timeout")
+
+    submit(platform, definitions[0], 1)
+    event.listen(platform.runs.db.engine, "before_cursor_execute", lease_write_times_out)
+    options = {**FAST, "sweep_interval_s": 60.0, "backoff_max_s": 0.16, "worker_ttl_s": 0.3}  # a beat every 0.1 s
+    worker = Worker(platform.runs, WorkerOptions(**options))
+    thread = threading.Thread(target=worker.run)
+    worker_threads.append(thread)
+    try:
+        with capture_logs() as logs:
+            thread.start()
+            assert failed_enough.wait(JOIN_S), "its claims fail"
+            worker.request_stop("test done")
+            thread.join(JOIN_S)
+    finally:
+        worker.request_stop("test done")
+        thread.join(JOIN_S)
+        event.remove(platform.runs.db.engine, "before_cursor_execute", lease_write_times_out)
+    beats = [e for e in logs if e["event"] == "storage.unavailable" and e["operation"] != "claim"]
+    outage = [(e["event"], e.get("retry_in_s")) for e in logs if e["event"].startswith("storage.")]
+    assert not beats, beats
+    assert [delay for kind, delay in outage[:10]] == [0.01, 0.02, 0.04, 0.08] + [0.16] * 6, outage
+    assert "storage.recovered" not in [kind for kind, _ in outage], outage

@@ -127,30 +127,39 @@ class StorageOutage:
     """One outage of the platform database as the logs tell it: ``storage.unavailable`` at each failed
     try the caller reports (it retries after a Backoff, so the repeats thin out up to the back-off's
     maximum), each with the outage's age and failures so far, then ``storage.recovered`` once, with
-    the outage's duration, at the first success after it. ``clock`` is injected for tests."""
+    the outage's duration, when every operation that failed during it has succeeded again: another
+    operation's success (a heartbeat's, while claims time out behind a lock) does not end it. ``clock``
+    is injected for tests."""
 
     def __init__(self, log: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self._log = log
         self._clock = clock
         self._started_s: float | None = None
         self._failures = 0
+        self._failing: set[str] = set()  # the operations that failed during the outage, not yet succeeded
 
     def failed(self, operation: str, error: StorageUnavailable, retry_in_s: float) -> None:
         now_s = self._clock()
         if self._started_s is None:
             self._started_s, self._failures = now_s, 0
         self._failures += 1
+        self._failing.add(operation)
         self._log.warning(
             "storage.unavailable", operation=operation, retry_in_s=round(retry_in_s, 3), failures=self._failures,
             outage_s=round(now_s - self._started_s, 3), error=error.message,
         )  # fmt: skip
 
-    def succeeded(self, operation: str) -> None:
+    def succeeded(self, operation: str) -> bool:
+        """Note ``operation``'s success; True when that ended the outage (the caller's back-off ends too)."""
         if self._started_s is None:
-            return
+            return False
+        self._failing.discard(operation)
+        if self._failing:
+            return False
         outage_s = round(self._clock() - self._started_s, 3)
         self._log.info("storage.recovered", operation=operation, outage_s=outage_s, failures=self._failures)
         self._started_s = None
+        return True
 
 
 class Worker:
@@ -350,8 +359,8 @@ class Worker:
             self._outage.failed(operation, error, delay_s)
             self._stop.wait(delay_s)
             return False, None
-        self._backoff.reset()
-        self._outage.succeeded(operation)
+        if self._outage.succeeded(operation):
+            self._backoff.reset()
         return True, value
 
     def _beat(self) -> None:
