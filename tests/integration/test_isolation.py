@@ -180,6 +180,15 @@ def test_each_definition_travels_once_to_an_executor_which_runs_each_jobs_own(
     assert sent[-1] is one, "a new executor is sent the definition"
 
 
+def _kill_and_reap(pid: int) -> None:
+    ended = os.pidfd_open(pid)  # readable once the process has exited
+    try:
+        os.kill(pid, signal.SIGKILL)
+        assert select.select([ended], [], [], WAIT_S_MAX)[0]
+    finally:
+        os.close(ended)
+
+
 def test_an_executor_that_died_idle_is_replaced_before_the_job_is_sent(
     pool: isolation.ExecutorPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,15 +198,37 @@ def test_an_executor_that_died_idle_is_replaced_before_the_job_is_sent(
     d = _definition("select 1::bigint as n")
     assert execute(d, {}, _context(tmp_path)).table.to_pylist() == [{"n": 1}]
     [pid] = pool.pids()
-    ended = os.pidfd_open(pid)  # readable once the process has exited
-    try:
-        os.kill(pid, signal.SIGKILL)
-        assert select.select([ended], [], [], WAIT_S_MAX)[0]
-    finally:
-        os.close(ended)
+    _kill_and_reap(pid)
     monkeypatch.setattr(BaseProcess, "is_alive", lambda _self: True)  # the death not reported yet
     assert execute(d, {}, _context(tmp_path)).table.to_pylist() == [{"n": 1}]
     assert pid not in pool.pids()
+
+
+def test_a_job_whose_fresh_executor_died_idle_too_fails_as_an_execution_error(
+    pool: isolation.ExecutorPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves the pool tries a second executor once, not forever: when the executor taken for a job and
+    the fresh one taken after it were both dead before the job reached them (each killed here right after
+    it is taken, the forkserver not reporting it), the execution ends as an ExecutionError saying so, both
+    are discarded, and the next job runs on a new executor (the second turn had no test at stop 41)."""
+    d = _definition("select 1::bigint as n")
+    assert execute(d, {}, _context(tmp_path)).table.to_pylist() == [{"n": 1}]
+    take = isolation.ExecutorPool._take
+    killed: list[int] = []
+
+    def take_a_dead_one(self: isolation.ExecutorPool) -> Any:
+        executor = take(self)
+        _kill_and_reap(executor.pid)
+        killed.append(executor.pid)
+        return executor
+
+    with monkeypatch.context() as patched:
+        patched.setattr(BaseProcess, "is_alive", lambda _self: True)  # the deaths not reported yet
+        patched.setattr(isolation.ExecutorPool, "_take", take_a_dead_one)
+        with pytest.raises(ExecutionError, match=r"could not be sent to its executor process \(it died\)"):
+            execute(d, {}, _context(tmp_path))
+    assert len(set(killed)) == 2 and not set(killed) & set(pool.pids())
+    assert execute(d, {}, _context(tmp_path)).table.to_pylist() == [{"n": 1}]
 
 
 def _peak_kib(pid: int) -> int:
