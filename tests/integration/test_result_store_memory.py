@@ -82,3 +82,34 @@ def test_a_stored_result_is_kept_uncompressed_on_postgresql(pg_db: Database) -> 
         query = sa.text("select pg_column_compression(bytes), pg_column_size(bytes) from run_results")
         compression, size = conn.execute(query).one()
     assert compression is None and size >= len(data), (compression, size)
+
+
+PIECE = results.WRITE_CHUNK_BYTES
+
+
+@pytest.mark.parametrize(("size", "whole"), [(0, True), (720, True), (PIECE, True), (PIECE + 1, False)])
+def test_a_result_of_one_piece_is_stored_by_one_insert_a_larger_one_in_pieces(
+    db: Database, size: int, whole: bool
+) -> None:
+    """Proves a result of at most ``WRITE_CHUNK_BYTES`` (most runs') is stored by one INSERT binding its bytes
+    (one round trip; the COPY cost two), and a larger one still in pieces (SQLite: a zeroblob then blob
+    writes; PostgreSQL: a COPY, which SQLAlchemy does not see); either way the bytes read back are the result's."""
+    data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    sent: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+        sent.append(" ".join(statement.split()))
+
+    sa.event.listen(db.engine, "before_cursor_execute", record)
+    try:
+        with db.begin() as conn:
+            results.store(conn, "r1", 1, flows.StoredResult(memoryview(data)))
+    finally:
+        sa.event.remove(db.engine, "before_cursor_execute", record)
+    inserts = [s for s in sent if s.startswith("INSERT INTO run_results")]
+    if whole:
+        assert len(inserts) == 1 and "zeroblob" not in inserts[0], sent
+    else:
+        assert inserts == [] if db.dialect == "postgresql" else ("zeroblob" in inserts[0] and len(inserts) == 1), sent
+    with db.read() as conn:
+        assert results.stored_bytes(conn, "r1") == data

@@ -3,9 +3,11 @@
 
 Statements on ``run_results`` and ``tenant_result_bytes``:
 
-- ``store``: store a run's result, once (the commit that ends its execution), its bytes handed to the
-  database ``WRITE_CHUNK_BYTES`` at a time: SQLite's insert of a ``zeroblob`` then blob writes,
-  PostgreSQL's binary ``COPY`` with the ``bytea`` streamed, so no driver holds a copy of the result;
+- ``store``: store a run's result, once (the commit that ends its execution): a result of at most
+  ``WRITE_CHUNK_BYTES`` (most runs') as one ``INSERT`` binding its bytes (the driver's copy is at most one
+  piece); a larger one handed to the database ``WRITE_CHUNK_BYTES`` at a time: SQLite's insert of a
+  ``zeroblob`` then blob writes, PostgreSQL's binary ``COPY`` with the ``bytea`` streamed, so no driver
+  holds a copy of the result;
 - ``count_stored``: add the stored size to its tenant's row of ``tenant_result_bytes`` (an upsert), in
   the transaction that stored it, as its last statement; ``tenant_stored_bytes`` reads it for the
   result_bytes quota (protocol/quotas.py); ``recount_stored`` rebuilds it from the results themselves
@@ -63,6 +65,9 @@ class Computed(Protocol):
 
 
 WRITE_CHUNK_BYTES = 4 << 20  # a stored result is handed to the database at most this many bytes at a time
+# A result of at most WRITE_CHUNK_BYTES: one INSERT, its bytes bound as a parameter (one round trip; the
+# COPY below costs two, and its setup about as much server time as the insert itself).
+_INSERT_WHOLE = run_results.insert()
 # SQLite: the row is inserted with a zero-filled blob of the result's size, then the bytes are written
 # into it through incremental blob I/O, in the same transaction.
 _INSERT_ZEROBLOB = run_results.insert().values(bytes=sa.func.zeroblob(sa.bindparam("size")))
@@ -81,12 +86,16 @@ def store(conn: Connection, run_id: str, attempt: int, result: Computed) -> int:
     The bytes reach the database ``WRITE_CHUNK_BYTES`` at a time, inside the caller's transaction (its
     fence check and all-or-nothing commit unchanged): binding the whole value as one parameter made the
     driver copy it whole (SQLite binds a blob with SQLITE_TRANSIENT, libpq copies each parameter into
-    its output buffer), so storing cost twice the result (issue 29, finding 3)."""
+    its output buffer), so storing cost twice the result (issue 29, finding 3). A result of at most one
+    piece is bound whole, in one statement: the driver's copy of it is that piece."""
     data = memoryview(result.ipc_bytes).cast("B")  # a flat byte view: slices of it are never copies
     row = {
         "run_id": run_id, "attempt": attempt, "output_digest": result.output_digest, "format": STORED_FORMAT,
         "row_count": result.row_count,
     }  # fmt: skip
+    if len(data) <= WRITE_CHUNK_BYTES:
+        conn.execute(_INSERT_WHOLE, {**row, "bytes": bytes(data)})
+        return len(data)
     dbapi_error: type[Exception] = conn.dialect.loaded_dbapi.Error
     try:
         if conn.dialect.name == "sqlite":
