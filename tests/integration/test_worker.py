@@ -7,7 +7,7 @@ with the real run service and database, and faults injected by replacing one ser
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -218,43 +218,33 @@ def test_an_idle_worker_reads_whether_anything_is_queued_before_it_claims_again(
     assert platform.runs.get(run_id).status == "succeeded"
 
 
-def test_an_idle_worker_whose_claims_fail_while_reads_work_backs_off_and_logs_one_outage(
-    platform: Platform, definitions: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Proves a worker whose claim found nothing, and whose claims then fail (the lease write times out,
-    as behind a long lock) while reads still work, backs off with growing delays and logs one outage: the
-    idle read's success neither ends the back-off nor logs a recovery (found by a review of the read)."""
+def _outage_while_lease_writes_time_out(
+    platform: Platform, options: dict[str, Any], enough: int, started: Callable[[], None] = lambda: None
+) -> list[dict[str, Any]]:
+    """Run a worker while every lease write of its threads times out (as behind a long lock) and everything
+    else works; ``started`` runs once its thread has started. Stops it at the ``enough``-th failed write
+    and returns its ``storage.*`` events."""
     dbapi = platform.runs.db.engine.dialect.loaded_dbapi
     worker_threads: list[threading.Thread] = []
     failures: list[str] = []
-    idle, failed_enough = threading.Event(), threading.Event()
+    failed_enough = threading.Event()
 
     def lease_write_times_out(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
         writes_a_lease = " leases" in statement and statement.lstrip()[:6].upper() in ("INSERT", "UPDATE")
         if writes_a_lease and threading.current_thread() in worker_threads:
             failures.append(statement)
-            if len(failures) == 6:
+            if len(failures) == enough:
                 failed_enough.set()
             raise dbapi.OperationalError("canceling statement due to lock timeout")
 
-    claim_next = platform.runs.claim_next
-
-    def claim() -> Any:
-        if (found := claim_next()) is None:
-            idle.set()
-        return found
-
     event.listen(platform.runs.db.engine, "before_cursor_execute", lease_write_times_out)
-    monkeypatch.setattr(platform.runs, "claim_next", claim)
-    options = {**FAST, "sweep_interval_s": 60.0, "backoff_max_s": 0.64}
     worker = Worker(platform.runs, WorkerOptions(**options))
     thread = threading.Thread(target=worker.run)
     worker_threads.append(thread)
     try:
         with capture_logs() as logs:
             thread.start()
-            assert idle.wait(JOIN_S), "the worker found nothing to claim"
-            submit(platform, definitions[0], 1)
+            started()
             assert failed_enough.wait(JOIN_S), "its claims fail"
             worker.request_stop("test done")
             thread.join(JOIN_S)
@@ -262,7 +252,30 @@ def test_an_idle_worker_whose_claims_fail_while_reads_work_backs_off_and_logs_on
         worker.request_stop("test done")
         thread.join(JOIN_S)
         event.remove(platform.runs.db.engine, "before_cursor_execute", lease_write_times_out)
-    outage = [(e["event"], e.get("retry_in_s")) for e in logs if e["event"].startswith("storage.")]
+    return [e for e in logs if e["event"].startswith("storage.")]
+
+def test_an_idle_worker_whose_claims_fail_while_reads_work_backs_off_and_logs_one_outage(
+    platform: Platform, definitions: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves a worker whose claim found nothing, and whose claims then fail (the lease write times out,
+    as behind a long lock) while reads still work, backs off with growing delays and logs one outage: the
+    idle read's success neither ends the back-off nor logs a recovery (found by a review of the read)."""
+    idle = threading.Event()
+    claim_next = platform.runs.claim_next
+
+    def claim() -> Any:
+        if (found := claim_next()) is None:
+            idle.set()
+        return found
+
+    def submit_once_idle() -> None:
+        assert idle.wait(JOIN_S), "the worker found nothing to claim"
+        submit(platform, definitions[0], 1)
+
+    monkeypatch.setattr(platform.runs, "claim_next", claim)
+    options = {**FAST, "sweep_interval_s": 60.0, "backoff_max_s": 0.64}
+    events = _outage_while_lease_writes_time_out(platform, options, 6, submit_once_idle)
+    outage = [(e["event"], e.get("retry_in_s")) for e in events]
     assert [delay for kind, delay in outage[:6]] == [0.01, 0.02, 0.04, 0.08, 0.16, 0.32], outage
     assert "storage.recovered" not in [kind for kind, _ in outage], outage
 
@@ -274,37 +287,10 @@ def test_a_worker_whose_claims_fail_while_its_beats_work_keeps_backing_off(
     lease write timing out (as behind a long lock) while the worker's heartbeat row is beaten every 0.1 s,
     the claim's delays grow to the maximum and stay there, and no recovery is logged (the code before
     reset the back-off and logged ``storage.recovered`` at every beat, so the delays started over)."""
-    dbapi = platform.runs.db.engine.dialect.loaded_dbapi
-    worker_threads: list[threading.Thread] = []
-    failures: list[str] = []
-    failed_enough = threading.Event()
-
-    def lease_write_times_out(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
-        writes_a_lease = " leases" in statement and statement.lstrip()[:6].upper() in ("INSERT", "UPDATE")
-        if writes_a_lease and threading.current_thread() in worker_threads:
-            failures.append(statement)
-            if len(failures) == 12:
-                failed_enough.set()
-            raise dbapi.OperationalError("canceling statement due to lock timeout")
-
     submit(platform, definitions[0], 1)
-    event.listen(platform.runs.db.engine, "before_cursor_execute", lease_write_times_out)
     options = {**FAST, "sweep_interval_s": 60.0, "backoff_max_s": 0.16, "worker_ttl_s": 0.3}  # a beat every 0.1 s
-    worker = Worker(platform.runs, WorkerOptions(**options))
-    thread = threading.Thread(target=worker.run)
-    worker_threads.append(thread)
-    try:
-        with capture_logs() as logs:
-            thread.start()
-            assert failed_enough.wait(JOIN_S), "its claims fail"
-            worker.request_stop("test done")
-            thread.join(JOIN_S)
-    finally:
-        worker.request_stop("test done")
-        thread.join(JOIN_S)
-        event.remove(platform.runs.db.engine, "before_cursor_execute", lease_write_times_out)
-    beats = [e for e in logs if e["event"] == "storage.unavailable" and e["operation"] != "claim"]
-    outage = [(e["event"], e.get("retry_in_s")) for e in logs if e["event"].startswith("storage.")]
-    assert not beats, beats
+    events = _outage_while_lease_writes_time_out(platform, options, 12)
+    assert {e.get("operation") for e in events} == {"claim"}, events  # the beats worked throughout
+    outage = [(e["event"], e.get("retry_in_s")) for e in events]
     assert [delay for kind, delay in outage[:10]] == [0.01, 0.02, 0.04, 0.08] + [0.16] * 6, outage
     assert "storage.recovered" not in [kind for kind, _ in outage], outage

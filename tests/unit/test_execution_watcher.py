@@ -37,6 +37,14 @@ class _Ticks:
         return None if self.every is None else now + self.every
 
 
+def _wait_ticks(watched: _Ticks, count: int, failure: str) -> None:
+    """Until ``watched`` was ticked ``count`` times (a bounded wait on its tick event, never a sleep)."""
+    deadline = time.monotonic() + WAIT_S
+    while watched.count < count:
+        assert time.monotonic() < deadline, failure
+        watched.ticked.wait(0.05)
+
+
 def test_work_due_before_everything_watched_wakes_the_thread() -> None:
     """Proves a watch due now is ticked at once although the thread sleeps toward one due in an hour
     (fails when an earlier instant does not wake the thread)."""
@@ -81,10 +89,7 @@ def test_a_watch_is_ticked_again_at_the_instant_it_asks_for() -> None:
     shared = watcher.Watcher()
     repeating = _Ticks(every=0.01)
     shared.add(repeating, time.monotonic())
-    deadline = time.monotonic() + WAIT_S
-    while repeating.count < 3:
-        assert time.monotonic() < deadline, "the watch was not ticked again"
-        repeating.ticked.wait(0.05)
+    _wait_ticks(repeating, 3, "the watch was not ticked again")
     shared.remove(repeating)
 
 
@@ -164,10 +169,7 @@ def test_a_tick_that_raises_does_not_stop_the_watcher() -> None:
     assert failing.ticked.wait(WAIT_S)
     shared.add(other, time.monotonic())
     assert other.ticked.wait(WAIT_S), "a watch was never ticked after another's tick raised"
-    deadline = time.monotonic() + WAIT_S
-    while failing.count < 2:
-        assert time.monotonic() < deadline, "the failing watch was not tried again"
-        failing.ticked.wait(0.05)
+    _wait_ticks(failing, 2, "the failing watch was not tried again")
     shared.remove(failing)
     shared.remove(other)
 
@@ -186,10 +188,7 @@ def test_a_tick_that_raises_is_logged_once_by_its_type_only() -> None:
     failing = Failing()
     with capture_logs() as logs:
         shared.add(failing, time.monotonic())
-        deadline = time.monotonic() + WAIT_S
-        while failing.count < 3:
-            assert time.monotonic() < deadline, "the failing watch was not tried again"
-            failing.ticked.wait(0.05)
+        _wait_ticks(failing, 3, "the failing watch was not tried again")
         shared.remove(failing)
     failed = [entry for entry in logs if entry["event"] == "execution.watch_failed"]
     assert failed == [{"event": "execution.watch_failed", "error": "RuntimeError", "retry_s": watcher.RETRY_S,
