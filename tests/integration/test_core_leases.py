@@ -15,6 +15,7 @@ from durable_dataflow.core.invariants import InvariantViolation
 from durable_dataflow.core.schema import ledger_entries
 
 MODULE = "test"
+WAIT_S = 30.0
 
 
 def _acquire(db: Database, subject: str = "s", ttl_s: float = 30) -> leases.Lease:
@@ -244,3 +245,91 @@ def test_a_beat_that_raises_unexpectedly_is_logged_once_and_beats_go_on(
     failed = [entry for entry in logs if entry["event"] == "heartbeat.failed"]
     assert len(failed) == 1 and failed[0]["error"] == "RuntimeError" and failed[0]["subject_id"] == "hb"
     assert "must not reach" not in repr(logs)
+
+
+def test_a_grants_chain_head_is_its_own_subjects_in_its_own_module(db: Database) -> None:
+    """Proves the head a grant reads is its subject's, not a neighbour's: subjects with 3 and 1 entries, the
+    same subject name with 5 entries in another module, and a subject with none each get their own head
+    (fails when the head subqueries lose the subject or module predicate: the single-subject tests pass)."""
+
+    def append(module: str, subject: str, kinds: int) -> None:
+        with db.begin() as conn:
+            for n in range(kinds):
+                ledger.append(conn, db, module, subject, 1, f"e{n}", {})
+
+    append(MODULE, "a", 3)
+    append(MODULE, "b", 1)
+    append("elsewhere", "a", 5)
+    for subject, seq in (("a", 3), ("b", 1), ("c", None)):
+        with db.begin() as conn:
+            lease = leases.acquire(conn, db, MODULE, subject, "holder", 5, expected_attempt=0, chain_head=True)
+        assert lease.chain_head is not None
+        assert (lease.chain_head.seq, lease.chain_head.entry_hash) == _head(db, subject) and lease.chain_head.seq == seq
+
+
+def test_an_append_refuses_a_held_chain_and_a_head_together(db: Database) -> None:
+    """Proves ``append_many`` refuses a held chain and a head read elsewhere at once (the third pair)."""
+    held = ledger.HeldChain(MODULE, "s", (), 1, None)
+    with pytest.raises(InvariantViolation, match="one head"), db.begin() as conn:
+        ledger.append_many(conn, db, MODULE, "s", [(1, "k", {})], held=held, head=ledger.Head(None, None, 1))
+
+
+@pytest.mark.postgres
+def test_a_chain_head_read_without_the_callers_lock_can_be_stale_and_then_fails_loudly(pg_db: Database) -> None:
+    """Proves why ``acquire(chain_head=True)`` needs the caller to hold a lock every chain writer takes (the
+    claim: the run row), and that a stale head never forks a chain: a grant that waits for the lease row
+    while a sweeper-like writer closes the expired lease and appends its decision returns the head its
+    snapshot saw, one entry short; appending from it fails on the ledger's primary key and the chain stays
+    intact (found by a review; the claim cannot meet this, its select holds the run row first)."""
+    db = pg_db
+    with db.begin() as conn:
+        leases.acquire(conn, db, MODULE, "raced", "h", 30, expected_attempt=0)
+    with fencing.fenced(db, MODULE, "raced", 1) as conn:
+        ledger.append(conn, db, MODULE, "raced", 1, "by.one", {})
+    db.advance_clock(31)  # attempt 1's lease expired: free for the grant, closable by a sweeper
+    holding, release = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def sweeper_like() -> None:
+        with db.begin() as conn:
+            assert leases.close_expired(conn, db, MODULE, "raced", 1)  # locks the lease row
+            ledger.append(conn, db, MODULE, "raced", 1, "swept", {})
+            holding.set()
+            assert release.wait(WAIT_S)
+
+    def grant() -> None:
+        try:
+            with db.begin() as conn:
+                lease = leases.acquire(conn, db, MODULE, "raced", "h2", 30, expected_attempt=1, chain_head=True)
+                outcome["head"] = lease.chain_head
+                ledger.append_many(conn, db, MODULE, "raced", [(lease.attempt, "by.two", {})], head=lease.chain_head)
+        except sa.exc.IntegrityError as error:
+            outcome["error"] = error
+
+    writer, granter = threading.Thread(target=sweeper_like), threading.Thread(target=grant)
+    writer.start()
+    try:
+        assert holding.wait(WAIT_S)
+        granter.start()
+        deadline = time.monotonic() + WAIT_S
+        while not _waiting_for_a_lock(db):  # the grant now waits for the lease row the writer holds
+            assert time.monotonic() < deadline, "the grant never waited for the lease row"
+    finally:
+        release.set()
+        writer.join(WAIT_S)
+        if granter.ident is not None:  # started
+            granter.join(WAIT_S)
+    head = outcome["head"]
+    assert isinstance(head, ledger.Head) and head.seq == 1  # the writer's entry (seq 2) was not in it
+    assert isinstance(outcome.get("error"), sa.exc.IntegrityError)
+    with db.read() as conn:
+        entries = ledger.read(conn, MODULE, "raced")
+    assert [e.kind for e in entries] == ["by.one", "swept"] and ledger.verify_entries(entries, MODULE, "raced").ok
+
+
+def _waiting_for_a_lock(db: Database) -> bool:
+    with db.read() as conn:
+        waiting = (
+            "select count(*) from pg_stat_activity where wait_event_type = 'Lock' and datname = current_database()"
+        )
+        return bool(conn.execute(sa.text(waiting)).scalar_one())

@@ -4,11 +4,14 @@ fewest running runs, so one tenant's queue cannot hold every worker (issue 29, f
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
+from durable_dataflow.core import ledger
+from durable_dataflow.dataflow.protocol import sweeper
 from durable_dataflow.dataflow.protocol.requests import AccessContext
 from durable_dataflow.platform import Platform
 from faults import harness
@@ -59,14 +62,30 @@ def test_a_claim_appends_attempt_started_from_the_head_its_lease_grant_read(
 ) -> None:
     """Proves the claim's transaction reads the run's ledger head in its lease grant, not in a statement
     of its own: the claim's select, the grant, the ledger insert, the run's update, nothing else (the
-    code before read the head between the grant and the insert), and the run's chain then verifies
-    (the grant's update path, a later attempt's claim: test_core_leases)."""
-    import sqlalchemy as sa
-
-    from durable_dataflow.core import ledger
+    code before read the head between the grant and the insert), on a first grant and on a retry's (the
+    grant's UPDATE, after a sweep queued the run again); the run's chain verifies after each."""
 
     definition = harness.inline_definition(tmp_path / "defs", "head")
     run_id = _queue(platform, definition, "t", 0)
+    for attempt, grant in ((1, "INSERT INTO leases"), (2, "UPDATE leases")):  # a first grant, then a retry's
+        sent = _statements_of(platform, platform.runs.claim_next)
+        claim = platform.runs.get(run_id)
+        assert (claim.status, claim.attempt) == ("running", attempt)
+        assert len(sent) == 4, sent
+        assert sent[1].startswith(grant) and "ledger_entries" in sent[1], sent
+        assert sent[2].startswith("INSERT INTO ledger_entries") and sent[3].startswith("UPDATE dataflow_runs"), sent
+        assert len([s for s in sent if "ledger_entries" in s]) == 2  # no read of the head on its own
+        with platform.db.read() as conn:
+            entries = ledger.read(conn, "dataflow", run_id)
+        assert ledger.verify_entries(entries, "dataflow", run_id).ok
+        assert [e.kind for e in entries][-1] == "attempt.started" and entries[-1].seq == len(entries)
+        if attempt == 1:  # the attempt's lease expires; the sweeper proves it absent and queues the run again
+            platform.db.advance_clock(31)
+            assert [d.decision for d in sweeper.sweep(platform.db)] == ["recovered"]
+
+
+def _statements_of(platform: Platform, act: Callable[[], object]) -> list[str]:
+    """The statements ``act`` sends, whitespace folded (BEGIN and savepoints left out)."""
     sent: list[str] = []
 
     def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
@@ -75,16 +94,7 @@ def test_a_claim_appends_attempt_started_from_the_head_its_lease_grant_read(
 
     sa.event.listen(platform.db.engine, "before_cursor_execute", record)
     try:
-        claim = platform.runs.claim_next()
+        act()
     finally:
         sa.event.remove(platform.db.engine, "before_cursor_execute", record)
-    assert claim is not None and claim.run.run_id == run_id
-    heads = [s for s in sent if "ledger_entries" in s]
-    assert len(sent) == 4, sent
-    assert sent[1].startswith("INSERT INTO leases") and "ledger_entries" in sent[1], sent
-    assert sent[2].startswith("INSERT INTO ledger_entries") and sent[3].startswith("UPDATE dataflow_runs"), sent
-    assert len(heads) == 2  # the grant's head subqueries and the insert: no read of the head on its own
-    with platform.db.read() as conn:
-        entries = ledger.read(conn, "dataflow", run_id)
-    assert ledger.verify_entries(entries, "dataflow", run_id).ok
-    assert [e.kind for e in entries][-1] == "attempt.started" and entries[-1].seq == len(entries)
+    return sent

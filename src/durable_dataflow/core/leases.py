@@ -42,8 +42,8 @@ class Lease:
     holder: str
     acquired_at_us: int
     expires_at_us: int
-    # With ``acquire(..., chain_head=True)``: the subject's ledger head as the grant read it, with the grant's
-    # clock (the time of the entries the holder appends next in the same transaction).
+    # With ``acquire(..., chain_head=True)`` (see its precondition): the subject's ledger head as the grant
+    # read it, with the grant's clock (the time of the entries the holder appends next in the same transaction).
     chain_head: ledger.Head | None = None
 
 
@@ -102,7 +102,14 @@ def acquire(
     ``expected_attempt`` makes the grant conditional on the current attempt (a claim that read the
     subject's state under that attempt must not take a lease granted since). ``chain_head``: the grant
     also reads the subject's ledger head (``ledger.head_columns``, in the same round trip) into
-    ``Lease.chain_head``, for the entries its holder appends next under the lease row it now locks.
+    ``Lease.chain_head``, for the entries its holder appends next in the same transaction.
+
+    Precondition of ``chain_head``: before the grant starts, the caller holds a lock that every writer of
+    the subject's chain takes too (the claim: the run row, ``runs.fairest_queued``). The lease row's lock
+    is not enough: at READ COMMITTED a grant that waited for it (a sweeper closing the expired lease and
+    appending its decision) rechecks only the lease row and returns the head its statement's snapshot saw,
+    before that writer's entry; appending from it then fails on the ledger's primary key (loudly, never
+    a fork: ``tests/integration/test_core_leases.py``).
     """
     holder = holder[:HOLDER_LENGTH_MAX]
     head = ledger.head_parameters(module, subject_id) if chain_head else {}

@@ -187,7 +187,8 @@ def append_many(
     and the given database time (read in that transaction) is the entries' time, so nothing is read.
     ``held`` is the chain the caller's transaction already read under the subject's lock: its head
     and clock are used, so nothing is read either. ``head`` is the head a statement of the caller's
-    read under that lock (``head_columns``: the claim's lease grant), so nothing is read either.
+    read while it held a lock every writer of the subject takes (``head_columns``: the claim's lease
+    grant, under the run row), so nothing is read either; a stale one fails on the primary key.
     """
     if not items:
         raise InputError("append_many needs at least one entry")

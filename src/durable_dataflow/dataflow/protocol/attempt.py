@@ -120,9 +120,11 @@ def take_lease(
 def claim_next(db: Database, holder_lock: HolderLock, config: ServiceConfig) -> Claim | None:
     """Claim the fairest queued run (``runs.fairest_queued``: the oldest queued run of the tenant with the
     fewest running runs; ``FOR UPDATE SKIP LOCKED`` on PostgreSQL): its next attempt's lease and
-    ``attempt.started`` in one commit. The lease's grant reads the run's ledger head too (the statement
-    that locks the lease row, which serializes the run's ledger writers), so ``attempt.started`` is
-    appended without a read of its own: three statements after the claim's select."""
+    ``attempt.started`` in one commit. The lease's grant reads the run's ledger head too, so
+    ``attempt.started`` is appended without a read of its own: three statements after the claim's select.
+    That head is current because the claim's select already holds the run row, which every writer of a
+    run's chain writes in its own transaction (``transitions``: the row's projection): none can commit
+    between the select and the grant (``leases.acquire``'s ``chain_head`` precondition)."""
     try:
         with db.begin() as conn:
             row = runs.fairest_queued(conn, skip_locked=db.dialect == "postgresql")
