@@ -127,16 +127,17 @@ class StorageOutage:
     """One outage of the platform database as the logs tell it: ``storage.unavailable`` at each failed
     try the caller reports (it retries after a Backoff, so the repeats thin out up to the back-off's
     maximum), each with the outage's age and failures so far, then ``storage.recovered`` once, with
-    the outage's duration, when every operation that failed during it has succeeded again: another
-    operation's success (a heartbeat's, while claims time out behind a lock) does not end it. ``clock``
-    is injected for tests."""
+    the outage's duration, at the first success of an operation that failed during it: another
+    operation's success (a heartbeat's, while claims time out behind a lock) does not end it, and one
+    that failed once and is not tried again for a while (a schedule evaluation) does not hold it open.
+    ``clock`` is injected for tests."""
 
     def __init__(self, log: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self._log = log
         self._clock = clock
         self._started_s: float | None = None
         self._failures = 0
-        self._failing: set[str] = set()  # the operations that failed during the outage, not yet succeeded
+        self._failing: set[str] = set()  # the operations that failed during the outage
 
     def failed(self, operation: str, error: StorageUnavailable, retry_in_s: float) -> None:
         now_s = self._clock()
@@ -151,11 +152,9 @@ class StorageOutage:
 
     def succeeded(self, operation: str) -> bool:
         """Note ``operation``'s success; True when that ended the outage (the caller's back-off ends too)."""
-        if self._started_s is None:
+        if self._started_s is None or operation not in self._failing:
             return False
-        self._failing.discard(operation)
-        if self._failing:
-            return False
+        self._failing.clear()
         outage_s = round(self._clock() - self._started_s, 3)
         self._log.info("storage.recovered", operation=operation, outage_s=outage_s, failures=self._failures)
         self._started_s = None
