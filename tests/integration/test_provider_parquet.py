@@ -18,6 +18,7 @@ from durable_dataflow.datasources.contract import (
     LOCATION_MISSING,
     Absent,
     Inconclusive,
+    Location,
     Present,
     PublicationRefs,
     Published,
@@ -204,3 +205,36 @@ def test_a_moved_folder_holding_the_publication_is_never_published_twice(tmp_pat
     assert provider.inspect("k", target) == Present(first.refs, sha256_bytes(b"k"), 1)
     assert len(list((tmp_path / "f" / "_manifests").glob("*.json"))) == 1
     assert provider.read(target).num_rows == 2
+
+
+def test_a_folder_caught_half_prepared_never_reads_as_another_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves a concurrent first run of a datasource, which locates the folder while another run prepares
+    it, never sees a folder laid out before markers (``occupied``: it then failed ``location_missing``,
+    found by CI with two forward runs of one target on two threads): located at every step of preparing
+    (each directory made, the marker linked), the folder is either nothing yet or the marker's identity,
+    and a second preparer completes it to the same identity."""
+    target = PublishTarget("d", str(tmp_path / "f"), "append", {})
+    provider = ParquetFolderProvider()
+    seen: list[Location] = []
+    real_mkdir, real_link = Path.mkdir, parquet_folder.os.link
+
+    def mkdir(self: Path, *args: object, **kwargs: object) -> None:
+        real_mkdir(self, *args, **kwargs)  # type: ignore[arg-type]
+        seen.append(provider.locate(target))
+
+    def link(source: object, destination: object) -> None:
+        seen.append(provider.locate(target))
+        real_link(source, destination)  # type: ignore[arg-type]
+        seen.append(provider.locate(target))
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    monkeypatch.setattr(parquet_folder.os, "link", link)
+    provider.prepare(target)
+    monkeypatch.undo()
+    done = provider.locate(target)
+    assert done.identity is not None and len(seen) >= 5
+    assert all(not found.occupied and found.identity in (None, done.identity) for found in seen), seen
+    provider.prepare(target)  # a second preparer (the concurrent run) completes nothing new
+    assert provider.locate(target) == done

@@ -149,8 +149,17 @@ class ParquetFolderProvider:
     capabilities: frozenset[Capability] = frozenset({"publish", "inspect"})
 
     def _prepare(self, folder: Path) -> None:
+        """The marker first, then the subfolders: a folder caught half prepared (a concurrent first run of
+        the datasource, a crash) has no subfolders yet, so ``locate`` reads nothing there and the next
+        preparer completes it. Subfolders first made it read as a folder laid out before markers
+        (``occupied``), and a concurrent run failed ``location_missing``."""
+        folder.mkdir(parents=True, exist_ok=True)
+        self._mark(folder)
         for sub in SUBFOLDERS:
-            (folder / sub).mkdir(parents=True, exist_ok=True)
+            (folder / sub).mkdir(exist_ok=True)
+        _fsync_dir(folder)
+
+    def _mark(self, folder: Path) -> None:
         if (folder / MARKER).exists():
             return
         tmp = folder / f".{MARKER}.{uuid.uuid4().hex}.tmp"
