@@ -155,9 +155,11 @@ class ParquetFolderProvider:
         (``occupied``), and a concurrent run failed ``location_missing``."""
         folder.mkdir(parents=True, exist_ok=True)
         self._mark(folder)
-        for sub in SUBFOLDERS:
-            (folder / sub).mkdir(exist_ok=True)
-        _fsync_dir(folder)
+        missing = [folder / sub for sub in SUBFOLDERS if not (folder / sub).is_dir()]
+        for sub_folder in missing:
+            sub_folder.mkdir(exist_ok=True)
+        if missing:  # a prepared folder (every later run's) costs no directory fsync, as before
+            _fsync_dir(folder)
 
     def _mark(self, folder: Path) -> None:
         if (folder / MARKER).exists():
