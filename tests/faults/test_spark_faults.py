@@ -41,6 +41,7 @@ from durable_dataflow.dataflow.protocol.runs import MODULE, Run
 from durable_dataflow.datasources.parquet_folder import MARKER
 from durable_dataflow.platform import Platform
 from faults import harness
+from support.procs import alive, children
 
 # No importorskip: without pyspark or Java the `spark` marker skips these locally and fails them in CI.
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -167,25 +168,6 @@ def marked(marker: str, kind: str = "") -> list[int]:
             if f"-Ddataflow.test={marker}" in cmdline and kind in cmdline:
                 found.append(int(entry.name))
     return sorted(found)
-
-
-def children(pid: int) -> set[int]:
-    found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found.update(int(c) for c in (task / "children").read_text().split())
-        except OSError:
-            continue
-    return found
-
-
-def alive(pid: int) -> bool:
-    """Running, sleeping or stopped; a zombie (exited, not reaped) is not alive."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def cpu_s(pid: int) -> float:

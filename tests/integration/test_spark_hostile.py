@@ -40,6 +40,7 @@ from durable_dataflow.dataflow.execution.context import ExecutionContext
 from durable_dataflow.dataflow.execution.limits import ExecutionLimits
 from support.cli import make_cli
 from support.hostile import canaries_in, start_server
+from support.procs import alive
 
 POLL_S = 0.1
 ABANDONED_JOBS_WAIT_S = 30.0
@@ -61,14 +62,6 @@ def _stall_collects(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, t
     monkeypatch.setattr(DataFrame, "toArrow", stalled)
     return entered, release
 
-
-def _alive(pid: int) -> bool:
-    """Whether a process still runs (a zombie, killed and not yet reaped, does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 # The other suites' hostile lists, where they are module constants (imported, not copied).
 from test_hostile_tenant import REFUSED_QUERIES, STEP_READS  # noqa: E402
@@ -801,7 +794,7 @@ def test_zz_a_lost_spark_jvm_is_replaced_by_the_next_execution(tmp_path: Path) -
     pid = _jvm_pid()
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + JVM_GONE_WAIT_S
-    while _alive(pid) and time.monotonic() < deadline:  # bounded: until the JVM is gone (or a zombie)
+    while alive(pid) and time.monotonic() < deadline:  # bounded: until the JVM is gone (or a zombie)
         time.sleep(POLL_S)
-    assert not _alive(pid)
+    assert not alive(pid)
     assert run(definition("select s as v from t where n = 1"), tmp_path).table.to_pylist() == [{"v": "a"}]

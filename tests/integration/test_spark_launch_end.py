@@ -18,17 +18,10 @@ from pathlib import Path
 import pytest
 
 from durable_dataflow.dataflow.execution import spark_engine
+from support.procs import alive
 
 GONE_WAIT_S = 10.0
 MARK = spark_engine._LAUNCH_MARK.decode().rstrip("=")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _gone_within(pid: int, seconds: float) -> bool:
@@ -62,7 +55,7 @@ def launches() -> Iterator[list[tuple[subprocess.Popen[str], int]]]:
     yield started
     for shell, grandchild in started:
         for pid in (shell.pid, grandchild):
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, 9)
         shell.wait(timeout=GONE_WAIT_S)
         for pipe in (shell.stdin, shell.stdout):
@@ -124,7 +117,7 @@ def test_no_launch_under_way_kills_nothing(
     launches.append(_start(marked=True))
     (launcher, jvm), = launches
     spark_engine.end_launch()  # _launching is False outside session()
-    assert launcher.poll() is None and _alive(jvm)
+    assert launcher.poll() is None and alive(jvm)
     monkeypatch.setenv(MARK, "/tmp/own")
     assert spark_engine._launched_processes() == []
 

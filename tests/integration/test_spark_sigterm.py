@@ -21,6 +21,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from support import procs
 from support.cli import make_cli
 from support.hostile import ServerProcess, start_server
 
@@ -40,25 +41,9 @@ def _document(sql: str = "select cast(count(*) as string) as v from range(10)") 
     }  # fmt: skip
 
 
-def _children(pid: int) -> list[int]:
-    """The direct children of pid (every thread's /proc children list)."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(child) for child in (task / "children").read_text().split()]
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
-
-
 def _assert_sigterm_ends(proc: subprocess.Popen[bytes], log: Path) -> None:
     """SIGTERM, then the process and every child it had must be gone within STOP_S."""
-    children = _children(proc.pid)
+    children = sorted(procs.children(proc.pid))
     assert children, "the Spark run left no JVM child: the test would prove nothing"
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
@@ -68,15 +53,15 @@ def _assert_sigterm_ends(proc: subprocess.Popen[bytes], log: Path) -> None:
         proc.kill()
         proc.wait(timeout=STOP_S)
         for child in children:
-            if _alive(child):
+            if procs.alive(child):
                 os.kill(child, signal.SIGKILL)
         tail = log.read_text(errors="replace")[-3000:]
         raise AssertionError(f"still running {STOP_S}s after SIGTERM:\n{tail}") from None
     took_s = time.monotonic() - started
     deadline = started + STOP_S
-    while any(_alive(child) for child in children) and time.monotonic() < deadline:
+    while any(procs.alive(child) for child in children) and time.monotonic() < deadline:
         time.sleep(POLL_S)  # the JVM is reaped by init once its parent is gone: a bounded wait for that
-    left = [child for child in children if _alive(child)]
+    left = [child for child in children if procs.alive(child)]
     for child in left:
         os.kill(child, signal.SIGKILL)
     assert not left, f"the JVM outlived its process by {STOP_S}s"
@@ -134,7 +119,7 @@ def test_sigterm_ends_a_server_with_spark_loaded_within_5s(tmp_path: Path, sqlit
 
 def _launching_spark(pid: int) -> bool:
     """A child of ``pid`` is pyspark's launcher or its JVM (spark-submit, java): the first Spark start."""
-    for child in _children(pid):
+    for child in sorted(procs.children(pid)):
         with contextlib.suppress(FileNotFoundError, ProcessLookupError):
             command = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
             if b"spark" in command or b"java" in command:
