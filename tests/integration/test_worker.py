@@ -6,7 +6,6 @@ with the real run service and database, and faults injected by replacing one ser
 
 from __future__ import annotations
 
-import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,14 +18,7 @@ from structlog.testing import capture_logs
 from durable_dataflow.core import ledger
 from durable_dataflow.core.errors import InputError, StorageUnavailable
 from durable_dataflow.dataflow.protocol import evidence, runs
-from durable_dataflow.dataflow.worker import (
-    BACKOFF_MAX_S,
-    Backoff,
-    Worker,
-    WorkerOptions,
-    install_signal_handlers,
-    restore_signal_handlers,
-)
+from durable_dataflow.dataflow.worker import BACKOFF_MAX_S, Backoff, Worker, WorkerOptions
 from durable_dataflow.platform import Platform
 from faults import harness
 
@@ -111,76 +103,19 @@ def test_request_stop_stops_claiming_and_drains(platform: Platform, definitions:
     assert [platform.runs.get(i).status for i in ids] == ["succeeded", "queued", "queued"]
 
 
-def test_an_attempt_thread_claims_the_next_queued_run_itself(
-    platform: Platform, definitions: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Proves the thread that carried an attempt claims and carries the next queued run itself, with no
-    hand-off to the loop's thread and back per run (≈ 9 % of the trivial runs a second with four isolated
-    workers, docs/performance.md §2): with one slot and four runs queued the loop claims the first, the
-    attempt thread the other three and the claim that finds nothing (the code before: the loop every one)."""
-    claimers: list[str] = []
-    claim_next = platform.runs.claim_next
+def test_an_error_escaping_an_attempt_thread_is_logged(platform: Platform, definitions: tuple[Path, Path]) -> None:
+    """Proves an error that escapes an attempt thread (here the run observer's, outside the attempt) is
+    logged when the loop reaps it (``attempt_thread.failed``), never dropped with its future."""
 
-    def recording_claim() -> Any:
-        claimers.append(threading.current_thread().name)
-        return claim_next()
+    def broken_observer(run: Any, seconds: float) -> None:
+        raise RuntimeError("a bug in the metrics")
 
-    monkeypatch.setattr(platform.runs, "claim_next", recording_claim)
-    ids = [submit(platform, definitions[0], n) for n in range(4)]
-    summary = Worker(platform.runs, WorkerOptions(until_idle=True, **FAST)).run()
-    assert summary.claimed == 4 and summary.outcomes == {"succeeded": 4}
-    assert {platform.runs.get(i).status for i in ids} == {"succeeded"}
-    loop = threading.current_thread().name
-    assert claimers[0] == loop and len(claimers) == 5, claimers
-    assert all(name.startswith("dataflow-attempt") for name in claimers[1:]), claimers
-
-
-def test_a_stop_signal_taken_by_an_attempt_thread_stops_its_next_claim(
-    platform: Platform, definitions: tuple[Path, Path]
-) -> None:
-    """Proves an attempt thread claims no next run once SIGTERM has arrived, before the main thread (asleep
-    while every slot is busy, up to a second) has run the handler: the kernel gave the signal to the attempt
-    thread itself, whose C-level handler only marks it due for the main thread. Without the wake-up pipe's
-    check the attempt thread claimed the next run at once, and the handler's interruption then cancelled it."""
-    worker = Worker(platform.runs, WorkerOptions(**{**FAST, "sweep_interval_s": 60.0, "schedule_interval_s": 60.0}))
-    real_execute = platform.runs.execute
-
-    def execute_then_signal(claim: Any) -> Any:
-        run = real_execute(claim)
-        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # this attempt thread takes it
-        return run
-
-    platform.runs.execute = execute_then_signal  # type: ignore[method-assign]
-    ids = [submit(platform, definitions[0], n) for n in range(3)]
-    installed = install_signal_handlers(worker)
-    try:
-        worker.run()  # on the main thread, which alone runs Python's signal handlers
-    finally:
-        restore_signal_handlers(installed)
-    assert worker.summary.stopped_by_request and worker.summary.claimed == 1
-    assert [platform.runs.get(i).status for i in ids] == ["succeeded", "queued", "queued"]
-
-
-def test_a_claim_failing_on_an_attempt_thread_is_left_to_the_loop(
-    platform: Platform, definitions: tuple[Path, Path]
-) -> None:
-    """Proves an attempt thread whose next claim meets a down database ends quietly: the loop's own claim
-    meets the outage, logs it once and backs off, then claims the run, which succeeds."""
-    ids = [submit(platform, definitions[0], n) for n in range(2)]
-    real_claim = platform.runs.claim_next
-    outcomes = iter(["works", "fails", "fails"])
-
-    def flaky_claim() -> Any:
-        if next(outcomes, "works") == "fails":
-            raise StorageUnavailable("the platform database is unavailable: connection refused")
-        return real_claim()
-
-    platform.runs.claim_next = flaky_claim  # type: ignore[method-assign]
+    run_id = submit(platform, definitions[0], 1)
     with capture_logs() as logs:
-        summary = Worker(platform.runs, WorkerOptions(until_idle=True, **FAST)).run()
-    assert [e["retry_in_s"] for e in logs if e["event"] == "storage.unavailable"] == [0.01]
-    assert summary.storage_failures == 1 and summary.outcomes == {"succeeded": 2}
-    assert [platform.runs.get(i).status for i in ids] == ["succeeded", "succeeded"]
+        Worker(platform.runs, WorkerOptions(until_idle=True, **FAST), observe=broken_observer).run()
+    failed = [e for e in logs if e["event"] == "attempt_thread.failed"]
+    assert len(failed) == 1 and failed[0]["error_type"] == "RuntimeError", failed
+    assert platform.runs.get(run_id).status == "succeeded"
 
 
 def test_down_database_backs_off_and_retries_only_guarded_steps(

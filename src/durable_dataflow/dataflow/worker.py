@@ -2,9 +2,7 @@
 
 A worker sweeps expired leases every sweep interval, claims queued runs (``FOR UPDATE SKIP
 LOCKED`` on PostgreSQL) up to its concurrency, and carries each claimed attempt to its end in a
-thread (the core is synchronous; :meth:`RunService.execute` heartbeats the lease meanwhile). That
-thread then claims and carries the next queued run itself while there is one; the loop claims for a
-free slot only.
+thread (the core is synchronous; :meth:`RunService.execute` heartbeats the lease meanwhile).
 Any number of workers on any number of hosts may share one database: claims and sweeper
 decisions are guarded updates, so two workers never take or decide the same attempt.
 
@@ -27,8 +25,6 @@ capped so a beat is never late by more than a poll), and marked stopped when :me
 
 from __future__ import annotations
 
-import os
-import select
 import signal
 import threading
 import time
@@ -202,9 +198,6 @@ class Worker:
         # up to four round trips (the fairest tenant's run, then any unlocked one), and idle workers polling
         # every 10 ms took the CPU a busy submitter needed (docs/performance.md, §2).
         self._found_nothing = False
-        # Whether a stop signal may have arrived that the main thread has not handled yet (set by
-        # install_signal_handlers): an attempt thread then claims no next run (``_carry_on``).
-        self._signal_arrived: Callable[[], bool] = lambda: False
 
     # ---- control ---------------------------------------------------------------------------
 
@@ -386,20 +379,7 @@ class Worker:
         return max(INTERVAL_S_MIN, min(self.options.poll_interval_s, self.heartbeat.due_in_s(time.monotonic())))
 
     def _wait_for_room(self) -> None:
-        """Until a slot frees or the next beat, sweep or schedule probe is due: with every slot busy there is
-        nothing to claim, and the attempt threads claim their own next runs (``_carry_on``)."""
-        futures.wait(list(self._inflight), timeout=self._busy_wait_s(), return_when=futures.FIRST_COMPLETED)
-
-    def _busy_wait_s(self) -> float:
-        now, options = time.monotonic(), self.options
-        dues = [self.heartbeat.due_in_s(now)]
-        for last, interval in ((self._last_sweep_s, options.sweep_interval_s),
-                               (self._last_schedules_s, options.schedule_interval_s)):  # fmt: skip
-            dues.append(0.0 if last is None else last + interval - now)
-        dues.append(self._due_probed_s + max(options.poll_interval_s, DUE_PROBE_S_MIN) - now)
-        if self._next_due_s is not None:
-            dues.append(self._next_due_s - now)
-        return max(INTERVAL_S_MIN, min(dues))
+        futures.wait(list(self._inflight), timeout=self._wait_s(), return_when=futures.FIRST_COMPLETED)
 
     def _wait_for_inflight(self) -> None:
         """Until every attempt in flight ended, waking every poll interval (and beating when due): a signal
@@ -415,43 +395,17 @@ class Worker:
     # ---- attempts --------------------------------------------------------------------------
 
     def _start(self, pool: futures.ThreadPoolExecutor, claim: Claim) -> None:
-        self._claimed(claim)
-        self._inflight[pool.submit(self._carry_on, claim)] = claim
-
-    def _claimed(self, claim: Claim) -> None:
-        with self._summary_lock:
-            self.summary.claimed += 1
+        self.summary.claimed += 1
         self._log.info("run.claimed", run_id=claim.run.run_id, attempt=claim.attempt, mode=str(claim.run.mode))
-
-    def _carry_on(self, claim: Claim) -> None:
-        """Execute the claimed attempt, then claim the next queued run and execute it on this same thread,
-        for as long as there is one and no stop was asked for (``once``: the one claim only).
-
-        The loop's thread claims only for a slot that is free: a run handed to an attempt thread and its end
-        handed back cost two thread wake-ups a run, ≈ 5 % of the trivial runs a second with four isolated
-        workers on two cores (docs/performance.md, §2). The claim is the loop's own (``claim_next``).
-
-        A SIGTERM's handler runs on the main thread only, which may sleep up to a second while every slot
-        is busy: until it has run, ``_stop`` is not set, so the signal's arrival itself is checked (the
-        wake-up pipe of ``install_signal_handlers``); a run claimed then would be cancelled, not left
-        queued for another worker."""
-        while True:
-            self._execute(claim)
-            if self.options.once or self._stop.is_set() or self._signal_arrived():
-                return
-            try:
-                following = self.service.claim_next()
-            except Exception:  # the loop's next claim meets it again, logs it and backs off
-                return
-            if following is None:
-                self._found_nothing = True  # the loop's next poll probes first
-                return
-            self._claimed(following)
-            claim = following
+        self._inflight[pool.submit(self._execute, claim)] = claim
 
     def _reap(self) -> None:
         for done in [f for f in self._inflight if f.done()]:
-            del self._inflight[done]
+            claim = self._inflight.pop(done)
+            error = done.exception()
+            if error is not None:  # _execute never raises; a bug around it (an observer's) must not pass unseen
+                self._log.error("attempt_thread.failed", run_id=claim.run.run_id, attempt=claim.attempt,
+                                error_type=type(error).__name__, note="the run is as its own lines say")  # fmt: skip
 
     def _execute(self, claim: Claim) -> None:
         """Carry one attempt to its end; never raises (a failure leaves the attempt to the sweeper)."""
@@ -512,44 +466,21 @@ def ended_by(run: Run, attempt: int) -> bool:
 SignalHandler = Callable[[int, FrameType | None], Any] | int | None
 
 
-@dataclass(frozen=True)
-class InstalledHandlers:
-    """What :func:`install_signal_handlers` replaced, for :func:`restore_signal_handlers`."""
-
-    previous: dict[int, SignalHandler]
-    previous_wakeup_fd: int
-    pipe: tuple[int, int]  # the wake-up pipe's read and write ends
-
-
-def install_signal_handlers(worker: Worker) -> InstalledHandlers:
+def install_signal_handlers(worker: Worker) -> dict[int, SignalHandler]:
     """SIGTERM/SIGINT stop claiming and interrupt the executions in flight (call from the main thread,
-    which only waits: the attempts run in the pool's threads); returns what it replaced.
-
-    Python runs a handler on the main thread only, at its next bytecode: the kernel may give the signal
-    to an attempt thread while the main thread sleeps in a wait. The C-level handler also writes a byte
-    to a wake-up pipe (``signal.set_wakeup_fd``) from whichever thread it ran on, at once; an attempt
-    thread reads whether one is there before it claims a next run, so none is claimed once a stop signal
-    arrived. Any byte counts: this process handles no other signal in Python."""
+    which only waits: the attempts run in the pool's threads); returns the previous handlers."""
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         worker.service.interruption.request(name, "worker")  # two attribute writes: safe here
         worker.request_stop(name)
 
-    read_end, write_end = os.pipe()
-    os.set_blocking(read_end, False)
-    os.set_blocking(write_end, False)
-    previous_wakeup_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    worker._signal_arrived = lambda: bool(select.select([read_end], [], [], 0)[0])
     previous: dict[int, SignalHandler] = {}
     for signum in (signal.SIGTERM, signal.SIGINT):
         previous[signum] = signal.signal(signum, on_signal)
-    return InstalledHandlers(previous, previous_wakeup_fd, (read_end, write_end))
+    return previous
 
 
-def restore_signal_handlers(installed: InstalledHandlers) -> None:
-    for signum, handler in installed.previous.items():
+def restore_signal_handlers(previous: dict[int, SignalHandler]) -> None:
+    for signum, handler in previous.items():
         signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-    signal.set_wakeup_fd(installed.previous_wakeup_fd)
-    for fd in installed.pipe:
-        os.close(fd)
