@@ -105,7 +105,8 @@ def test_request_stop_stops_claiming_and_drains(platform: Platform, definitions:
 
 def test_an_error_escaping_an_attempt_thread_is_logged(platform: Platform, definitions: tuple[Path, Path]) -> None:
     """Proves an error that escapes an attempt thread (here the run observer's, outside the attempt) is
-    logged when the loop reaps it (``attempt_thread.failed``), never dropped with its future."""
+    logged when the loop reaps it (``attempt_thread.failed``), never dropped with its future, and that the
+    run's own ``run.finished`` line is written before the observer is called."""
 
     def broken_observer(run: Any, seconds: float) -> None:
         raise RuntimeError("a bug in the metrics")
@@ -115,6 +116,9 @@ def test_an_error_escaping_an_attempt_thread_is_logged(platform: Platform, defin
         Worker(platform.runs, WorkerOptions(until_idle=True, **FAST), observe=broken_observer).run()
     failed = [e for e in logs if e["event"] == "attempt_thread.failed"]
     assert len(failed) == 1 and failed[0]["error_type"] == "RuntimeError", failed
+    assert failed[0]["run_id"] == run_id
+    finished = [e for e in logs if e["event"] == "run.finished"]  # logged before the observer's bug
+    assert [(e["run_id"], e["outcome"]) for e in finished] == [(run_id, "succeeded")]
     assert platform.runs.get(run_id).status == "succeeded"
 
 

@@ -434,12 +434,13 @@ class Worker:
             return
         with self._summary_lock:
             self.summary.outcomes[str(run.status)] = self.summary.outcomes.get(str(run.status), 0) + 1
-        if self._observe is not None:
-            self._observe(run, time.monotonic() - started_s)
+        elapsed_s = time.monotonic() - started_s
         log.info(
             "run.finished", outcome=str(run.status), recovery_status=str(run.recovery_status),
             unresolved=run.unresolved, error_code=run.error_code,
         )  # fmt: skip
+        if self._observe is not None:  # after the run's own line: an observer's bug cannot hide its end
+            self._observe(run, elapsed_s)
 
     def _abandoned(
         self, log: Any, reason: str, detail: str, note: str = ABANDONED_NOTE, run: Run | None = None
