@@ -103,6 +103,26 @@ def test_request_stop_stops_claiming_and_drains(platform: Platform, definitions:
     assert [platform.runs.get(i).status for i in ids] == ["succeeded", "queued", "queued"]
 
 
+def test_a_stop_asked_for_during_a_sweep_claims_nothing_more(
+    platform: Platform, definitions: tuple[Path, Path]
+) -> None:
+    """Proves a stop asked for during a turn's sweep (where a SIGTERM's handler runs when the signal arrives
+    while the main thread sweeps) ends the loop before that turn's claim: the queued run stays queued for
+    another worker (the code before claimed it, and the signal's interruption then cancelled it)."""
+    worker = Worker(platform.runs, WorkerOptions(**FAST))
+    real_sweep = worker._sweep
+
+    def sweep_then_stop() -> None:
+        real_sweep()
+        worker.request_stop("SIGTERM")
+
+    worker._sweep = sweep_then_stop  # type: ignore[method-assign]
+    run_id = submit(platform, definitions[0], 1)
+    summary = worker.run()
+    assert summary.stopped_by_request and summary.claimed == 0
+    assert platform.runs.get(run_id).status == "queued"
+
+
 def test_an_error_escaping_an_attempt_thread_is_logged(platform: Platform, definitions: tuple[Path, Path]) -> None:
     """Proves an error that escapes an attempt thread (here the run observer's, outside the attempt) is
     logged when the loop reaps it (``attempt_thread.failed``), never dropped with its future, and that the

@@ -250,6 +250,8 @@ class Worker:
         if len(self._inflight) >= self.options.concurrency:
             self._wait_for_room()
             return True
+        if self._stop.is_set():  # asked for during this turn's beat, sweep or schedules (a SIGTERM's handler
+            return False  # runs wherever the main thread is): a run claimed now would only be cancelled
         queued: bool | None = True
         if self._found_nothing:  # an idle poll: one indexed read first, the claim's transaction only if worth it
             ok, queued = self._guarded("claim", self._anything_queued)
