@@ -405,12 +405,13 @@ class Worker:
         for done in [f for f in self._inflight if f.done()]:
             claim = self._inflight.pop(done)
             error = done.exception()
-            if error is not None:  # _execute never raises; a bug around it (an observer's) must not pass unseen
+            if error is not None:  # only the run observer's bug can escape _execute: it must not pass unseen
                 self._log.error("attempt_thread.failed", run_id=claim.run.run_id, attempt=claim.attempt,
                                 error_type=type(error).__name__, note="the run is as its own lines say")  # fmt: skip
 
     def _execute(self, claim: Claim) -> None:
-        """Carry one attempt to its end; never raises (a failure leaves the attempt to the sweeper)."""
+        """Carry one attempt to its end; the attempt never raises (a failure leaves it to the sweeper), only
+        the observer called after ``run.finished`` can (``_reap`` logs it)."""
         log = self._log.bind(run_id=claim.run.run_id, attempt=claim.attempt)
         started_s = time.monotonic()
         try:
