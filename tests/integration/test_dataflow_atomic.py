@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -127,43 +126,11 @@ def test_replay_of_an_unfinished_run_returns_it(platform: Platform, tmp_path: Pa
     assert (again.created, again.run.run_id, again.run.status) == (False, queued.run_id, "queued")
 
 
-@contextlib.contextmanager
-def _checkouts(platform: Platform) -> Iterator[list[str]]:
-    """Every connection taken from the platform's pools (writes' and reads') while the block runs."""
-    taken: list[str] = []
-    engines = {platform.db.engine, platform.db.read_engine}
-
-    def took(_dbapi: object, _record: object, _proxy: object) -> None:
-        taken.append("checkout")
-
-    for engine in engines:
-        sa.event.listen(engine.pool, "checkout", took)
-    try:
-        yield taken
-    finally:
-        for engine in engines:
-            sa.event.remove(engine.pool, "checkout", took)
-
-
-def test_a_new_keyed_submit_is_one_transaction_and_nothing_before_it(platform: Platform, tmp_path: Path) -> None:
-    """A keyed submit of a new run takes one connection: the replay lookup is the recording transaction's
-    own quota read, not a read of its own before it (a round trip less on PostgreSQL). The code before
-    took two."""
-    platform.runs.submit(flows.request(flows.definition(), tmp_path, "k0"))  # the definition is stored
-    with _checkouts(platform) as taken:
-        created = platform.runs.submit(flows.request(flows.definition(), tmp_path, "k1"))
-    assert created.created and taken == ["checkout"]
-    with _checkouts(platform) as taken:
-        again = platform.runs.submit(flows.request(flows.definition(), tmp_path, "k1"))
-    assert (again.created, again.run.run_id) == (False, created.run.run_id)
-    assert len(taken) == 2  # the recording transaction, rolled back, then the read of the run it found
-
-
 def test_a_replay_is_answered_though_its_placement_is_now_refused(
     platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The placement checks now run before the replay is found; a replay they would refuse today (a
-    secret revoked since, say) is still answered with its run, while a new key gets the refusal."""
+    """A replay is answered with its run although the placement checks would refuse it now (a secret
+    revoked since, say), and a conflicting one is still a Conflict, while a new key gets the refusal."""
     queued = platform.runs.submit(flows.request(flows.definition(), tmp_path, "k1")).run
 
     def refuse(*_args: object) -> None:

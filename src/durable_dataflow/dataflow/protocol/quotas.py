@@ -28,13 +28,11 @@ the check to the commit).
 
 Statements (``_TENANT_TURN`` is the one lock; the rest read):
 
-- ``_usage``: one statement, built once per database and status (``Database.statement``), of three scalar
+- ``_usage``: one statement, built once per database and status (``Database.statement``), of two scalar
   subqueries from the tables' owners: ``runs.count_in_status``, the tenant's runs in one status counted
   through ``ix_dataflow_runs_tenant_status_pair`` and stopped at the limit, so its cost is bounded by the
-  limit; ``results.tenant_stored_bytes``, one primary-key read of the counter of stored result bytes
-  that ``results.store`` keeps in the transaction storing each result; and ``runs.run_id_for_key``, one
-  probe of the unique key index: the run a replay of the same idempotency key answers with, read here so
-  that a new submit needs no read of its own before this transaction. None grows with the tenant's
+  limit; and ``results.tenant_stored_bytes``, one primary-key read of the counter of stored result bytes
+  that ``results.store`` keeps in the transaction storing each result. Neither grows with the tenant's
   history.
 """
 
@@ -167,43 +165,28 @@ def take_tenant_turn(conn: Connection, tenant: str) -> None:
         conn.execute(_TENANT_TURN, {"lock_class": QUOTA_LOCK_CLASS, "tenant_key": _tenant_key(tenant)})
 
 
-def check_submit(
-    db: Database, conn: Connection, quotas: Quotas, tenant: str, idempotency_key: str, *, inline: bool
-) -> str | None:
+def check_submit(db: Database, conn: Connection, quotas: Quotas, tenant: str, *, inline: bool) -> None:
     """Refuse recording one more run of ``tenant`` (queued, or ``inline``: running at once) when it would
     pass a quota. Called in the recording transaction before its first write; it takes the tenant's turn
-    (``take_tenant_turn``) before counting, so the count and the insert are one step for the tenant.
-
-    The same read returns the run already recorded under ``idempotency_key``: when there is one, its id is
-    returned and nothing is judged (a replay is answered, never refused by a quota); None otherwise."""
+    (``take_tenant_turn``) before counting, so the count and the insert are one step for the tenant."""
     limits = quotas.of(tenant)
     take_tenant_turn(conn, tenant)
     status, quota = (RunStatus.RUNNING, Quota.RUNNING_RUNS) if inline else (RunStatus.QUEUED, Quota.QUEUED_RUNS)
     limit = limits.limit(quota)
-    parameters = {"tenant": tenant, "count_max": limit, "idempotency_key": idempotency_key}
-    row = conn.execute(db.statement(_usage, status), parameters).one()
-    if row[2] is not None:
-        return str(row[2])
+    row = conn.execute(db.statement(_usage, status), {"tenant": tenant, "count_max": limit}).one()
     in_status, stored = int(row[0]), int(row[1])
     if in_status >= limit:
         raise refusal(quota, limit, f"this tenant has {limit} {status.value} runs")
     if stored >= limits.result_bytes:
         shown = _shown(SETTING_BY_QUOTA[Quota.RESULT_BYTES], stored)
         raise refusal(Quota.RESULT_BYTES, limits.result_bytes, f"this tenant's runs have stored {shown} of results")
-    return None
 
 
-def _usage(_db: Database, status: RunStatus) -> sa.Select[int, int, str]:
-    """The tenant's runs in ``status`` (up to ``:count_max``), its stored result bytes and the run recorded
-    under ``:idempotency_key`` (NULL when none), in one read."""
+def _usage(_db: Database, status: RunStatus) -> sa.Select[int, int]:
+    """The tenant's runs in ``status`` (up to ``:count_max``) and its stored result bytes, in one read."""
     tenant = sa.bindparam("tenant", type_=sa.String)
     count_max = sa.bindparam("count_max", type_=sa.BigInteger)  # a quota may be up to QUOTA_VALUE_MAX
-    key = sa.bindparam("idempotency_key", type_=sa.String)
-    return sa.select(
-        runs.count_in_status(tenant, status, count_max),
-        results.tenant_stored_bytes(tenant),
-        runs.run_id_for_key(tenant, key),
-    )
+    return sa.select(runs.count_in_status(tenant, status, count_max), results.tenant_stored_bytes(tenant))
 
 
 def check_backfill_days(quotas: Quotas, tenant: str, days: int) -> None:

@@ -220,7 +220,7 @@ def get(conn: Connection, run_id: str, tenant: str | None = None, *, for_update:
     return from_row(row)
 
 
-# Built once: a replay reads the run its key names through it (the recording transaction found the key).
+# Built once: every submit with a key looks its run up (a replay is only this read).
 _BY_KEY = sa.select(dataflow_runs).where(
     dataflow_runs.c.tenant == sa.bindparam("match_tenant"),
     dataflow_runs.c.idempotency_key == sa.bindparam("match_key"),
@@ -230,18 +230,6 @@ _BY_KEY = sa.select(dataflow_runs).where(
 def find_by_key(conn: Connection, tenant: str, idempotency_key: str) -> Run | None:
     row = conn.execute(_BY_KEY, {"match_tenant": tenant, "match_key": idempotency_key}).one_or_none()
     return from_row(row) if row is not None else None
-
-
-def run_id_for_key(tenant: sa.ColumnElement[str], idempotency_key: sa.ColumnElement[str]) -> sa.ScalarSelect[str]:
-    """A scalar subquery: the id of the tenant's run recorded under ``idempotency_key`` (NULL when none),
-    one probe of the unique key index, for a statement of another module that reads it beside its own
-    columns (the recording transaction's quota read, dataflow.protocol.quotas). ``tenant`` and
-    ``idempotency_key`` are the caller's bind parameters."""
-    return (
-        sa.select(dataflow_runs.c.run_id)
-        .where(dataflow_runs.c.tenant == tenant, dataflow_runs.c.idempotency_key == idempotency_key)
-        .scalar_subquery()
-    )
 
 
 def update(

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import crashpoints, hashing
 from durable_dataflow.core.db import Database
-from durable_dataflow.core.errors import Conflict, DataflowError, InputError, NotFound
+from durable_dataflow.core.errors import Conflict, InputError, NotFound
 from durable_dataflow.core.holders import HolderLock
 from durable_dataflow.core.secrets import SecretScope
 from durable_dataflow.dataflow.definitions import catalog, parameters
@@ -81,10 +81,6 @@ class Definitions:
         return defn
 
 
-class _KeyRecorded(Exception):
-    """The recording transaction found a run already recorded under the submit's idempotency key."""
-
-
 class Submitter:
     """Records runs against one platform database, under one service configuration."""
 
@@ -111,27 +107,20 @@ class Submitter:
         return self.config.grants.scope(tenant if space.scope == "tenant" else None)
 
     def submit(self, request: RunRequest, *, claim: bool = False) -> Submission:
-        """Record a run (and, inline, claim attempt 1 in the same commit); replays return the existing run.
-
-        A replay is found by the recording transaction's own quota read (``quotas.check_submit``), so a new
-        run costs no read before that transaction; the transaction then writes nothing and the run recorded
-        under the key is read and answered. A replay is never refused by the placement checks or a quota:
-        a refusal of either is answered with the run already recorded under the key, when there is one."""
+        """Record a run (and, inline, claim attempt 1 in the same commit); replays return the existing run."""
         check_request(request)
         defn = request.definition
         params = parameters.check_parameters(defn, request.parameters)
         d_hash = definition_hash(defn)
         target = defn.target.recorded() if defn.target is not None else None
         r_hash = request_hash(d_hash, params, target)
-        tenant, key = request.access.tenant, request.idempotency_key
+        key = request.idempotency_key
+        if key is not None:
+            existing = self._replay(request.access.tenant, key, r_hash)
+            if existing is not None:
+                return Submission(existing, created=False)
         space = request.workspace or workspace.local(request.base_dir)
-        try:
-            self.check_placement(defn, space, request.access)
-        except DataflowError:
-            existing = self._replay(tenant, key, r_hash) if key is not None else None
-            if existing is None:
-                raise
-            return Submission(existing, created=False)
+        self.check_placement(defn, space, request.access)
         self.definitions.remember(d_hash, defn)
         run_id = runs.new_run_id()
         values = run_values(request, run_id, key or f"run:{run_id}", d_hash, r_hash, params, target)
@@ -140,8 +129,8 @@ class Submitter:
             with self.db.begin() as conn:
                 run = self._record(conn, defn, d_hash, values, claim)
             self.definitions.mark_stored(d_hash)
-        except (exc.IntegrityError, _KeyRecorded) as error:  # recorded before, or by a concurrent submit
-            existing = self._replay(tenant, values["idempotency_key"], r_hash)
+        except exc.IntegrityError as error:
+            existing = self._replay(request.access.tenant, values["idempotency_key"], r_hash)
             if existing is None:
                 raise Conflict("the run could not be recorded: a concurrent write conflicted") from error
             return Submission(existing, created=False)
@@ -193,11 +182,8 @@ class Submitter:
     def _record(self, conn: Connection, defn: Definition, d_hash: str, values: dict[str, Any], claim: bool) -> Run:
         """The run's row and its first entries; inline (``claim``), attempt 1's lease too, and the row is
         inserted already holding what Outcome.STARTED projects, so it is written once. The tenant's quotas
-        are checked first (``quotas.check_submit``): a refusal writes nothing, and so does a key already
-        recorded (``_KeyRecorded``, which rolls the transaction back; the caller replays)."""
-        key = values["idempotency_key"]
-        if quotas.check_submit(self.db, conn, self.config.quotas, values["tenant"], key, inline=claim) is not None:
-            raise _KeyRecorded
+        are checked first (``quotas.check_submit``): a refusal writes nothing."""
+        quotas.check_submit(self.db, conn, self.config.quotas, values["tenant"], inline=claim)
         if not self.definitions.stored(d_hash):
             catalog.store_definition(conn, self.db, defn, d_hash)
         lease = None
