@@ -126,6 +126,39 @@ def test_replay_of_an_unfinished_run_returns_it(platform: Platform, tmp_path: Pa
     assert (again.created, again.run.run_id, again.run.status) == (False, queued.run_id, "queued")
 
 
+@pytest.mark.parametrize("inline", [False, True], ids=["queued", "inline"])
+def test_a_run_and_its_first_entries_are_written_by_one_statement_on_postgresql(
+    platform: Platform, tmp_path: Path, inline: bool
+) -> None:
+    """On PostgreSQL the recording transaction writes the run's row and its first ledger entries (with
+    ``attempt.started`` too, inline) in one statement, the ledger's INSERT a CTE of the run's: a round
+    trip less a run. On SQLite, where a statement is no round trip, they stay two. The chain verifies
+    and starts at the run's own time either way. The code before sent two INSERTs on both."""
+    platform.runs.submit(flows.request(flows.definition(), tmp_path, "k0"))  # the definition is stored
+    statements: list[str] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+        statements.append(statement)
+
+    sa.event.listen(platform.db.engine, "before_cursor_execute", seen)
+    try:
+        request = flows.request(flows.definition(), tmp_path, "k1")
+        run = (platform.runs.run_inline(request) if inline else platform.runs.submit(request)).run
+    finally:
+        sa.event.remove(platform.db.engine, "before_cursor_execute", seen)
+    writes = [s for s in statements if "INSERT INTO dataflow_runs" in s]
+    assert len(writes) == 1
+    together = "INSERT INTO ledger_entries" in writes[0]
+    assert together == (platform.db.dialect == "postgresql")
+    with platform.db.read() as conn:
+        verification = ledger.verify(conn, "dataflow", run.run_id)
+        entries = ledger.read(conn, "dataflow", run.run_id)
+    assert verification.ok
+    first = ["run.recorded", "attempt.started"] if inline else ["run.recorded"]
+    assert [e.kind for e in entries][: len(first)] == first
+    assert {e.recorded_at_us for e in entries[: len(first)]} == {run.created_at_us}
+
+
 def test_a_replay_is_answered_though_its_placement_is_now_refused(
     platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -255,6 +255,22 @@ def _insert_chained(
     recorded_at_us: int,
     evidence_key: Secret | None,
 ) -> list[Entry]:
+    entries, rows = _chain(module, subject_id, items, seq, prev_hash, recorded_at_us, evidence_key)
+    conn.execute(_INSERT_ENTRIES, rows)
+    if db.ledger_outbox:
+        conn.execute(_INSERT_OUTBOX, [_outbox_row(entry) for entry in entries])
+    return entries
+
+
+def _chain(
+    module: str,
+    subject_id: str,
+    items: Sequence[tuple[int, str, Mapping[str, Any]]],
+    seq: int,
+    prev_hash: str,
+    recorded_at_us: int,
+    evidence_key: Secret | None,
+) -> tuple[list[Entry], list[dict[str, Any]]]:
     entries: list[Entry] = []
     rows: list[dict[str, Any]] = []
     for attempt, kind, payload in items:
@@ -265,14 +281,62 @@ def _insert_chained(
         entries.append(entry)
         rows.append(_row(entry, payload_json))
         prev_hash = entry.entry_hash
-    conn.execute(_INSERT_ENTRIES, rows)
-    if db.ledger_outbox:
-        conn.execute(_INSERT_OUTBOX, [{"module": e.module, "subject_id": e.subject_id, "seq": e.seq} for e in entries])
-    return entries
+    return entries, rows
+
+
+def _outbox_row(entry: Entry) -> dict[str, Any]:
+    return {"module": entry.module, "subject_id": entry.subject_id, "seq": entry.seq}
 
 
 _INSERT_ENTRIES = ledger_entries.insert()  # built once: every run appends through it
 _INSERT_OUTBOX = ledger_outbox.insert()
+
+
+@dataclass(frozen=True)
+class FirstEntries:
+    """The first entries of a subject created in the caller's transaction, chained from its genesis and
+    not yet written: :func:`first_entries_ctes` writes them inside another module's INSERT of the subject
+    (PostgreSQL), so the subject and its chain start in one round trip."""
+
+    entries: list[Entry]
+    parameters: dict[str, Any]  # the values of first_entries_ctes's bind parameters
+
+
+def first_entries(
+    db: Database,
+    module: str,
+    subject_id: str,
+    items: Sequence[tuple[int, str, Mapping[str, Any]]],
+    recorded_at_us: int,
+    *,
+    evidence_key: Secret | None = None,
+) -> FirstEntries:
+    """``items`` as a new subject's first entries at ``recorded_at_us`` (the caller's database time),
+    as ``append_many(..., new_subject_at_us=...)`` would write them."""
+    if not items:
+        raise InputError("first_entries needs at least one entry")
+    genesis = genesis_hash(module, subject_id)
+    entries, rows = _chain(module, subject_id, items, 0, genesis, recorded_at_us, evidence_key)
+    parameters = {f"entry{i}_{name}": value for i, row in enumerate(rows) for name, value in row.items()}
+    if db.ledger_outbox:
+        outbox = (_outbox_row(entry) for entry in entries)
+        parameters.update({f"outbox{i}_{name}": value for i, row in enumerate(outbox) for name, value in row.items()})
+    return FirstEntries(entries, parameters)
+
+
+def first_entries_ctes(db: Database, count: int) -> tuple[sa.CTE, ...]:
+    """The INSERTs of ``count`` first entries (and their outbox rows while ``db.ledger_outbox``) as
+    data-modifying CTEs, for a PostgreSQL statement of the module that inserts the subject (which adds
+    them with ``add_cte``); their values are :class:`FirstEntries`'s ``parameters``. Build it through
+    ``Database.statement``: its shape is ``count`` and the outbox setting."""
+    tables = (ledger_entries, ledger_outbox) if db.ledger_outbox else (ledger_entries,)
+    # one single-row INSERT per row: SQLAlchemy caches its compiled form, not a multi-row VALUES's
+    return tuple(
+        table.insert().values({c.name: sa.bindparam(f"{prefix}{i}_{c.name}", type_=c.type) for c in table.c})
+        .cte(f"first_{prefix}_{i}")
+        for table, prefix in zip(tables, ("entry", "outbox"), strict=False)
+        for i in range(count)
+    )  # fmt: skip
 
 
 def _chained(

@@ -33,7 +33,8 @@ Statements (``_TENANT_TURN`` is the one lock; the rest read):
   through ``ix_dataflow_runs_tenant_status_pair`` and stopped at the limit, so its cost is bounded by the
   limit; and ``results.tenant_stored_bytes``, one primary-key read of the counter of stored result bytes
   that ``results.store`` keeps in the transaction storing each result. Neither grows with the tenant's
-  history.
+  history. The same read returns the database clock: the recording transaction's time, so the run's
+  INSERT and its first ledger entries need no read of their own (transitions.record).
 """
 
 from __future__ import annotations
@@ -165,28 +166,33 @@ def take_tenant_turn(conn: Connection, tenant: str) -> None:
         conn.execute(_TENANT_TURN, {"lock_class": QUOTA_LOCK_CLASS, "tenant_key": _tenant_key(tenant)})
 
 
-def check_submit(db: Database, conn: Connection, quotas: Quotas, tenant: str, *, inline: bool) -> None:
+def check_submit(db: Database, conn: Connection, quotas: Quotas, tenant: str, *, inline: bool) -> int:
     """Refuse recording one more run of ``tenant`` (queued, or ``inline``: running at once) when it would
     pass a quota. Called in the recording transaction before its first write; it takes the tenant's turn
-    (``take_tenant_turn``) before counting, so the count and the insert are one step for the tenant."""
+    (``take_tenant_turn``) before counting, so the count and the insert are one step for the tenant.
+    Returns the database time of its read, which the recording transaction takes as its time (the run's
+    ``created_at_us`` and its first entries')."""
     limits = quotas.of(tenant)
     take_tenant_turn(conn, tenant)
     status, quota = (RunStatus.RUNNING, Quota.RUNNING_RUNS) if inline else (RunStatus.QUEUED, Quota.QUEUED_RUNS)
     limit = limits.limit(quota)
     row = conn.execute(db.statement(_usage, status), {"tenant": tenant, "count_max": limit}).one()
-    in_status, stored = int(row[0]), int(row[1])
+    in_status, stored, now_us = int(row[0]), int(row[1]), int(row[2])
     if in_status >= limit:
         raise refusal(quota, limit, f"this tenant has {limit} {status.value} runs")
     if stored >= limits.result_bytes:
         shown = _shown(SETTING_BY_QUOTA[Quota.RESULT_BYTES], stored)
         raise refusal(Quota.RESULT_BYTES, limits.result_bytes, f"this tenant's runs have stored {shown} of results")
+    return now_us
 
 
-def _usage(_db: Database, status: RunStatus) -> sa.Select[int, int]:
-    """The tenant's runs in ``status`` (up to ``:count_max``) and its stored result bytes, in one read."""
+def _usage(db: Database, status: RunStatus) -> sa.Select[int, int, int]:
+    """The tenant's runs in ``status`` (up to ``:count_max``), its stored result bytes and the database
+    clock, in one read."""
     tenant = sa.bindparam("tenant", type_=sa.String)
     count_max = sa.bindparam("count_max", type_=sa.BigInteger)  # a quota may be up to QUOTA_VALUE_MAX
-    return sa.select(runs.count_in_status(tenant, status, count_max), results.tenant_stored_bytes(tenant))
+    return sa.select(runs.count_in_status(tenant, status, count_max), results.tenant_stored_bytes(tenant),
+                     db.now_us_expr())  # fmt: skip
 
 
 def check_backfill_days(quotas: Quotas, tenant: str, days: int) -> None:

@@ -195,15 +195,34 @@ def from_row(row: sa.Row[Any]) -> Run:
     return Run.model_construct(**known, corrupt=", ".join(sorted(set(problems))) or "unreadable")
 
 
-def insert(conn: Connection, db: Database, values: Mapping[str, Any]) -> Run:
-    """Insert a run and return it as stored (``created_at_us`` and ``updated_at_us``: the database
-    time of this transaction)."""
-    return from_row(conn.execute(db.statement(_insert_statement), dict(values)).one())
+def insert(conn: Connection, db: Database, values: Mapping[str, Any], now_us: int) -> Run:
+    """Insert a run at ``now_us`` (``created_at_us`` and ``updated_at_us``: a database time its transaction
+    read) and return it as stored."""
+    statement = db.statement(_insert_statement, tuple(sorted(values)))
+    return from_row(conn.execute(statement, inserted_parameters(values, now_us)).one())
 
 
-def _insert_statement(db: Database) -> sa.Insert:
-    now = db.now_us_expr()
-    return dataflow_runs.insert().values(created_at_us=now, updated_at_us=now).returning(*dataflow_runs.c)
+def _insert_statement(_db: Database, names: tuple[str, ...]) -> sa.Insert:
+    columns = dataflow_runs.c
+    given = {name: sa.bindparam(f"run_{name}", type_=columns[name].type) for name in (*names, *_TIMES)}
+    return dataflow_runs.insert().values(given).returning(*columns)
+
+
+def inserted_cte(_db: Database, names: tuple[str, ...]) -> sa.CTE:
+    """:func:`insert`'s statement as a data-modifying CTE, for a PostgreSQL statement that writes the run
+    together with another module's rows (the RECORDED transition, protocol/transitions.py) and selects
+    the row from it; :func:`inserted_parameters` gives its values."""
+    return _insert_statement(_db, names).cte("inserted_run")
+
+
+def inserted_parameters(values: Mapping[str, Any], now_us: int) -> dict[str, Any]:
+    """The values of :func:`insert`'s (and :func:`inserted_cte`'s) bind parameters: the row at ``now_us``."""
+    parameters = {f"run_{name}": value for name, value in values.items()}
+    parameters.update({f"run_{name}": now_us for name in _TIMES})
+    return parameters
+
+
+_TIMES = ("created_at_us", "updated_at_us")
 
 
 def get(conn: Connection, run_id: str, tenant: str | None = None, *, for_update: bool = False) -> Run:

@@ -183,13 +183,13 @@ class Submitter:
         """The run's row and its first entries; inline (``claim``), attempt 1's lease too, and the row is
         inserted already holding what Outcome.STARTED projects, so it is written once. The tenant's quotas
         are checked first (``quotas.check_submit``): a refusal writes nothing."""
-        quotas.check_submit(self.db, conn, self.config.quotas, values["tenant"], inline=claim)
+        now_us = quotas.check_submit(self.db, conn, self.config.quotas, values["tenant"], inline=claim)
         if not self.definitions.stored(d_hash):
             catalog.store_definition(conn, self.db, defn, d_hash)
         lease = None
         if claim:
             lease = attempt.take_lease(conn, self.db, self.holder_lock, self.config, values["run_id"], 0)
-        return transitions.record(conn, self.db, values, lease, evidence_key=self.config.evidence_key)
+        return transitions.record(conn, self.db, values, lease, now_us, evidence_key=self.config.evidence_key)
 
 
 def check_partition_provider(defn: Definition, name: str, partition: Mapping[str, Any]) -> None:
