@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from durable_dataflow.core import checkpoints, crashpoints, hashing, ledger
+from durable_dataflow.core import checkpoints, crashpoints, hashing, leases, ledger
 from durable_dataflow.core.errors import Conflict, InputError
-from durable_dataflow.core.schema import ledger_entries
+from durable_dataflow.core.invariants import InvariantViolation
+from durable_dataflow.core.schema import ledger_entries, ledger_outbox
+from durable_dataflow.core.secrets import Secret
 from durable_dataflow.dataflow.definitions.definitions import canonical_body, definition_hash
 from durable_dataflow.dataflow.protocol import attempt, sweeper
 from durable_dataflow.dataflow.protocol.runs import RunStatus
@@ -157,6 +159,55 @@ def test_a_run_and_its_first_entries_are_written_by_one_statement_on_postgresql(
     first = ["run.recorded", "attempt.started"] if inline else ["run.recorded"]
     assert [e.kind for e in entries][: len(first)] == first
     assert {e.recorded_at_us for e in entries[: len(first)]} == {run.created_at_us}
+
+
+def test_the_one_statement_record_writes_keyed_entries_and_follows_the_outbox_setting(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an evidence key the first entries carry their MACs and verify with it; the outbox rows
+    follow ``Database.ledger_outbox`` as it is when each run is recorded, also after a run recorded
+    with the other setting (the statement is cached per setting; one cached without outbox rows would
+    have dropped lineage's events silently). An inline run is recorded at its lease's grant time."""
+    monkeypatch.setenv("DATAFLOW_EVIDENCE_KEY", "canary-evidence-key-record-7f3a")
+    key = Secret("DATAFLOW_EVIDENCE_KEY", "canary-evidence-key-record-7f3a")
+    with Platform(db_url, lease_ttl_s=5) as platform:
+        platform.db.ledger_outbox = False
+        quiet = platform.runs.submit(flows.request(flows.definition(), tmp_path, "k0")).run
+        platform.db.ledger_outbox = True
+        queued = platform.runs.submit(flows.request(flows.definition(), tmp_path, "k1")).run
+        inline = platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k2")).run
+        platform.db.ledger_outbox = False
+        last = platform.runs.submit(flows.request(flows.definition(), tmp_path, "k3")).run
+        with platform.db.read() as conn:
+            for run in (quiet, queued, inline, last):
+                verification = ledger.verify(conn, "dataflow", run.run_id, evidence_key=key)
+                assert verification.ok, verification.reason
+                assert all(e.entry_mac for e in ledger.read(conn, "dataflow", run.run_id))
+
+            def outbox(run_id: str) -> list[int]:
+                where = ledger_outbox.c.subject_id == run_id
+                return list(conn.execute(sa.select(ledger_outbox.c.seq).where(where).order_by("seq")).scalars())
+
+            assert [outbox(r.run_id) for r in (quiet, queued, last)] == [[], [1], []]
+            assert outbox(inline.run_id)[:2] == [1, 2]  # run.recorded, attempt.started (then the rest)
+            lease = leases.current(conn, "dataflow", inline.run_id)
+            started = [e for e in ledger.read(conn, "dataflow", inline.run_id) if e.kind == "attempt.started"]
+        assert lease is not None and lease.attempt == 1
+        assert inline.created_at_us == started[0].recorded_at_us == lease.acquired_at_us
+
+
+def test_a_read_connection_refuses_a_statement_that_writes_in_a_cte(pg_url: str) -> None:
+    """The read-only guard (``core.db._refuse_writes``) also refuses ``WITH … AS (INSERT …) SELECT``, the
+    shape of the one-statement record: it starts with WITH, so the code before let it through on
+    PostgreSQL's autocommit read connections (SQLite's reads are transactions rolled back). Nothing is
+    written."""
+    inserted = ledger_outbox.insert().values(module="test", subject_id="cte", seq=1).cte("written")
+    statement = sa.select(sa.literal(1)).add_cte(inserted)
+    with Platform(pg_url) as platform:
+        with pytest.raises(InvariantViolation, match="read-only connection"), platform.db.read() as conn:
+            conn.execute(statement)
+        with platform.db.read() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(ledger_outbox)).scalar_one() == 0
 
 
 def test_a_replay_is_answered_though_its_placement_is_now_refused(

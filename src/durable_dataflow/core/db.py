@@ -30,6 +30,7 @@ from typing import Any, Literal, NamedTuple, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import event, exc
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.sql.dml import UpdateBase
 
 from durable_dataflow.core import credentials
 from durable_dataflow.core.errors import InputError, StorageUnavailable
@@ -387,6 +388,8 @@ def _refuse_writes(conn: Connection, _cursor: Any, statement: str, _params: Any,
     if not conn.get_execution_options().get(_READ_ONLY):
         return
     writes = context is not None and (context.isinsert or context.isupdate or context.isdelete or context.isddl)
+    ctes = getattr(getattr(context, "compiled", None), "ctes", None) or ()
+    writes = writes or any(isinstance(cte.element, UpdateBase) for cte in ctes)  # WITH … AS (INSERT …) SELECT
     verb = statement.lstrip()[:6].upper()
     invariant(not writes and verb.startswith(_READ_VERBS), f"a read-only connection may not run {verb!r}")
 

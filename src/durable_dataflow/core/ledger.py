@@ -300,6 +300,7 @@ class FirstEntries:
 
     entries: list[Entry]
     parameters: dict[str, Any]  # the values of first_entries_ctes's bind parameters
+    outbox: bool  # whether their outbox rows are written too (``Database.ledger_outbox`` when prepared)
 
 
 def first_entries(
@@ -318,18 +319,19 @@ def first_entries(
     genesis = genesis_hash(module, subject_id)
     entries, rows = _chain(module, subject_id, items, 0, genesis, recorded_at_us, evidence_key)
     parameters = {f"entry{i}_{name}": value for i, row in enumerate(rows) for name, value in row.items()}
-    if db.ledger_outbox:
-        outbox = (_outbox_row(entry) for entry in entries)
-        parameters.update({f"outbox{i}_{name}": value for i, row in enumerate(outbox) for name, value in row.items()})
-    return FirstEntries(entries, parameters)
+    outbox = db.ledger_outbox
+    if outbox:
+        kept = (_outbox_row(entry) for entry in entries)
+        parameters.update({f"outbox{i}_{name}": value for i, row in enumerate(kept) for name, value in row.items()})
+    return FirstEntries(entries, parameters, outbox)
 
 
-def first_entries_ctes(db: Database, count: int) -> tuple[sa.CTE, ...]:
-    """The INSERTs of ``count`` first entries (and their outbox rows while ``db.ledger_outbox``) as
-    data-modifying CTEs, for a PostgreSQL statement of the module that inserts the subject (which adds
-    them with ``add_cte``); their values are :class:`FirstEntries`'s ``parameters``. Build it through
-    ``Database.statement``: its shape is ``count`` and the outbox setting."""
-    tables = (ledger_entries, ledger_outbox) if db.ledger_outbox else (ledger_entries,)
+def first_entries_ctes(count: int, outbox: bool) -> tuple[sa.CTE, ...]:
+    """The INSERTs of ``count`` first entries (and, with ``outbox``, their outbox rows) as data-modifying
+    CTEs, for a PostgreSQL statement of the module that inserts the subject (which adds them with
+    ``add_cte``); their values are :class:`FirstEntries`'s ``parameters``, and ``count`` and ``outbox``
+    its ``entries``' length and ``outbox``. Build it through ``Database.statement`` with both in its shape."""
+    tables = (ledger_entries, ledger_outbox) if outbox else (ledger_entries,)
     # one single-row INSERT per row: SQLAlchemy caches its compiled form, not a multi-row VALUES's
     return tuple(
         table.insert().values({c.name: sa.bindparam(f"{prefix}{i}_{c.name}", type_=c.type) for c in table.c})

@@ -189,6 +189,7 @@ class Submitter:
         lease = None
         if claim:
             lease = attempt.take_lease(conn, self.db, self.holder_lock, self.config, values["run_id"], 0)
+            now_us = lease.acquired_at_us  # the run and attempt.started are recorded after their lease
         return transitions.record(conn, self.db, values, lease, now_us, evidence_key=self.config.evidence_key)
 
 

@@ -216,8 +216,9 @@ def record(
     evidence_key: Secret | None,
 ) -> Run:
     """RECORDED: the run's row and ``run.recorded``; inline (``lease``, attempt 1's), STARTED too, with
-    the row inserted already holding what STARTED projects, so it is written once. ``now_us`` is the
-    database time the transaction read (its quota read): the run's and the entries' time.
+    the row inserted already holding what STARTED projects, so it is written once. ``now_us`` is a
+    database time the transaction read (the quota read's; inline, the lease grant's, which comes after
+    it): the run's and the entries' time.
 
     On PostgreSQL the row and its first entries are one statement (the run's INSERT with the ledger's as
     data-modifying CTEs: a round trip less a run); on SQLite, where a statement costs no round trip, two."""
@@ -232,14 +233,15 @@ def record(
         ledger.append_many(conn, db, MODULE, run.run_id, entries, evidence_key=evidence_key, new_subject_at_us=now_us)
         return run
     first = ledger.first_entries(db, MODULE, str(values["run_id"]), entries, now_us, evidence_key=evidence_key)
-    statement = db.statement(_record_statement, tuple(sorted(values)), len(entries))
+    statement = db.statement(_record_statement, tuple(sorted(values)), len(entries), first.outbox)
     parameters = {**runs.inserted_parameters(values, now_us), **first.parameters}
     return runs.from_row(conn.execute(statement, parameters).one())
 
 
-def _record_statement(db: Database, names: tuple[str, ...], entries: int) -> sa.Select[Any]:
-    """The run's row and its ``entries`` first ledger entries, in one PostgreSQL statement."""
-    return sa.select(runs.inserted_cte(db, names)).add_cte(*ledger.first_entries_ctes(db, entries))
+def _record_statement(db: Database, names: tuple[str, ...], entries: int, outbox: bool) -> sa.Select[Any]:
+    """The run's row and its ``entries`` first ledger entries (and their outbox rows), in one PostgreSQL
+    statement."""
+    return sa.select(runs.inserted_cte(db, names)).add_cte(*ledger.first_entries_ctes(entries, outbox))
 
 
 def _recorded_payload(row: Mapping[str, Any]) -> dict[str, Any]:
