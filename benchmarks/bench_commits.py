@@ -10,7 +10,7 @@ Three counts per scenario, each the median of the rounds:
   Only a transaction that wrote something writes a commit record, so this is exactly the number of
   committed write transactions — the number the budget is about.
 
-Statistics are flushed by a backend when it exits, so each round disposes the platform's pool and
+Statistics are flushed by a backend when it exits, so each round closes the platform's pooled connections and
 waits until no backend is connected before reading; the counters are read from the ``postgres``
 database, so the reading is not counted. A warm-up checkout (subtracted as the ``baseline``
 scenario) makes every checkout in the measured operation a pooled one, as in a long-lived worker.
@@ -105,10 +105,18 @@ class Attribution:
         self.events.clear()
 
 
+def _close_connections(db: Any) -> None:
+    """Close every pooled connection, so their backends exit and flush their statistics, keeping the
+    Database usable (``Database.dispose`` ends it: a later use is an invariant violation)."""
+    db.engine.dispose()
+    if db.read_engine is not db.engine:
+        db.read_engine.dispose()
+
+
 def _measure(
     ctx: BenchContext, platform: Any, dbname: str, op: Callable[[], Any], attribution: Attribution
 ) -> dict[str, Any]:
-    platform.db.dispose()
+    _close_connections(platform.db)
     wait_backends_gone(ctx.server, dbname)
     with platform.db.engine.connect():  # warm-up checkout: the operation's checkouts are pooled ones
         pass
@@ -117,7 +125,7 @@ def _measure(
     attribution.clear()
     op()
     events = list(attribution.events)
-    platform.db.dispose()
+    _close_connections(platform.db)
     wait_backends_gone(ctx.server, dbname)
     lsn1 = _wal_lsn(ctx)
     commits1, rollbacks1 = _stats(ctx, dbname)
