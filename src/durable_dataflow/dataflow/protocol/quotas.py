@@ -33,8 +33,9 @@ Statements (``_TENANT_TURN`` is the one lock; the rest read):
   through ``ix_dataflow_runs_tenant_status_pair`` and stopped at the limit, so its cost is bounded by the
   limit; and ``results.tenant_stored_bytes``, one primary-key read of the counter of stored result bytes
   that ``results.store`` keeps in the transaction storing each result. Neither grows with the tenant's
-  history. The same read returns the database clock: the recording transaction's time, so the run's
-  INSERT and its first ledger entries need no read of their own (transitions.record).
+  history. The same read returns the database clock: the time of a queued run and its first ledger
+  entries (an inline run takes its lease grant's, read after it), so neither needs a read of its own
+  (transitions.record).
 """
 
 from __future__ import annotations
@@ -170,8 +171,8 @@ def check_submit(db: Database, conn: Connection, quotas: Quotas, tenant: str, *,
     """Refuse recording one more run of ``tenant`` (queued, or ``inline``: running at once) when it would
     pass a quota. Called in the recording transaction before its first write; it takes the tenant's turn
     (``take_tenant_turn``) before counting, so the count and the insert are one step for the tenant.
-    Returns the database time of its read, which the recording transaction takes as its time (the run's
-    ``created_at_us`` and its first entries')."""
+    Returns the database time of its read: a queued run's ``created_at_us`` and its first entries' time
+    (an inline run takes its lease grant's instead, read after this)."""
     limits = quotas.of(tenant)
     take_tenant_turn(conn, tenant)
     status, quota = (RunStatus.RUNNING, Quota.RUNNING_RUNS) if inline else (RunStatus.QUEUED, Quota.QUEUED_RUNS)
