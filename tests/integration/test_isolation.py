@@ -180,6 +180,45 @@ def test_each_definition_travels_once_to_an_executor_which_runs_each_jobs_own(
     assert sent[-1] is one, "a new executor is sent the definition"
 
 
+def _inline_sum(values: list[int]) -> Definition:
+    return Definition.model_validate({
+        "name": "held", "version": 1, "steps": [{"name": "r", "sql": "select sum(x)::bigint as n from t"}],
+        "sources": {"t": {"kind": "inline", "schema": {"x": "int64"}, "rows": [{"x": v} for v in values]}},
+        "output": {"schema": {"n": "int64"}, "max_rows": 10, "max_bytes": "1MiB"},
+    })  # fmt: skip
+
+
+def test_an_inline_table_travels_once_to_an_executor_which_binds_each_jobs_own(
+    pool: isolation.ExecutorPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves an inline source's table is sent to an executor once (the next job of the same definition names
+    it, Held) and the executor binds each job's own table: two definitions whose source has the same name
+    and other rows, in turn on one executor, and the first again on the executor that replaced a discarded
+    one (which is sent the table anew)."""
+    sent: list[tuple[str, ...]] = []
+    converse = isolation._converse
+
+    def recording(executor: Any, job: isolation.Job, *rest: Any) -> Any:
+        sent.append(tuple("held" if isinstance(s, isolation.Held) else "table" for s in job.resolved))
+        return converse(executor, job, *rest)
+
+    monkeypatch.setattr(isolation, "_converse", recording)
+    one, two = _inline_sum([1, 2]), _inline_sum([10, 20, 30])
+    sums = [execute(d, {}, _context(tmp_path)).table.to_pylist() for d in (one, one, two, one, one)]
+    assert sums == [[{"n": 3}], [{"n": 3}], [{"n": 60}], [{"n": 3}], [{"n": 3}]]
+    assert sent == [("table",), ("held",), ("table",), ("table",), ("held",)]
+    assert len(pool.pids()) == 1, "one executor served the five jobs"
+    # an execution that ends mid-conversation (here a KeyboardInterrupt in the parent) discards its executor
+    monkeypatch.setattr(isolation, "_reply", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        execute(one, {}, _context(tmp_path))
+    assert pool.pids() == [] and sent[-1] == ("held",)
+    monkeypatch.undo()
+    monkeypatch.setattr(isolation, "_converse", recording)
+    assert execute(one, {}, _context(tmp_path)).table.to_pylist() == [{"n": 3}]
+    assert sent[-1] == ("table",), "a new executor is sent the table"
+
+
 def _kill_and_reap(pid: int) -> None:
     ended = os.pidfd_open(pid)  # readable once the process has exited
     try:

@@ -11,7 +11,9 @@ in an executor process of an :class:`ExecutorPool` (``DATAFLOW_ISOLATION=process
   ``check_unchanged``, the interruption); it sends the checked job and receives progress messages and
   then the result's IPC bytes (one copy in the parent, as the in-process collector holds one) or an
   error rebuilt as the same ``DataflowError`` subclass; a definition object travels once to each
-  executor (the next jobs of the same definition carry none; a worker keeps one object per hash);
+  executor (the next jobs of the same definition carry none; a worker keeps one object per hash), and so
+  does an inline source's table (a source resolved to the same object as in the executor's previous job
+  travels as its name, :class:`Held`);
 * two OS bounds hold each execution to ``memory_bytes_max + output.max_bytes + MEMORY_SLACK_BYTES`` over
   the executor's size when the execution starts: ``RLIMIT_DATA`` in the executor (an allocation past it
   fails, DuckDB reports "Out of Memory", the run ends ``limit_exceeded`` and the executor lives on), and
@@ -56,7 +58,7 @@ from durable_dataflow.dataflow.execution.engine import EngineRun
 from durable_dataflow.dataflow.execution.limits import ExecutionLimits, MiB, format_size
 from durable_dataflow.dataflow.execution.postgres_source import PostgresStream
 from durable_dataflow.dataflow.execution.resultstream import BoundedResult
-from durable_dataflow.dataflow.execution.sources import ResolvedSource
+from durable_dataflow.dataflow.execution.sources import ArrowTable, ResolvedSource
 
 ISOLATION_ENV = "DATAFLOW_ISOLATION"
 
@@ -100,6 +102,20 @@ def isolation_from_env(default: Isolation) -> Isolation:
 
 
 @dataclass(frozen=True)
+class Held:
+    """In a job, a source the executor holds from its previous job (the same resolved object)."""
+
+    name: str
+
+
+def holdable(source: ResolvedSource) -> bool:
+    """Whether an executor keeps a source for its next job: an inline source's table, which the parent
+    resolves once per definition (so the next job of the definition has the same object) and nothing
+    mutates. Streams and scans are resolved afresh for every run."""
+    return isinstance(source.binding, ArrowTable)
+
+
+@dataclass(frozen=True)
 class Job:
     """One execution as sent to an executor: every value checked, every source resolved, the steps gated."""
 
@@ -107,7 +123,7 @@ class Job:
     # executor; a worker's definitions are cached per hash, so most runs send none: 0.2 ms of pickling less)
     definition: Definition | None
     params: Mapping[str, Any]
-    resolved: tuple[ResolvedSource, ...]
+    resolved: tuple[ResolvedSource | Held, ...]  # Held: the executor's own object from its previous job
     gated: tuple[object, ...]
     limits: ExecutionLimits
     deadline_at: float  # time.monotonic(): CLOCK_MONOTONIC is the same clock in every process of the host
@@ -129,9 +145,19 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+def _read_proc(path: str) -> bytes:
+    """A small /proc file's bytes, read unbuffered (a text-mode open costs twice as much, every run)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 16384)
+    finally:
+        os.close(fd)
+
+
 def _data_size_bytes() -> int:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:"))
+    status = _read_proc("/proc/self/status")
+    start = status.index(b"VmData:") + len(b"VmData:")
+    return int(status[start : status.index(b"\n", start)].split()[0]) * 1024
 
 
 def executor_main(conn: Connection) -> None:
@@ -140,6 +166,7 @@ def executor_main(conn: Connection) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
     definition: Definition | None = None
+    held: dict[str, ResolvedSource] = {}
     while True:
         try:
             job = conn.recv()
@@ -148,10 +175,12 @@ def executor_main(conn: Connection) -> None:
         if job.definition is not None:
             definition = job.definition
         assert definition is not None  # the pool sends its definition to a new executor
-        _serve(conn, job, definition)
+        resolved = tuple(held[s.name] if isinstance(s, Held) else s for s in job.resolved)
+        held = {s.name: s for s in resolved if holdable(s)}  # the parent's rule, on the same sources
+        _serve(conn, job, definition, resolved)
 
 
-def _serve(conn: Connection, job: Job, definition: Definition) -> None:
+def _serve(conn: Connection, job: Job, definition: Definition, resolved: tuple[ResolvedSource, ...]) -> None:
     from durable_dataflow.dataflow.execution import duckdb_engine  # preloaded by the forkserver
 
     lock = threading.Lock()  # the watch thread sends progress while the main thread may reply
@@ -160,7 +189,7 @@ def _serve(conn: Connection, job: Job, definition: Definition) -> None:
         with lock:
             conn.send(("progress", report))
 
-    run = EngineRun(definition, job.params, job.resolved, job.limits, job.deadline_at,
+    run = EngineRun(definition, job.params, resolved, job.limits, job.deadline_at,
                     send_progress if job.watched else None, None, crashpoints_reached=False)  # fmt: skip
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     result: BoundedResult | None = None
@@ -171,7 +200,7 @@ def _serve(conn: Connection, job: Job, definition: Definition) -> None:
                 limit = min(limit, hard)
             resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
         result = duckdb_engine.ENGINE.run(run, job.gated)
-        reply: tuple[Any, ...] = ("result", result.row_count, result.output_digest, _fingerprints(job.resolved))
+        reply: tuple[Any, ...] = ("result", result.row_count, result.output_digest, _fingerprints(resolved))
     except DataflowError as error:
         reply = ("error", type(error).__name__, error.message)
     except MemoryError:
@@ -199,11 +228,13 @@ def _memory_message(limits: ExecutionLimits) -> str:
 # ---- the parent's side ------------------------------------------------------------------------
 
 
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
 def _rss_bytes(pid: int) -> int | None:
     """The resident size of a live process (None once it is gone): statm's second field, in pages."""
     try:
-        with open(f"/proc/{pid}/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return int(_read_proc(f"/proc/{pid}/statm").split()[1]) * _PAGE_BYTES
     except (OSError, ValueError, IndexError):
         return None
 
@@ -221,6 +252,7 @@ class _Executor:
         self.started_rss_bytes = _rss_bytes(self.pid) or 0
         self.answered = False  # whether it answered its current job (and so may serve another)
         self.definition: Definition | None = None  # the definition object it holds (the last one sent)
+        self.held: dict[str, ResolvedSource] = {}  # the sources it holds from its previous job (holdable)
 
     @property
     def pid(self) -> int:
@@ -280,10 +312,11 @@ class ExecutorPool:
         self, executor: _Executor, job: EngineRun, gated: Sequence[object], bound_bytes: int, data_extra: int | None
     ) -> BoundedResult:
         definition = None if executor.definition is job.definition else job.definition
-        sent = Job(definition, dict(job.params), tuple(job.resolved), tuple(gated), job.limits,
+        resolved = tuple(Held(s.name) if executor.held.get(s.name) is s else s for s in job.resolved)
+        sent = Job(definition, dict(job.params), resolved, tuple(gated), job.limits,
                    job.deadline_at, job.progress_sink is not None, data_extra)  # fmt: skip
         try:
-            result = _converse(executor, sent, bound_bytes, job.progress_sink, job.interruption)
+            result = _converse(executor, sent, job.resolved, bound_bytes, job.progress_sink, job.interruption)
         except DataflowError:
             if executor.answered:  # it answered with an error and serves the next job
                 self._give_back(executor)
@@ -346,6 +379,7 @@ class _DiedIdle(Exception):
 def _converse(
     executor: _Executor,
     job: Job,
+    resolved: Sequence[ResolvedSource],
     bound_bytes: int,
     sink: progress.ProgressSink | None,
     interrupted: interruption_module.Interruption | None,
@@ -363,6 +397,7 @@ def _converse(
         raise _DiedIdle from None
     if job.definition is not None:
         executor.definition = job.definition
+    executor.held = {s.name: s for s in resolved if holdable(s)}  # as the executor keeps them on receipt
     peak_bytes = 0
     while True:  # ends with the executor's reply, its death, or its kill
         try:
@@ -371,7 +406,7 @@ def _converse(
                 if message[0] == "progress":
                     progress.report(sink, message[1])
                     continue
-                return _reply(executor, job, message)
+                return _reply(executor, resolved, message)
         except (EOFError, OSError):
             raise _died(executor, job, bound_bytes, peak_bytes) from None
         rss = _rss_bytes(executor.pid)
@@ -399,14 +434,14 @@ def _check_stop(executor: _Executor, job: Job, interrupted: interruption_module.
         raise LimitExceeded(f"the execution exceeded the time limit of {job.limits.time_limit_s:g} s")
 
 
-def _reply(executor: _Executor, job: Job, message: tuple[Any, ...]) -> BoundedResult:
+def _reply(executor: _Executor, resolved: Sequence[ResolvedSource], message: tuple[Any, ...]) -> BoundedResult:
     if message[0] == "error":
         executor.answered = True
         raise _rebuilt(message[1], message[2])
     _, row_count, output_digest, fingerprints = message
     ipc_bytes = executor.conn.recv_bytes()
     executor.answered = True
-    for source in job.resolved:  # the parent's own bindings, which check_unchanged and the record read
+    for source in resolved:  # the parent's own bindings, which check_unchanged and the record read
         if isinstance(source.binding, PostgresStream) and source.name in fingerprints:
             source.binding.fingerprint, source.binding.bytes_read = fingerprints[source.name]
     return BoundedResult(memoryview(ipc_bytes), row_count, output_digest)
