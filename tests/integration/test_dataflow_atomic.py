@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from durable_dataflow.core import checkpoints, crashpoints, hashing, leases, ledger
-from durable_dataflow.core.errors import Conflict, InputError
+from durable_dataflow.core import checkpoints, crashpoints, fencing, hashing, leases, ledger, schema
+from durable_dataflow.core.errors import Conflict, InputError, StaleAttempt
 from durable_dataflow.core.invariants import InvariantViolation
 from durable_dataflow.core.schema import ledger_entries, ledger_outbox
 from durable_dataflow.core.secrets import Secret
 from durable_dataflow.dataflow.definitions.definitions import canonical_body, definition_hash
-from durable_dataflow.dataflow.protocol import attempt, sweeper
+from durable_dataflow.dataflow.protocol import attempt, sweeper, transitions
 from durable_dataflow.dataflow.protocol.runs import RunStatus
 from durable_dataflow.dataflow.protocol.submit import Submitter
 from durable_dataflow.dataflow.schema import definitions, run_results
@@ -62,12 +62,14 @@ def test_record_before_execute(platform: Platform, tmp_path: Path, monkeypatch: 
 
 
 def test_terminal_commit_is_all_or_nothing(platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Invariant 4: a failure inside the terminal transaction leaves no result, no success and no checkpoint."""
+    """Invariant 4: a failure inside the terminal transaction leaves no result, no success and no checkpoint.
+    The failure comes at the lease's release, the transition's last check: after its statement, on
+    PostgreSQL the one that wrote the entries, the checkpoint and the projection too."""
 
     def explode(*args: object, **kwargs: object) -> None:
         raise RuntimeError("disk full while releasing")
 
-    monkeypatch.setattr(attempt.leases, "release", explode)
+    monkeypatch.setattr(attempt.leases, "released", explode)
     with pytest.raises(RuntimeError):
         platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1"))
     with platform.db.read() as conn:
@@ -159,6 +161,70 @@ def test_a_run_and_its_first_entries_are_written_by_one_statement_on_postgresql(
     first = ["run.recorded", "attempt.started"] if inline else ["run.recorded"]
     assert [e.kind for e in entries][: len(first)] == first
     assert {e.recorded_at_us for e in entries[: len(first)]} == {run.created_at_us}
+
+
+def test_a_terminal_transition_is_written_by_one_statement_on_postgresql(platform: Platform, tmp_path: Path) -> None:
+    """On PostgreSQL the atomic success writes its entries, checkpoint, projection and the lease's release
+    in one statement (data-modifying CTEs of the projection's UPDATE): three round trips less a run. On
+    SQLite, where a statement is no round trip, they stay four. Either way the chain verifies against
+    the checkpoint, which holds the ledger's head, and the lease is released. The code before sent four
+    statements on both."""
+    platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k0"))  # statements are built
+    statements: list[str] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+        statements.append(statement)
+
+    sa.event.listen(platform.db.engine, "before_cursor_execute", seen)
+    try:
+        run = platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1")).run
+    finally:
+        sa.event.remove(platform.db.engine, "before_cursor_execute", seen)
+    projections = [s for s in statements if "UPDATE dataflow_runs" in s]
+    assert len(projections) == 1
+    parts = ("INSERT INTO ledger_entries", "INSERT INTO checkpoints", "UPDATE leases")
+    assert all((part in projections[0]) == (platform.db.dialect == "postgresql") for part in parts)
+    with platform.db.read() as conn:
+        verification = ledger.verify(conn, "dataflow", run.run_id)
+        checkpoint = checkpoints.latest(conn, "dataflow", run.run_id)
+        lease = _lease_row(conn, run.run_id)
+    assert verification.ok and run.status == "succeeded"
+    assert checkpoint is not None and (checkpoint.head_seq, checkpoint.head_hash, checkpoint.status) == (
+        verification.head_seq, verification.head_hash, "succeeded")
+    assert checkpoint.facts["output_digest"] == run.output_digest
+    assert lease.attempt == 1 and lease.released_at_us is not None
+
+
+def _lease_row(conn: sa.Connection, run_id: str) -> sa.Row[Any]:
+    return conn.execute(sa.select(schema.leases).where(schema.leases.c.subject_id == run_id)).one()
+
+
+@pytest.mark.parametrize("refusal", ["projection", "release"])
+def test_a_transition_whose_guard_refuses_writes_nothing(
+    platform: Platform, tmp_path: Path, refusal: str
+) -> None:
+    """A transition's projection is written only while the row names the expected attempt, and its lease
+    released only while it is that attempt's live one: either refusal is StaleAttempt, and nothing of the
+    transition remains (no entry, no checkpoint, the row and the lease as they were), on PostgreSQL where
+    one statement wrote them all before its checks, as on SQLite where the check stops the writes."""
+    platform.runs.submit(flows.request(flows.definition(), tmp_path, "k1"))
+    claim = platform.runs.claim_next()
+    assert claim is not None
+    run_id, before = claim.run.run_id, flows.kinds(platform, claim.run.run_id)
+    failure = [{"code": "x", "message": "refused", "no_external_output": True}]
+    with pytest.raises(StaleAttempt), fencing.fenced_chain(platform.db, "dataflow", run_id, 1) as (conn, held):
+        if refusal == "release":  # in this transaction, after the fence: the lease is no longer live
+            conn.execute(sa.update(schema.leases).where(schema.leases.c.subject_id == run_id).values(released_at_us=1))
+        transitions.apply(
+            conn, platform.db, claim.run, 1, transitions.Outcome.FAILED_BEFORE_DISPATCH, failure, evidence_key=None,
+            row_attempt=2 if refusal == "projection" else None, held=held,
+        )  # fmt: skip
+    assert flows.kinds(platform, run_id) == before
+    with platform.db.read() as conn:
+        assert checkpoints.latest(conn, "dataflow", run_id) is None
+        lease = _lease_row(conn, run_id)
+    assert (lease.attempt, lease.released_at_us) == (1, None)
+    assert platform.runs.get(run_id).status == "running"
 
 
 def test_the_one_statement_record_writes_keyed_entries_and_follows_the_outbox_setting(

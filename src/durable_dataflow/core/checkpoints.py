@@ -125,26 +125,61 @@ def write_verified(
 ) -> Checkpoint:
     """Verify the subject's evidence (``held``: as :func:`verify_subject`) and write a checkpoint;
     raise EvidenceError on any failure."""
+    parameters = verified(conn, module, subject_id, attempt, status, facts, evidence_key=evidence_key,
+                          facts_check=facts_check, held=held)  # fmt: skip
+    return write(conn, db, parameters, facts)
+
+
+def write(conn: Connection, db: Database, parameters: Mapping[str, Any], facts: Mapping[str, Any]) -> Checkpoint:
+    """Write the checkpoint :func:`verified` returned (``parameters``; ``facts`` as it was given them)."""
+    now_us = conn.execute(db.statement(_insert_statement), dict(parameters)).scalar_one()
+    value = {name: parameters[f"{_PREFIX}{name}"] for name in ("module", "subject_id", "attempt", "head_seq",
+                                                                "head_hash", "status")}  # fmt: skip
+    return Checkpoint(**value, facts=facts, verified_at_us=now_us)
+
+
+def verified(
+    conn: Connection,
+    module: str,
+    subject_id: str,
+    attempt: int,
+    status: str,
+    facts: Mapping[str, Any],
+    *,
+    evidence_key: Secret | None = None,
+    facts_check: FactsCheck | None = None,
+    held: ledger.HeldChain | None = None,
+) -> dict[str, Any]:
+    """:func:`write_verified`'s verification (EvidenceError on any failure), and the checkpoint it would
+    write as the values of :func:`inserted_cte`'s bind parameters: for a PostgreSQL statement of another
+    module that writes the checkpoint with its own rows, in one round trip."""
     result = verify_subject(
         conn, module, subject_id, evidence_key=evidence_key, facts_check=facts_check, held=held
     )
     if not result.ok:
         where = f" at seq {result.broken_seq}" if result.broken_seq is not None else ""
         raise EvidenceError(f"evidence of {module}/{subject_id} failed verification{where}: {result.reason}")
-    facts_json = hashing.canonical_json(dict(facts)).decode("utf-8")
-    now_us = conn.execute(
-        db.statement(_insert_statement),
-        {
-            "module": module, "subject_id": subject_id, "head_seq": result.head_seq, "attempt": attempt,
-            "head_hash": result.head_hash, "status": status, "facts_json": facts_json,
-        },
-    ).scalar_one()  # fmt: skip
-    return Checkpoint(module, subject_id, attempt, result.head_seq, result.head_hash, status, facts, now_us)
+    row = {
+        "module": module, "subject_id": subject_id, "head_seq": result.head_seq, "attempt": attempt,
+        "head_hash": result.head_hash, "status": status, "facts_json": hashing.canonical_json(dict(facts)).decode(),
+    }  # fmt: skip
+    return {f"{_PREFIX}{name}": value for name, value in row.items()}
+
+
+_PREFIX = "checkpoint_"  # of the bind parameters, which share a statement with other modules' in inserted_cte
+_VALUES = ("module", "subject_id", "head_seq", "attempt", "head_hash", "status", "facts_json")
 
 
 def _insert_statement(db: Database) -> sa.Insert:
-    """A checkpoint at the database time (the other values come with the execution)."""
-    return checkpoints.insert().values(verified_at_us=db.now_us_expr()).returning(checkpoints.c.verified_at_us)
+    """A checkpoint at the database time (the other values are :func:`verified`'s bind parameters)."""
+    values = {name: sa.bindparam(f"{_PREFIX}{name}", type_=checkpoints.c[name].type) for name in _VALUES}
+    inserted = checkpoints.insert().values(verified_at_us=db.now_us_expr(), **values)
+    return inserted.returning(checkpoints.c.verified_at_us)
+
+
+def inserted_cte(db: Database) -> sa.CTE:
+    """:func:`write_verified`'s INSERT as a data-modifying CTE (its values: :func:`verified`)."""
+    return _insert_statement(db).cte("inserted_checkpoint")
 
 
 def count_by_module(

@@ -237,8 +237,25 @@ def heartbeat(conn: Connection, db: Database, module: str, subject_id: str, atte
 
 def release(conn: Connection, db: Database, module: str, subject_id: str, attempt: int) -> None:
     """Release the lease of a live attempt (inside its fenced terminal transaction)."""
-    row = conn.execute(db.statement(_release_statement), _match(module, subject_id, attempt)).one_or_none()
-    if row is None:
+    row = conn.execute(db.statement(_release_statement), release_parameters(module, subject_id, attempt)).one_or_none()
+    released(0 if row is None else 1, module, subject_id, attempt)
+
+
+def released_cte(db: Database) -> sa.CTE:
+    """:func:`release`'s statement as a data-modifying CTE, for a PostgreSQL statement of another module
+    that releases the lease with its own writes (a transition's): its values are
+    :func:`release_parameters`, and the statement hands the count of rows it returned to :func:`released`."""
+    return _release_statement(db).cte("released_lease")
+
+
+def release_parameters(module: str, subject_id: str, attempt: int) -> dict[str, Any]:
+    """The values of :func:`release`'s (and :func:`released_cte`'s) bind parameters."""
+    return _match(module, subject_id, attempt)
+
+
+def released(count: int, module: str, subject_id: str, attempt: int) -> None:
+    """StaleAttempt unless a release changed the lease row (``count``: the rows it returned)."""
+    if count != 1:
         raise StaleAttempt(f"release refused: attempt {attempt} of {module}/{subject_id} is not the current lease")
 
 

@@ -203,17 +203,21 @@ def append_many(
         if (held.module, held.subject_id) != (module, subject_id):
             raise InputError(f"the held chain is {held.module}/{held.subject_id}, not {module}/{subject_id}")
         seq, prev_hash = held.head()
-        if seq + len(items) > ENTRIES_PER_SUBJECT_MAX:
-            raise InputError(f"subject {module}/{subject_id} reached {ENTRIES_PER_SUBJECT_MAX} ledger entries")
+        _check_room(module, subject_id, seq, len(items))
         return _insert_chained(conn, db, module, subject_id, items, seq, prev_hash, held.now_us, evidence_key)
     if head is None:
         read = conn.execute(db.statement(_head_statement), head_parameters(module, subject_id)).one()
         head = Head(None if read.seq is None else int(read.seq), read.entry_hash, int(read.now_us))
     seq = 0 if head.seq is None else head.seq
-    if seq + len(items) > ENTRIES_PER_SUBJECT_MAX:
-        raise InputError(f"subject {module}/{subject_id} reached {ENTRIES_PER_SUBJECT_MAX} ledger entries")
+    _check_room(module, subject_id, seq, len(items))
     prev_hash = genesis_hash(module, subject_id) if head.seq is None else str(head.entry_hash)
     return _insert_chained(conn, db, module, subject_id, items, seq, prev_hash, head.now_us, evidence_key)
+
+
+def _check_room(module: str, subject_id: str, seq: int, count: int) -> None:
+    """InputError when ``count`` entries after ``seq`` would pass the subject's entry bound."""
+    if seq + count > ENTRIES_PER_SUBJECT_MAX:
+        raise InputError(f"subject {module}/{subject_id} reached {ENTRIES_PER_SUBJECT_MAX} ledger entries")
 
 
 def head_columns() -> tuple[sa.ScalarSelect[int], sa.ScalarSelect[str]]:
@@ -293,13 +297,14 @@ _INSERT_OUTBOX = ledger_outbox.insert()
 
 
 @dataclass(frozen=True)
-class FirstEntries:
-    """The first entries of a subject created in the caller's transaction, chained from its genesis and
-    not yet written: :func:`first_entries_ctes` writes them inside another module's INSERT of the subject
-    (PostgreSQL), so the subject and its chain start in one round trip."""
+class PendingEntries:
+    """Entries chained and not yet written: :func:`entries_ctes` writes them inside another module's
+    PostgreSQL statement, so they cost no round trip of their own. A new subject's first entries
+    (:func:`first_entries`) go into the INSERT of the subject; a held chain's next ones
+    (:func:`held_entries`) into the statement of the transition that appends them."""
 
     entries: list[Entry]
-    parameters: dict[str, Any]  # the values of first_entries_ctes's bind parameters
+    parameters: dict[str, Any]  # the values of entries_ctes's bind parameters
     outbox: bool  # whether their outbox rows are written too (``Database.ledger_outbox`` when prepared)
 
 
@@ -311,31 +316,59 @@ def first_entries(
     recorded_at_us: int,
     *,
     evidence_key: Secret | None = None,
-) -> FirstEntries:
+) -> PendingEntries:
     """``items`` as a new subject's first entries at ``recorded_at_us`` (the caller's database time),
     as ``append_many(..., new_subject_at_us=...)`` would write them."""
     if not items:
         raise InputError("first_entries needs at least one entry")
-    genesis = genesis_hash(module, subject_id)
-    entries, rows = _chain(module, subject_id, items, 0, genesis, recorded_at_us, evidence_key)
+    return _pending(db, module, subject_id, items, 0, genesis_hash(module, subject_id), recorded_at_us, evidence_key)
+
+
+def held_entries(
+    db: Database,
+    held: HeldChain,
+    items: Sequence[tuple[int, str, Mapping[str, Any]]],
+    *,
+    evidence_key: Secret | None = None,
+) -> PendingEntries:
+    """``items`` after the held chain's head at its clock, as ``append_many(..., held=held)`` would write
+    them (the caller's statement inserts them: :func:`entries_ctes`)."""
+    if not items:
+        raise InputError("held_entries needs at least one entry")
+    seq, prev_hash = held.head()
+    _check_room(held.module, held.subject_id, seq, len(items))
+    return _pending(db, held.module, held.subject_id, items, seq, prev_hash, held.now_us, evidence_key)
+
+
+def _pending(
+    db: Database,
+    module: str,
+    subject_id: str,
+    items: Sequence[tuple[int, str, Mapping[str, Any]]],
+    seq: int,
+    prev_hash: str,
+    recorded_at_us: int,
+    evidence_key: Secret | None,
+) -> PendingEntries:
+    entries, rows = _chain(module, subject_id, items, seq, prev_hash, recorded_at_us, evidence_key)
     parameters = {f"entry{i}_{name}": value for i, row in enumerate(rows) for name, value in row.items()}
     outbox = db.ledger_outbox
     if outbox:
         kept = (_outbox_row(entry) for entry in entries)
         parameters.update({f"outbox{i}_{name}": value for i, row in enumerate(kept) for name, value in row.items()})
-    return FirstEntries(entries, parameters, outbox)
+    return PendingEntries(entries, parameters, outbox)
 
 
-def first_entries_ctes(count: int, outbox: bool) -> tuple[sa.CTE, ...]:
-    """The INSERTs of ``count`` first entries (and, with ``outbox``, their outbox rows) as data-modifying
-    CTEs, for a PostgreSQL statement of the module that inserts the subject (which adds them with
-    ``add_cte``); their values are :class:`FirstEntries`'s ``parameters``, and ``count`` and ``outbox``
-    its ``entries``' length and ``outbox``. Build it through ``Database.statement`` with both in its shape."""
+def entries_ctes(count: int, outbox: bool) -> tuple[sa.CTE, ...]:
+    """The INSERTs of ``count`` pending entries (and, with ``outbox``, their outbox rows) as data-modifying
+    CTEs, for another module's PostgreSQL statement (which adds them with ``add_cte``); their values are
+    :class:`PendingEntries`'s ``parameters``, and ``count`` and ``outbox`` its ``entries``' length and
+    ``outbox``. Build it through ``Database.statement`` with both in its shape."""
     tables = (ledger_entries, ledger_outbox) if outbox else (ledger_entries,)
     # one single-row INSERT per row: SQLAlchemy caches its compiled form, not a multi-row VALUES's
     return tuple(
         table.insert().values({c.name: sa.bindparam(f"{prefix}{i}_{c.name}", type_=c.type) for c in table.c})
-        .cte(f"first_{prefix}_{i}")
+        .cte(f"pending_{prefix}_{i}")
         for table, prefix in zip(tables, ("entry", "outbox"), strict=False)
         for i in range(count)
     )  # fmt: skip

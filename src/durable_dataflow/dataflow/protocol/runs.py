@@ -264,13 +264,29 @@ def update(
 
     With ``expected_attempt`` the row changes only while it still names that attempt (StaleAttempt
     otherwise): a projection is never written for an attempt the row has moved past."""
-    guarded = expected_attempt is not None
-    statement = db.statement(_update_statement, tuple(sorted(values)), guarded)
+    statement = db.statement(_update_statement, tuple(sorted(values)), expected_attempt is not None)
+    row = conn.execute(statement, update_parameters(run_id, values, expected_attempt)).one_or_none()
+    return updated(row, run_id, expected_attempt)
+
+
+def updated_cte(db: Database, columns: tuple[str, ...], guarded: bool) -> sa.CTE:
+    """:func:`update`'s statement as a data-modifying CTE, for a PostgreSQL statement that writes the
+    projection together with other modules' rows (a transition's, protocol/transitions.py) and selects
+    the row from it: :func:`update_parameters` gives its values, :func:`updated` reads the row."""
+    return _update_statement(db, columns, guarded).cte("updated_run")
+
+
+def update_parameters(run_id: str, values: Mapping[str, Any], expected_attempt: int | None) -> dict[str, Any]:
+    """The values of :func:`update`'s (and :func:`updated_cte`'s) bind parameters."""
     parameters = {f"set_{name}": value for name, value in values.items()}
     parameters["match_run_id"] = run_id
-    if guarded:
-        parameters["match_attempt"] = expected_attempt
-    row = conn.execute(statement, parameters).one_or_none()
+    if expected_attempt is not None:
+        parameters["match_run_attempt"] = expected_attempt
+    return parameters
+
+
+def updated(row: sa.Row[Any] | None, run_id: str, expected_attempt: int | None) -> Run:
+    """The run an update returned; StaleAttempt when its guard matched no row (NotFound unguarded)."""
     if row is None:
         if expected_attempt is not None:
             raise StaleAttempt(
@@ -288,7 +304,7 @@ def _update_statement(db: Database, columns: tuple[str, ...], guarded: bool) -> 
         raise InputError(f"a run has no updatable column {unknown[0]!r}")
     statement = dataflow_runs.update().where(dataflow_runs.c.run_id == sa.bindparam("match_run_id"))
     if guarded:
-        statement = statement.where(dataflow_runs.c.attempt == sa.bindparam("match_attempt"))
+        statement = statement.where(dataflow_runs.c.attempt == sa.bindparam("match_run_attempt"))
     values = {name: sa.bindparam(f"set_{name}", type_=dataflow_runs.c[name].type) for name in columns}
     return statement.values(updated_at_us=db.now_us_expr(), **values).returning(*dataflow_runs.c)
 
