@@ -199,24 +199,29 @@ def _lease_row(conn: sa.Connection, run_id: str) -> sa.Row[Any]:
     return conn.execute(sa.select(schema.leases).where(schema.leases.c.subject_id == run_id)).one()
 
 
-@pytest.mark.parametrize("refusal", ["projection", "release"])
+@pytest.mark.parametrize(("refusal", "outcome"), [
+    ("projection", transitions.Outcome.DISPATCH_AUTHORIZED),  # no release: the guard is the only check
+    ("projection", transitions.Outcome.FAILED_BEFORE_DISPATCH),
+    ("release", transitions.Outcome.FAILED_BEFORE_DISPATCH),
+])  # fmt: skip
 def test_a_transition_whose_guard_refuses_writes_nothing(
-    platform: Platform, tmp_path: Path, refusal: str
+    platform: Platform, tmp_path: Path, refusal: str, outcome: transitions.Outcome
 ) -> None:
     """A transition's projection is written only while the row names the expected attempt, and its lease
     released only while it is that attempt's live one: either refusal is StaleAttempt, and nothing of the
     transition remains (no entry, no checkpoint, the row and the lease as they were), on PostgreSQL where
-    one statement wrote them all before its checks, as on SQLite where the check stops the writes."""
+    one statement wrote them all before its checks, as on SQLite where the check stops the writes. A
+    transition that releases nothing (dispatch.authorized) is refused by its guard alone."""
     platform.runs.submit(flows.request(flows.definition(), tmp_path, "k1"))
     claim = platform.runs.claim_next()
     assert claim is not None
     run_id, before = claim.run.run_id, flows.kinds(platform, claim.run.run_id)
-    failure = [{"code": "x", "message": "refused", "no_external_output": True}]
+    payloads = [{"code": "x", "message": "refused", "no_external_output": True}]
     with pytest.raises(StaleAttempt), fencing.fenced_chain(platform.db, "dataflow", run_id, 1) as (conn, held):
         if refusal == "release":  # in this transaction, after the fence: the lease is no longer live
             conn.execute(sa.update(schema.leases).where(schema.leases.c.subject_id == run_id).values(released_at_us=1))
         transitions.apply(
-            conn, platform.db, claim.run, 1, transitions.Outcome.FAILED_BEFORE_DISPATCH, failure, evidence_key=None,
+            conn, platform.db, claim.run, 1, outcome, payloads, evidence_key=None,
             row_attempt=2 if refusal == "projection" else None, held=held,
         )  # fmt: skip
     assert flows.kinds(platform, run_id) == before
@@ -225,6 +230,25 @@ def test_a_transition_whose_guard_refuses_writes_nothing(
         lease = _lease_row(conn, run_id)
     assert (lease.attempt, lease.released_at_us) == (1, None)
     assert platform.runs.get(run_id).status == "running"
+
+
+def test_a_transition_refuses_the_held_chain_of_another_run(platform: Platform, tmp_path: Path) -> None:
+    """A transition appends only to the chain its fence read for the same run: given another run's held
+    chain it is refused (InputError) before anything is written, on PostgreSQL's one-statement path as
+    on SQLite's (where ``append_many`` checked it first; the PostgreSQL path had lost the check)."""
+    for key in ("k1", "k2"):
+        platform.runs.submit(flows.request(flows.definition(), tmp_path, key))
+    first, second = platform.runs.claim_next(), platform.runs.claim_next()
+    assert first is not None and second is not None
+    before = flows.kinds(platform, second.run.run_id)
+    with pytest.raises(InputError, match="held chain"), fencing.fenced_chain(
+        platform.db, "dataflow", first.run.run_id, 1
+    ) as (conn, held):
+        transitions.apply(
+            conn, platform.db, second.run, 1, transitions.Outcome.DISPATCH_AUTHORIZED, [{}], evidence_key=None,
+            held=held,
+        )  # fmt: skip
+    assert flows.kinds(platform, second.run.run_id) == before
 
 
 def test_the_one_statement_record_writes_keyed_entries_and_follows_the_outbox_setting(

@@ -200,8 +200,7 @@ def append_many(
         return _insert_chained(conn, db, module, subject_id, items, 0, genesis_hash(module, subject_id),
                                new_subject_at_us, evidence_key)  # fmt: skip
     if held is not None:
-        if (held.module, held.subject_id) != (module, subject_id):
-            raise InputError(f"the held chain is {held.module}/{held.subject_id}, not {module}/{subject_id}")
+        _check_held(held, module, subject_id)
         seq, prev_hash = held.head()
         _check_room(module, subject_id, seq, len(items))
         return _insert_chained(conn, db, module, subject_id, items, seq, prev_hash, held.now_us, evidence_key)
@@ -212,6 +211,12 @@ def append_many(
     _check_room(module, subject_id, seq, len(items))
     prev_hash = genesis_hash(module, subject_id) if head.seq is None else str(head.entry_hash)
     return _insert_chained(conn, db, module, subject_id, items, seq, prev_hash, head.now_us, evidence_key)
+
+
+def _check_held(held: HeldChain, module: str, subject_id: str) -> None:
+    """InputError unless ``held`` is the chain of the subject being appended to."""
+    if (held.module, held.subject_id) != (module, subject_id):
+        raise InputError(f"the held chain is {held.module}/{held.subject_id}, not {module}/{subject_id}")
 
 
 def _check_room(module: str, subject_id: str, seq: int, count: int) -> None:
@@ -326,8 +331,10 @@ def first_entries(
 
 def held_entries(
     db: Database,
-    held: HeldChain,
+    module: str,
+    subject_id: str,
     items: Sequence[tuple[int, str, Mapping[str, Any]]],
+    held: HeldChain,
     *,
     evidence_key: Secret | None = None,
 ) -> PendingEntries:
@@ -335,9 +342,10 @@ def held_entries(
     them (the caller's statement inserts them: :func:`entries_ctes`)."""
     if not items:
         raise InputError("held_entries needs at least one entry")
+    _check_held(held, module, subject_id)
     seq, prev_hash = held.head()
-    _check_room(held.module, held.subject_id, seq, len(items))
-    return _pending(db, held.module, held.subject_id, items, seq, prev_hash, held.now_us, evidence_key)
+    _check_room(module, subject_id, seq, len(items))
+    return _pending(db, module, subject_id, items, seq, prev_hash, held.now_us, evidence_key)
 
 
 def _pending(

@@ -149,7 +149,10 @@ def _read_proc(path: str) -> bytes:
     """A small /proc file's bytes, read unbuffered (a text-mode open costs twice as much, every run)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        return os.read(fd, 16384)
+        chunks = [os.read(fd, 16384)]
+        while chunks[-1]:  # one read is the whole file unless it is longer (a status with many groups)
+            chunks.append(os.read(fd, 16384))
+        return b"".join(chunks)
     finally:
         os.close(fd)
 

@@ -73,7 +73,7 @@ def apply(
     appending = items(outcome, attempt, payloads)
     pending = None
     if held is not None and new_subject_at_us is None and db.dialect == "postgresql":
-        pending = ledger.held_entries(db, held, appending, evidence_key=evidence_key)
+        pending = ledger.held_entries(db, MODULE, run.run_id, appending, held, evidence_key=evidence_key)
         appended = pending.entries
     else:
         appended = ledger.append_many(
