@@ -133,8 +133,7 @@ def write_verified(
 def write(conn: Connection, db: Database, parameters: Mapping[str, Any], facts: Mapping[str, Any]) -> Checkpoint:
     """Write the checkpoint :func:`verified` returned (``parameters``; ``facts`` as it was given them)."""
     now_us = conn.execute(db.statement(_insert_statement), dict(parameters)).scalar_one()
-    value = {name: parameters[f"{_PREFIX}{name}"] for name in ("module", "subject_id", "attempt", "head_seq",
-                                                                "head_hash", "status")}  # fmt: skip
+    value = {name: parameters[f"{_PREFIX}{name}"] for name in _VALUES if name != "facts_json"}
     return Checkpoint(**value, facts=facts, verified_at_us=now_us)
 
 

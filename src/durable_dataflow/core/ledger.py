@@ -200,9 +200,7 @@ def append_many(
         return _insert_chained(conn, db, module, subject_id, items, 0, genesis_hash(module, subject_id),
                                new_subject_at_us, evidence_key)  # fmt: skip
     if held is not None:
-        _check_held(held, module, subject_id)
-        seq, prev_hash = held.head()
-        _check_room(module, subject_id, seq, len(items))
+        seq, prev_hash = _held_head(held, module, subject_id, len(items))
         return _insert_chained(conn, db, module, subject_id, items, seq, prev_hash, held.now_us, evidence_key)
     if head is None:
         read = conn.execute(db.statement(_head_statement), head_parameters(module, subject_id)).one()
@@ -213,10 +211,14 @@ def append_many(
     return _insert_chained(conn, db, module, subject_id, items, seq, prev_hash, head.now_us, evidence_key)
 
 
-def _check_held(held: HeldChain, module: str, subject_id: str) -> None:
-    """InputError unless ``held`` is the chain of the subject being appended to."""
+def _held_head(held: HeldChain, module: str, subject_id: str, count: int) -> tuple[int, str]:
+    """The held chain's head, to append ``count`` entries after; InputError when it is another subject's
+    chain or the entries would pass the subject's bound."""
     if (held.module, held.subject_id) != (module, subject_id):
         raise InputError(f"the held chain is {held.module}/{held.subject_id}, not {module}/{subject_id}")
+    seq, prev_hash = held.head()
+    _check_room(module, subject_id, seq, count)
+    return seq, prev_hash
 
 
 def _check_room(module: str, subject_id: str, seq: int, count: int) -> None:
@@ -342,9 +344,7 @@ def held_entries(
     them (the caller's statement inserts them: :func:`entries_ctes`)."""
     if not items:
         raise InputError("held_entries needs at least one entry")
-    _check_held(held, module, subject_id)
-    seq, prev_hash = held.head()
-    _check_room(module, subject_id, seq, len(items))
+    seq, prev_hash = _held_head(held, module, subject_id, len(items))
     return _pending(db, module, subject_id, items, seq, prev_hash, held.now_us, evidence_key)
 
 
