@@ -17,10 +17,11 @@ from durable_dataflow.core.invariants import InvariantViolation
 from durable_dataflow.core.schema import ledger_entries, ledger_outbox
 from durable_dataflow.core.secrets import Secret
 from durable_dataflow.dataflow.definitions.definitions import canonical_body, definition_hash
+from durable_dataflow.dataflow.execution import results
 from durable_dataflow.dataflow.protocol import attempt, sweeper, transitions
 from durable_dataflow.dataflow.protocol.runs import RunStatus
 from durable_dataflow.dataflow.protocol.submit import Submitter
-from durable_dataflow.dataflow.schema import definitions, run_results
+from durable_dataflow.dataflow.schema import definitions, run_results, tenant_result_bytes
 from durable_dataflow.platform import Platform
 from support import flows
 
@@ -62,9 +63,10 @@ def test_record_before_execute(platform: Platform, tmp_path: Path, monkeypatch: 
 
 
 def test_terminal_commit_is_all_or_nothing(platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Invariant 4: a failure inside the terminal transaction leaves no result, no success and no checkpoint.
-    The failure comes at the lease's release, the transition's last check: after its statement, on
-    PostgreSQL the one that wrote the entries, the checkpoint and the projection too."""
+    """Invariant 4: a failure inside the terminal transaction leaves no result, no success and no checkpoint,
+    and counts no stored bytes. The failure comes at the lease's release, the transition's last check:
+    after its statement, on PostgreSQL the one that wrote the entries, the checkpoint, the projection,
+    the result and its count too."""
 
     def explode(*args: object, **kwargs: object) -> None:
         raise RuntimeError("disk full while releasing")
@@ -74,6 +76,7 @@ def test_terminal_commit_is_all_or_nothing(platform: Platform, tmp_path: Path, m
         platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1"))
     with platform.db.read() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(run_results)).scalar_one() == 0
+        assert conn.execute(sa.select(sa.func.count()).select_from(tenant_result_bytes)).scalar_one() == 0
         run_id = conn.execute(sa.text("SELECT run_id FROM dataflow_runs")).scalar_one()
         assert checkpoints.latest(conn, "dataflow", run_id) is None
     run = platform.runs.get(run_id)
@@ -136,8 +139,10 @@ def test_a_run_and_its_first_entries_are_written_by_one_statement_on_postgresql(
 ) -> None:
     """On PostgreSQL the recording transaction writes the run's row and its first ledger entries (with
     ``attempt.started`` too, inline) in one statement, the ledger's INSERT a CTE of the run's: a round
-    trip less a run. On SQLite, where a statement is no round trip, they stay two. The chain verifies
-    and starts at the run's own time either way. The code before sent two INSERTs on both."""
+    trip less a run; inline, attempt 1's lease is granted by the quota's read (a CTE it selects from),
+    another. On SQLite, where a statement is no round trip, each is its own. The chain verifies and
+    starts at the run's own time (inline, its lease's grant time) either way. The code before sent two
+    INSERTs on both, and the grant on its own."""
     platform.runs.submit(flows.request(flows.definition(), tmp_path, "k0"))  # the definition is stored
     statements: list[str] = []
 
@@ -154,6 +159,10 @@ def test_a_run_and_its_first_entries_are_written_by_one_statement_on_postgresql(
     assert len(writes) == 1
     together = "INSERT INTO ledger_entries" in writes[0]
     assert together == (platform.db.dialect == "postgresql")
+    grants = [s for s in statements if "INSERT INTO leases" in s]
+    assert len(grants) == (1 if inline else 0)
+    if inline:  # with the quota's read (of the stored-bytes counter) on PostgreSQL
+        assert ("tenant_result_bytes" in grants[0]) == (platform.db.dialect == "postgresql")
     with platform.db.read() as conn:
         verification = ledger.verify(conn, "dataflow", run.run_id)
         entries = ledger.read(conn, "dataflow", run.run_id)
@@ -161,14 +170,18 @@ def test_a_run_and_its_first_entries_are_written_by_one_statement_on_postgresql(
     first = ["run.recorded", "attempt.started"] if inline else ["run.recorded"]
     assert [e.kind for e in entries][: len(first)] == first
     assert {e.recorded_at_us for e in entries[: len(first)]} == {run.created_at_us}
+    if inline:
+        with platform.db.read() as conn:
+            assert _lease_row(conn, run.run_id).acquired_at_us == run.created_at_us
 
 
 def test_a_terminal_transition_is_written_by_one_statement_on_postgresql(platform: Platform, tmp_path: Path) -> None:
-    """On PostgreSQL the atomic success writes its entries, checkpoint, projection and the lease's release
-    in one statement (data-modifying CTEs of the projection's UPDATE): three round trips less a run. On
-    SQLite, where a statement is no round trip, they stay four. Either way the chain verifies against
-    the checkpoint, which holds the ledger's head, and the lease is released. The code before sent four
-    statements on both."""
+    """On PostgreSQL the atomic success writes its entries, checkpoint, projection, the lease's release,
+    the result (one piece) and the tenant's stored-bytes count in one statement (data-modifying CTEs of
+    the projection's UPDATE), after the fence's read: five round trips less a run. On SQLite, where a
+    statement is no round trip, they stay six. Either way the chain verifies against the checkpoint,
+    which holds the ledger's head, the lease is released, and the stored bytes and the counter agree.
+    The code before sent six statements on both (four, then two, on PostgreSQL)."""
     platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k0"))  # statements are built
     statements: list[str] = []
 
@@ -182,13 +195,23 @@ def test_a_terminal_transition_is_written_by_one_statement_on_postgresql(platfor
         sa.event.remove(platform.db.engine, "before_cursor_execute", seen)
     projections = [s for s in statements if "UPDATE dataflow_runs" in s]
     assert len(projections) == 1
-    parts = ("INSERT INTO ledger_entries", "INSERT INTO checkpoints", "UPDATE leases")
+    parts = (
+        "INSERT INTO ledger_entries", "INSERT INTO checkpoints", "UPDATE leases", "INSERT INTO run_results",
+        "INSERT INTO tenant_result_bytes",
+    )  # fmt: skip
     assert all((part in projections[0]) == (platform.db.dialect == "postgresql") for part in parts)
+    if platform.db.dialect == "postgresql":  # the terminal transaction: the fence's read, then this one
+        assert statements[-1] == projections[0] and statements[-2].startswith("SELECT leases."), statements[-2:]
     with platform.db.read() as conn:
         verification = ledger.verify(conn, "dataflow", run.run_id)
         checkpoint = checkpoints.latest(conn, "dataflow", run.run_id)
         lease = _lease_row(conn, run.run_id)
+        stored = results.stored_bytes(conn, run.run_id)
+        counted = conn.execute(sa.select(tenant_result_bytes.c.stored_bytes)).scalar_one()
+        by_results = conn.execute(sa.select(sa.func.sum(sa.func.length(run_results.c.bytes)))).scalar_one()
     assert verification.ok and run.status == "succeeded"
+    assert results.decode_ipc(stored).num_rows == run.row_count
+    assert counted == by_results and counted > 0
     assert checkpoint is not None and (checkpoint.head_seq, checkpoint.head_hash, checkpoint.status) == (
         verification.head_seq, verification.head_hash, "succeeded")
     assert checkpoint.facts["output_digest"] == run.output_digest

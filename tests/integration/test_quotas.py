@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from durable_dataflow.api.app import create_app
 from durable_dataflow.cli import main as cli_main
 from durable_dataflow.cli.common import EXIT_CODES
+from durable_dataflow.core import schema as core_schema
 from durable_dataflow.core.errors import InputError, QuotaExceeded
 from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.protocol import quotas
@@ -104,7 +105,8 @@ def test_a_replay_past_the_quota_is_still_answered(serve: Any) -> None:
 
 def test_running_runs_past_the_quota_refuse_an_inline_submit(serve: Any) -> None:
     """With acme's running_runs at 1 and one run claimed (running, its lease held), an inline submit
-    answers 429 running_runs and records nothing."""
+    answers 429 running_runs and records nothing: no run, and no lease (on PostgreSQL the quota's read
+    granted one in the same statement; the refusal rolled it back)."""
     served = serve({"running_runs": 1})
     definition = Definition.model_validate(flows.daily_flow())
     request = RunRequest(
@@ -115,6 +117,8 @@ def test_running_runs_past_the_quota_refuse_an_inline_submit(serve: Any) -> None
     assert served.platform.runs.submit(request, claim=True).run.status == "running"
     assert_refused(served.submit(served.tokens.submitter, "2026-03-02", queue=False), "running_runs", 1)
     assert served.runs_of("acme") == 1
+    with served.platform.db.read() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(core_schema.leases)).scalar_one() == 1
 
 
 def test_stored_result_bytes_past_the_quota_refuse_the_next_submit(serve: Any) -> None:
@@ -245,18 +249,31 @@ def _stored_bytes_by_tenant(platform: Platform) -> tuple[dict[str, int], dict[st
     return counted, sums
 
 
-def test_the_stored_bytes_counter_is_each_tenants_sum_of_its_stored_results(db_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("one_piece", [True, False], ids=["one-piece", "in-pieces"])
+def test_the_stored_bytes_counter_is_each_tenants_sum_of_its_stored_results(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_piece: bool
+) -> None:
     """Proves the result_bytes quota's counter (tenant_result_bytes, kept by results.store in the storing
     transaction) equals, per tenant, the sum of the sizes of the results its runs stored: atomic runs (the
     terminal commit) and a forward run (the pre-dispatch commit), one tenant's results never counted for
-    another, and a replay adds nothing."""
+    another, and a replay adds nothing. Both ways a transition stores: a result of one piece (on PostgreSQL
+    stored and counted by the transition's own statement) and one in pieces (its own statements: COPY or
+    blob writes, then the count), each run's stored bytes verifying."""
+    from durable_dataflow.dataflow.execution import results
+
+    if not one_piece:
+        monkeypatch.setattr(results, "WRITE_CHUNK_BYTES", 64)  # every result here is larger
     with Platform(db_url) as platform:
-        for key, params in (("a1", {}), ("a2", {"factor": 3})):
-            platform.runs.run_inline(flows.request(flows.definition(), tmp_path, key, params=params or None))
-        assert flows.forward(platform, tmp_path, "parquet", "a3").status == "succeeded"
-        platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "g1", tenant="globex"))
+        ran = [
+            platform.runs.run_inline(flows.request(flows.definition(), tmp_path, key, params=params or None)).run
+            for key, params in (("a1", {}), ("a2", {"factor": 3}))
+        ]
+        ran.append(flows.forward(platform, tmp_path, "parquet", "a3"))
+        ran.append(platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "g1", tenant="globex")).run)
         platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "a1"))  # a replay: nothing stored
         counted, sums = _stored_bytes_by_tenant(platform)
+        verified = [(run.status, flows.verify(platform, run.run_id).ok) for run in ran]
+    assert verified == [("succeeded", True)] * 4
     assert counted == sums and set(counted) == {"acme", "globex"} and counted["acme"] > counted["globex"] > 0
 
 
@@ -307,7 +324,9 @@ def test_the_counter_is_the_last_statement_of_the_storing_commit(db_url: str, tm
     """Proves the counter's upsert is the last statement before the commit that stores a result (atomic
     terminal, forward pre-dispatch): on PostgreSQL it holds the tenant's counter row until that commit, so
     the tenant's other storing commits wait for it only that long (before, it ran first and held the row
-    through the ledger append, the checkpoint's verification and the projection)."""
+    through the ledger append, the checkpoint's verification and the projection). On PostgreSQL a result of
+    one piece is stored and counted by the transition's own statement (its last CTEs); that statement is
+    then the last."""
     events: list[str] = []
     with Platform(db_url) as platform:
         sa.event.listen(platform.db.engine, "before_cursor_execute",
@@ -317,7 +336,7 @@ def test_the_counter_is_the_last_statement_of_the_storing_commit(db_url: str, tm
             assert flows.forward(platform, tmp_path, "parquet", "f1").status == "succeeded"
         else:
             platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "a1"))
-    upserts = [i for i, sql in enumerate(events) if sql.lstrip().upper().startswith("INSERT INTO TENANT_RESULT_BYTES")]
+    upserts = [i for i, sql in enumerate(events) if "INSERT INTO TENANT_RESULT_BYTES" in sql.upper()]
     assert len(upserts) == 1, events
     assert events[upserts[0] + 1] == "COMMIT", events[upserts[0] - 3 : upserts[0] + 3]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -121,12 +121,54 @@ def acquire(
             {**_match(module, subject_id, expected_attempt), "set_holder": holder, "ttl_us": ttl_us(ttl_s), **head},
         ).one_or_none()
         row = granted or _insert_first(conn, db, module, subject_id, holder, ttl_s, expected_attempt, head)
+    return _lease_of(row, module, subject_id, holder, chain_head)
+
+
+def _lease_of(row: Any, module: str, subject_id: str, holder: str, chain_head: bool) -> Lease:
+    """The lease a grant's row returned (``_granted``'s columns)."""
     invariant(int(row.attempt) >= 1, "a granted attempt is a positive fencing token")
     acquired_at_us = int(row.acquired_at_us)
     read = None
     if chain_head:
         read = ledger.Head(None if row.head_seq is None else int(row.head_seq), row.head_hash, acquired_at_us)
     return Lease(module, subject_id, int(row.attempt), holder, acquired_at_us, int(row.expires_at_us), read)
+
+
+@dataclass(frozen=True)
+class FirstGrant:
+    """A subject's first lease, asked for by a statement of another module that grants it with its own
+    read, in the transaction creating the subject (a submit's quota read: protocol/quotas.py)."""
+
+    module: str
+    subject_id: str
+    holder: str
+    ttl_s: float
+
+
+def first_grant_cte(db: Database) -> sa.CTE:
+    """:func:`acquire`'s first grant (``expected_attempt=0``) as a data-modifying CTE returning the
+    lease's ``attempt``, ``acquired_at_us`` and ``expires_at_us`` (no row when the subject had a lease);
+    its values are :func:`first_grant_parameters`, and the statement hands its row to :func:`granted_first`."""
+    return _first_grant_statement(db, False).cte("granted_lease")
+
+
+def first_grant_parameters(grant: FirstGrant) -> dict[str, Any]:
+    """The values of the first grant's bind parameters (:func:`first_grant_cte`'s and ``acquire``'s)."""
+    return {
+        "lease_module": grant.module, "lease_subject_id": grant.subject_id, "lease_attempt": 1,
+        "lease_holder": grant.holder[:HOLDER_LENGTH_MAX], "lease_ttl_us": ttl_us(grant.ttl_s),
+    }  # fmt: skip
+
+
+def granted_first(row: Any, grant: FirstGrant) -> Lease:
+    """The lease :func:`first_grant_cte` granted (``row``: the statement's, with the CTE's columns)."""
+    return _lease_of(row, grant.module, grant.subject_id, grant.holder[:HOLDER_LENGTH_MAX], False)
+
+
+def first_refused(grant: FirstGrant) -> NoReturn:
+    """LeaseUnavailable: the statement with :func:`first_grant_cte` returned no row, the subject already
+    had a lease."""
+    raise LeaseUnavailable(f"{grant.module}/{grant.subject_id} is leased by another holder")
 
 
 def _insert_first(
@@ -143,16 +185,9 @@ def _insert_first(
     (``head``: ``ledger.head_parameters``, to read the subject's ledger head with it)."""
     if expected_attempt not in (None, 0):
         raise LeaseUnavailable(f"{module}/{subject_id} is leased by another holder or its attempt moved on")
-    row = conn.execute(
-        db.statement(_first_grant_statement, bool(head)),
-        {
-            "module": module, "subject_id": subject_id, "attempt": 1, "holder": holder, "ttl_us": ttl_us(ttl_s),
-            **head,
-        },
-    ).one_or_none()  # fmt: skip
-    if row is None:
-        raise LeaseUnavailable(f"{module}/{subject_id} is leased by another holder")
-    return row
+    grant = FirstGrant(module, subject_id, holder, ttl_s)
+    statement = db.statement(_first_grant_statement, bool(head))
+    return conn.execute(statement, {**first_grant_parameters(grant), **head}).one_or_none() or first_refused(grant)
 
 
 # The statements every run executes, built once per database (Database.statement): the values are
@@ -197,12 +232,15 @@ def _next_grant_statement(db: Database, guarded: bool, chain_head: bool) -> sa.U
 
 
 def _first_grant_statement(db: Database, chain_head: bool) -> sa.Insert:
-    """A subject's first grant, ``INSERT … ON CONFLICT DO NOTHING RETURNING`` (the columns' values
-    come with the execution; ``chain_head``: see ``_granted``)."""
+    """A subject's first grant, ``INSERT … ON CONFLICT DO NOTHING RETURNING`` (its values:
+    ``first_grant_parameters``; ``chain_head``: see ``_granted``)."""
     now = db.now_us_expr()
+    given = {name: sa.bindparam(f"lease_{name}", type_=leases.c[name].type) for name in ("module", "subject_id",
+             "attempt", "holder")}  # fmt: skip
+    ttl = sa.bindparam("lease_ttl_us", type_=sa.BigInteger())
     return (
         insert_if_absent(db.dialect, leases, ["module", "subject_id"])
-        .values(acquired_at_us=now, expires_at_us=now + sa.bindparam("ttl_us", type_=sa.BigInteger()))
+        .values(**given, acquired_at_us=now, expires_at_us=now + ttl)
         .returning(*_granted(chain_head))
     )
 

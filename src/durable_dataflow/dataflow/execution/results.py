@@ -8,6 +8,8 @@ Statements on ``run_results`` and ``tenant_result_bytes``:
   piece); a larger one handed to the database ``WRITE_CHUNK_BYTES`` at a time: SQLite's insert of a
   ``zeroblob`` then blob writes, PostgreSQL's binary ``COPY`` with the ``bytea`` streamed, so no driver
   holds a copy of the result;
+- ``stored_ctes``: ``store``'s one-piece INSERT and ``count_stored``'s upsert as CTEs of a transition's
+  one PostgreSQL statement (protocol/transitions.py), two round trips less;
 - ``count_stored``: add the stored size to its tenant's row of ``tenant_result_bytes`` (an upsert), in
   the transaction that stored it, as its last statement; ``tenant_stored_bytes`` reads it for the
   result_bytes quota (protocol/quotas.py); ``recount_stored`` rebuilds it from the results themselves
@@ -105,6 +107,39 @@ def store(conn: Connection, run_id: str, attempt: int, result: Computed) -> int:
     except dbapi_error as error:  # raised by the driver's own calls: translated as SQLAlchemy's are
         raise sa.exc.DBAPIError.instance(_COPY, None, error, dbapi_error, dialect=conn.dialect) from error
     return len(data)
+
+
+def stored_at_once(result: Computed) -> bool:
+    """Whether ``result`` is stored by one INSERT binding its bytes (at most one piece), so another
+    module's PostgreSQL statement may carry that INSERT and the counter's upsert (:func:`stored_ctes`)."""
+    return len(memoryview(result.ipc_bytes).cast("B")) <= WRITE_CHUNK_BYTES
+
+
+def stored_ctes() -> tuple[sa.CTE, sa.CTE]:
+    """:func:`store`'s INSERT of a one-piece result and :func:`count_stored`'s upsert, as data-modifying
+    CTEs for another module's PostgreSQL statement (a transition's, which adds them with ``add_cte``);
+    their values are :func:`stored_parameters`. Together they are ``store`` then ``count_stored``: the
+    counter's row is held from that statement to the commit, as after ``count_stored``."""
+    from sqlalchemy.dialects import postgresql
+
+    inserted = run_results.insert().values(
+        {c.name: sa.bindparam(f"result_{c.name}", type_=c.type) for c in run_results.c}
+    )
+    size = sa.bindparam("result_size", type_=sa.BigInteger)
+    counter = postgresql.insert(tenant_result_bytes).values(tenant=sa.bindparam("result_tenant"), stored_bytes=size)
+    added = tenant_result_bytes.c.stored_bytes + counter.excluded.stored_bytes
+    counted = counter.on_conflict_do_update(index_elements=["tenant"], set_={"stored_bytes": added})
+    return inserted.cte("stored_result"), counted.cte("counted_result_bytes")
+
+
+def stored_parameters(run_id: str, attempt: int, result: Computed, tenant: str) -> dict[str, Any]:
+    """The values of :func:`stored_ctes`' bind parameters, for a result ``stored_at_once``."""
+    data = memoryview(result.ipc_bytes).cast("B")
+    return {
+        "result_run_id": run_id, "result_attempt": attempt, "result_output_digest": result.output_digest,
+        "result_format": STORED_FORMAT, "result_row_count": result.row_count, "result_bytes": bytes(data),
+        "result_tenant": tenant, "result_size": len(data),
+    }  # fmt: skip
 
 
 def count_stored(conn: Connection, tenant: str, size: int) -> None:

@@ -32,7 +32,7 @@ from durable_dataflow.core.holders import HolderLock
 from durable_dataflow.core.secrets import Secret, SecretScope
 from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.execution import compute as execution
-from durable_dataflow.dataflow.execution import context, limits, progress, results, sources
+from durable_dataflow.dataflow.execution import context, limits, progress, sources
 from durable_dataflow.dataflow.execution.compute import ExecutionResult
 from durable_dataflow.dataflow.execution.interruption import Interruption
 from durable_dataflow.dataflow.execution.workspace import Workspace
@@ -226,9 +226,6 @@ def commit_atomic_success(attempt: Attempt, result: ExecutionResult) -> Run:
     (StaleAttempt when fenced off)."""
     run_id = attempt.run.run_id
     with fencing.fenced_chain(attempt.db, MODULE, run_id, attempt.number) as (conn, held):
-        size = results.store(conn, run_id, attempt.number, result)
-        final = transitions.succeed_atomic(
+        return transitions.succeed_atomic(  # stores the result and counts its bytes (transitions.apply)
             conn, attempt.db, attempt.run, attempt.number, result, evidence_key=attempt.evidence_key, held=held
         )
-        results.count_stored(conn, attempt.run.tenant, size)  # last: holds the tenant's counter row to the commit
-        return final

@@ -349,15 +349,13 @@ def authorize_dispatch(attempt: Attempt, result: ExecutionResult, located: contr
         if not verification.ok:
             where = f" at seq {verification.broken_seq}" if verification.broken_seq is not None else ""
             raise EvidenceError(f"the run's evidence failed verification{where} before dispatch: {verification.reason}")
-        size = results.store(conn, run.run_id, number, result)
         partition = run_partition(run)
         # In this commit: the later authorized run of a partition wins.
         token = partition_tokens.take(conn, run.tenant, _datasource(run), partition) if partition is not None else None
         authorized = transitions.authorize_dispatch(
             conn, db, run, number, result, publication_key(run), sink_location=location_fact(located),
             partition_token=token, evidence_key=attempt.evidence_key, held=held,
-        )  # fmt: skip
-        results.count_stored(conn, run.tenant, size)  # last: holds the tenant's counter row to the commit
+        )  # fmt: skip (it stores the result and counts its bytes: transitions.apply)
         return authorized
 
 

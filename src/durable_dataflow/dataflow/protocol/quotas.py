@@ -34,8 +34,10 @@ Statements (``_TENANT_TURN`` is the one lock; the rest read):
   limit; and ``results.tenant_stored_bytes``, one primary-key read of the counter of stored result bytes
   that ``results.store`` keeps in the transaction storing each result. Neither grows with the tenant's
   history. The same read returns the database clock: the time of a queued run and its first ledger
-  entries (an inline run takes its lease grant's, read after it), so neither needs a read of its own
-  (transitions.record).
+  entries (an inline run takes its lease grant's), so neither needs a read of its own
+  (transitions.record). An inline submit's lease (attempt 1's) is granted by the same statement on
+  PostgreSQL (``leases.first_grant_cte``, a data-modifying CTE the read selects from): a refusal rolls
+  it back with the transaction, so nothing is recorded.
 """
 
 from __future__ import annotations
@@ -46,13 +48,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, ValidationError
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import units
+from durable_dataflow.core import leases, units
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, QuotaExceeded
 from durable_dataflow.core.files import read_capped
@@ -167,33 +169,55 @@ def take_tenant_turn(conn: Connection, tenant: str) -> None:
         conn.execute(_TENANT_TURN, {"lock_class": QUOTA_LOCK_CLASS, "tenant_key": _tenant_key(tenant)})
 
 
-def check_submit(db: Database, conn: Connection, quotas: Quotas, tenant: str, *, inline: bool) -> int:
-    """Refuse recording one more run of ``tenant`` (queued, or ``inline``: running at once) when it would
-    pass a quota. Called in the recording transaction before its first write; it takes the tenant's turn
-    (``take_tenant_turn``) before counting, so the count and the insert are one step for the tenant.
-    Returns the database time of its read: a queued run's ``created_at_us`` and its first entries' time
-    (an inline run takes its lease grant's instead, read after this)."""
+def check_submit(
+    db: Database, conn: Connection, quotas: Quotas, tenant: str, *, grant: leases.FirstGrant | None = None
+) -> tuple[int, leases.Lease | None]:
+    """Refuse recording one more run of ``tenant`` (queued, or inline with ``grant``: running at once)
+    when it would pass a quota. Called in the recording transaction before its first write; it takes the
+    tenant's turn (``take_tenant_turn``) before counting, so the count and the insert are one step for
+    the tenant. Returns the database time of its read (a queued run's ``created_at_us`` and its first
+    entries' time) and, inline, the lease ``grant`` asked for: on PostgreSQL granted by the same statement
+    as the read (``leases.first_grant_cte``), a round trip less, and rolled back with the transaction
+    when a quota refuses; on SQLite by its own statement after the read. An inline run's time is its
+    lease's grant time."""
     limits = quotas.of(tenant)
     take_tenant_turn(conn, tenant)
+    inline = grant is not None
     status, quota = (RunStatus.RUNNING, Quota.RUNNING_RUNS) if inline else (RunStatus.QUEUED, Quota.QUEUED_RUNS)
     limit = limits.limit(quota)
-    row = conn.execute(db.statement(_usage, status), {"tenant": tenant, "count_max": limit}).one()
+    parameters = {"tenant": tenant, "count_max": limit}
+    lease = None
+    if grant is not None and db.dialect == "postgresql":
+        granting = {**parameters, **leases.first_grant_parameters(grant)}
+        row = conn.execute(db.statement(_usage, status, True), granting).one_or_none() or leases.first_refused(grant)
+        lease = leases.granted_first(row, grant)
+    else:
+        row = conn.execute(db.statement(_usage, status, False), parameters).one()
     in_status, stored, now_us = int(row[0]), int(row[1]), int(row[2])
     if in_status >= limit:
         raise refusal(quota, limit, f"this tenant has {limit} {status.value} runs")
     if stored >= limits.result_bytes:
         shown = _shown(SETTING_BY_QUOTA[Quota.RESULT_BYTES], stored)
         raise refusal(Quota.RESULT_BYTES, limits.result_bytes, f"this tenant's runs have stored {shown} of results")
-    return now_us
+    if grant is not None and lease is None:
+        lease = leases.acquire(conn, db, grant.module, grant.subject_id, grant.holder, grant.ttl_s, expected_attempt=0)
+    return now_us, lease
 
 
-def _usage(db: Database, status: RunStatus) -> sa.Select[int, int, int]:
+def _usage(db: Database, status: RunStatus, granting: bool) -> sa.Select[Any]:
     """The tenant's runs in ``status`` (up to ``:count_max``), its stored result bytes and the database
-    clock, in one read."""
+    clock, in one read; ``granting``: with a subject's first lease granted (``leases.first_grant_cte``),
+    its columns after those three."""
     tenant = sa.bindparam("tenant", type_=sa.String)
     count_max = sa.bindparam("count_max", type_=sa.BigInteger)  # a quota may be up to QUOTA_VALUE_MAX
-    return sa.select(runs.count_in_status(tenant, status, count_max), results.tenant_stored_bytes(tenant),
-                     db.now_us_expr())  # fmt: skip
+    columns: list[sa.ColumnElement[Any]] = [
+        runs.count_in_status(tenant, status, count_max), results.tenant_stored_bytes(tenant), db.now_us_expr()
+    ]  # fmt: skip
+    if not granting:
+        return sa.select(*columns)
+    granted = leases.first_grant_cte(db)
+    lease = (granted.c.attempt, granted.c.acquired_at_us, granted.c.expires_at_us)
+    return sa.select(*columns, *lease).select_from(granted)
 
 
 def check_backfill_days(quotas: Quotas, tenant: str, days: int) -> None:

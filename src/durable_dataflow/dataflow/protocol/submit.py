@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import exc
 from sqlalchemy.engine import Connection
 
-from durable_dataflow.core import crashpoints, hashing
+from durable_dataflow.core import crashpoints, hashing, leases
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import Conflict, InputError, NotFound
 from durable_dataflow.core.holders import HolderLock
@@ -182,14 +182,17 @@ class Submitter:
     def _record(self, conn: Connection, defn: Definition, d_hash: str, values: dict[str, Any], claim: bool) -> Run:
         """The run's row and its first entries; inline (``claim``), attempt 1's lease too, and the row is
         inserted already holding what Outcome.STARTED projects, so it is written once. The tenant's quotas
-        are checked first (``quotas.check_submit``): a refusal writes nothing."""
-        now_us = quotas.check_submit(self.db, conn, self.config.quotas, values["tenant"], inline=claim)
+        are checked first (``quotas.check_submit``, which inline also grants the lease): a refusal writes
+        nothing."""
+        grant = None
+        if claim:
+            self.holder_lock.ensure()  # before the grant: a sweeper can tell this process died (core/holders.py)
+            grant = leases.FirstGrant(runs.MODULE, values["run_id"], self.config.holder, self.config.lease_ttl_s)
+        now_us, lease = quotas.check_submit(self.db, conn, self.config.quotas, values["tenant"], grant=grant)
+        if lease is not None:
+            now_us = lease.acquired_at_us  # the run and attempt.started are recorded after their lease
         if not self.definitions.stored(d_hash):
             catalog.store_definition(conn, self.db, defn, d_hash)
-        lease = None
-        if claim:
-            lease = attempt.take_lease(conn, self.db, self.holder_lock, self.config, values["run_id"], 0)
-            now_us = lease.acquired_at_us  # the run and attempt.started are recorded after their lease
         return transitions.record(conn, self.db, values, lease, now_us, evidence_key=self.config.evidence_key)
 
 

@@ -52,7 +52,7 @@ def apply(
     new_subject_at_us: int | None = None,
     row_attempt: int | None = None,
     held: ledger.HeldChain | None = None,
-    stored_result: bytes | memoryview | None = None,
+    storing: results.Computed | None = None,
 ) -> Run:
     """Write one transition in the caller's transaction: append → checkpoint → projection → release.
 
@@ -61,18 +61,25 @@ def apply(
     caller's transaction carries nothing of this transition. The projection is written only while
     the row names ``row_attempt`` (default: ``attempt``; a transition that starts an attempt names
     the one it follows). ``held`` is the chain the caller's fence statement read
-    (``fencing.fenced_chain``): appended to and verified without reading it again; ``stored_result``
-    the result bytes the caller's transaction stored, verified as written.
+    (``fencing.fenced_chain``): appended to and verified without reading it again. ``storing``: the
+    result this transition stores (``results.store``, first) and adds to its tenant's stored bytes
+    (``results.count_stored``, last: the counter's row is held to the commit); the checkpoint verifies
+    the bytes as written.
 
     On PostgreSQL a transition with ``held`` writes its entries, checkpoint, projection and release in
     one statement (data-modifying CTEs of the projection's UPDATE: :func:`_written_at_once`), three round
-    trips less, in the same order of checks; elsewhere (and on SQLite, where a statement is no round
-    trip) each is its own statement.
+    trips less, in the same order of checks, with a result of one piece (``results.stored_at_once``) and
+    its count too (``results.stored_ctes``), two more; elsewhere (and on SQLite, where a statement is no
+    round trip) each is its own statement.
     """
     transition = TABLE[outcome]
     appending = items(outcome, attempt, payloads)
+    at_once = held is not None and new_subject_at_us is None and db.dialect == "postgresql"
+    stored_size = None
+    if storing is not None and not (at_once and results.stored_at_once(storing)):
+        stored_size = results.store(conn, run.run_id, attempt, storing)
     pending = None
-    if held is not None and new_subject_at_us is None and db.dialect == "postgresql":
+    if at_once and held is not None:
         pending = ledger.held_entries(db, MODULE, run.run_id, appending, held, evidence_key=evidence_key)
         appended = pending.entries
     else:
@@ -91,17 +98,23 @@ def apply(
     checkpoint = None
     if transition.checkpoint:
         after = run.model_copy(update={**values, "attempt": attempt})
-        written = (results.STORED_FORMAT, stored_result) if stored_result is not None else None
+        written = (results.STORED_FORMAT, storing.ipc_bytes) if storing is not None else None
         checkpoint = _checkpoint(
             conn, db, after, attempt, outcome, transition, evidence_key, held, written, write=pending is None
         )
     guard = attempt if row_attempt is None else row_attempt
     release = attempt if transition.releases_lease else None
     if pending is not None:
-        return _written_at_once(conn, db, run.run_id, pending, checkpoint, values, guard, release)
-    final = runs.update(conn, db, run.run_id, expected_attempt=guard, **values)
-    if release is not None:
-        leases.release(conn, db, MODULE, run.run_id, release)
+        stored = None
+        if storing is not None and stored_size is None:
+            stored = results.stored_parameters(run.run_id, attempt, storing, run.tenant)
+        final = _written_at_once(conn, db, run.run_id, pending, checkpoint, values, guard, release, stored)
+    else:
+        final = runs.update(conn, db, run.run_id, expected_attempt=guard, **values)
+        if release is not None:
+            leases.release(conn, db, MODULE, run.run_id, release)
+    if stored_size is not None:
+        results.count_stored(conn, run.tenant, stored_size)  # last: holds the tenant's counter row to the commit
     return final
 
 
@@ -114,14 +127,21 @@ def _written_at_once(
     values: Mapping[str, Any],
     guard: int,
     release: int | None,
+    stored: Mapping[str, Any] | None,
 ) -> Run:
     """:func:`apply`'s writes in one PostgreSQL statement: the entries (``pending``), the verified
-    ``checkpoint`` (``checkpoints.verified``'s values), the projection guarded by ``guard``, and the
-    lease's release by attempt ``release``. The same checks follow as each statement's own would make
+    ``checkpoint`` (``checkpoints.verified``'s values), the projection guarded by ``guard``, the
+    lease's release by attempt ``release``, and the result stored with its count (``stored``:
+    ``results.stored_parameters``). The same checks follow as each statement's own would make
     (StaleAttempt: the row names another attempt, or the lease is not this attempt's live one); one that
     fails raises, and the caller's transaction, with everything the statement wrote, rolls back."""
-    shape = (tuple(sorted(values)), len(pending.entries), pending.outbox, checkpoint is not None, release is not None)
-    parameters = {**pending.parameters, **runs.update_parameters(run_id, values, guard), **(checkpoint or {})}
+    shape = (
+        tuple(sorted(values)), len(pending.entries), pending.outbox, checkpoint is not None, release is not None,
+        stored is not None,
+    )  # fmt: skip
+    parameters = {
+        **pending.parameters, **runs.update_parameters(run_id, values, guard), **(checkpoint or {}), **(stored or {})
+    }  # fmt: skip
     if release is not None:
         parameters.update(leases.release_parameters(MODULE, run_id, release))
     row = conn.execute(db.statement(_transition_statement, *shape), parameters).one_or_none()
@@ -132,17 +152,21 @@ def _written_at_once(
 
 
 def _transition_statement(
-    db: Database, names: tuple[str, ...], entries: int, outbox: bool, checkpoint: bool, release: bool
+    db: Database, names: tuple[str, ...], entries: int, outbox: bool, checkpoint: bool, release: bool, stored: bool
 ) -> sa.Select[Any]:
     """The projection's guarded UPDATE … RETURNING, with the ``entries`` (and their outbox rows), the
-    checkpoint and the lease's release as data-modifying CTEs; one row (the run's, and with ``release``
-    the count of leases released), or none when the guard matched no row."""
+    checkpoint, the lease's release and the stored result with its count as data-modifying CTEs; one
+    row (the run's, and with ``release`` the count of leases released), or none when the guard matched
+    no row."""
     updated = runs.updated_cte(db, names, guarded=True)
     columns: list[Any] = list(updated.c)
     if release:
         released = leases.released_cte(db)
         columns.append(sa.select(sa.func.count()).select_from(released).scalar_subquery().label("released_leases"))
-    writes = [*ledger.entries_ctes(entries, outbox), *([checkpoints.inserted_cte(db)] if checkpoint else [])]
+    writes = [
+        *ledger.entries_ctes(entries, outbox), *([checkpoints.inserted_cte(db)] if checkpoint else []),
+        *(results.stored_ctes() if stored else ()),
+    ]  # fmt: skip
     return sa.select(*columns).add_cte(*writes)
 
 
@@ -369,7 +393,7 @@ def authorize_dispatch(
     sink_location: Mapping[str, Any] | None, partition_token: int | None, evidence_key: Secret | None,
     held: ledger.HeldChain,
 ) -> Run:  # fmt: skip
-    """DISPATCH_AUTHORIZED, in the caller's fenced pre-dispatch commit (which stored ``result``): the
+    """DISPATCH_AUTHORIZED, in the caller's fenced pre-dispatch commit, which stores ``result``: the
     result's facts, the publication key and its digest, the target, the prepared location (its place's
     digest and identity) and the partition token this commit took, when there are any."""
     target = run.target or {}
@@ -388,7 +412,7 @@ def authorize_dispatch(
         payload[partition_tokens.PARTITION_TOKEN] = partition_token
     return apply(
         conn, db, run, attempt, Outcome.DISPATCH_AUTHORIZED, [payload], evidence_key=evidence_key,
-        held=held, stored_result=result.ipc_bytes,
+        held=held, storing=result,
         projection={
             **_result_projection(result),
             "publication_idempotency_key": publication_key, "publication_idempotency_digest": idem_digest,
@@ -407,11 +431,11 @@ def succeed_atomic(
     conn: Connection, db: Database, run: Run, attempt: int, result: ExecutionResult, *,
     evidence_key: Secret | None, held: ledger.HeldChain,
 ) -> Run:  # fmt: skip
-    """ATOMIC_SUCCEEDED, in the caller's fenced terminal commit (which stored ``result``)."""
+    """ATOMIC_SUCCEEDED, in the caller's fenced terminal commit, which stores ``result`` (``apply``)."""
     return apply(
         conn, db, run, attempt, Outcome.ATOMIC_SUCCEEDED,
         [results.facts(result), {"output_digest": result.output_digest}],
-        evidence_key=evidence_key, projection=_result_projection(result), held=held, stored_result=result.ipc_bytes,
+        evidence_key=evidence_key, projection=_result_projection(result), held=held, storing=result,
     )  # fmt: skip
 
 
