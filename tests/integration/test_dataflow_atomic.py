@@ -18,10 +18,10 @@ from durable_dataflow.core.schema import ledger_entries, ledger_outbox
 from durable_dataflow.core.secrets import Secret
 from durable_dataflow.dataflow.definitions.definitions import canonical_body, definition_hash
 from durable_dataflow.dataflow.execution import results
-from durable_dataflow.dataflow.protocol import attempt, sweeper, transitions
+from durable_dataflow.dataflow.protocol import attempt, runs, sweeper, transitions
 from durable_dataflow.dataflow.protocol.runs import RunStatus
 from durable_dataflow.dataflow.protocol.submit import Submitter
-from durable_dataflow.dataflow.schema import definitions, run_results, tenant_result_bytes
+from durable_dataflow.dataflow.schema import dataflow_runs, definitions, run_results, tenant_result_bytes
 from durable_dataflow.platform import Platform
 from support import flows
 
@@ -253,6 +253,31 @@ def test_a_transition_whose_guard_refuses_writes_nothing(
         lease = _lease_row(conn, run_id)
     assert (lease.attempt, lease.released_at_us) == (1, None)
     assert platform.runs.get(run_id).status == "running"
+
+
+def test_a_terminal_whose_guard_refuses_leaves_no_stored_result_and_no_count(
+    platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The terminal commit of an inline run whose projection guard refuses (the row named as another
+    attempt's, forced through the guard's bind parameter): StaleAttempt, and neither the result's row nor
+    the tenant's stored-bytes counter remains, on PostgreSQL where the one statement wrote both (its
+    CTEs) before the guard's check, as on SQLite where they are statements of the rolled-back
+    transaction."""
+    real = runs.update_parameters
+
+    def another_attempt(run_id: str, values: Any, expected_attempt: int | None) -> dict[str, Any]:
+        parameters = real(run_id, values, expected_attempt)
+        if values.get("status") == RunStatus.SUCCEEDED:
+            parameters["match_run_attempt"] = 99
+        return parameters
+
+    monkeypatch.setattr(runs, "update_parameters", another_attempt)
+    with pytest.raises(StaleAttempt):
+        platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "k1"))
+    with platform.db.read() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(run_results)).scalar_one() == 0
+        assert conn.execute(sa.select(sa.func.count()).select_from(tenant_result_bytes)).scalar_one() == 0
+        assert conn.execute(sa.select(dataflow_runs.c.status)).scalar_one() == "running"
 
 
 def test_a_transition_refuses_the_held_chain_of_another_run(platform: Platform, tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from urllib.parse import unquote
 import psycopg
 import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
 
 from durable_dataflow.core import crashpoints
 from durable_dataflow.core.errors import InputError
@@ -443,3 +444,35 @@ def test_concurrent_publications_of_one_partition_leave_the_higher_tokens_rows(
             isinstance(low_outcome, Rejected) and SUPERSEDED in low_outcome.reason
         )
         assert _sink_rows(kind, tmp_path, dsn) == {"2024-03-01": _expected(high)}
+
+
+@pytest.mark.parametrize("one_piece", [True, False], ids=["one-piece", "in-pieces"])
+def test_a_result_in_pieces_is_stored_before_the_partition_token_is_taken(
+    platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_piece: bool
+) -> None:
+    """The pre-dispatch commit takes the partition's token with a row lock held to its commit, which
+    orders the partition's authorizations: a result in pieces (streamed by COPY or blob writes, the
+    longest part of the commit) is stored before it, so runs of the same day do not wait through another's
+    upload; a result of one piece is stored after it, by the transition's own statement on PostgreSQL.
+    Either way the run publishes its rows and its stored bytes are counted once."""
+    from durable_dataflow.dataflow.execution import results
+    from durable_dataflow.dataflow.schema import run_results, tenant_result_bytes
+
+    if not one_piece:
+        monkeypatch.setattr(results, "WRITE_CHUNK_BYTES", 64)
+    stored_at_take: list[int] = []
+    take = forward.partition_tokens.take
+
+    def spied(conn: Any, *args: Any) -> int:
+        stored_at_take.append(conn.execute(sa.select(sa.func.count()).select_from(run_results)).scalar_one())
+        return take(conn, *args)
+
+    monkeypatch.setattr(forward.partition_tokens, "take", spied)
+    run = _run(platform, tmp_path, _definition(_target("delta")), "d1", day="2024-03-01")
+    assert run.status == "succeeded"
+    assert stored_at_take == [0 if one_piece else 1]
+    assert _sink_rows("delta", tmp_path, None) == {"2024-03-01": _expected(1)}
+    with platform.db.read() as conn:
+        counted = conn.execute(sa.select(tenant_result_bytes.c.stored_bytes)).scalar_one()
+        stored = conn.execute(sa.select(sa.func.length(run_results.c.bytes))).scalar_one()
+    assert counted == stored > 64

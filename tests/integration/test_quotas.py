@@ -258,7 +258,8 @@ def test_the_stored_bytes_counter_is_each_tenants_sum_of_its_stored_results(
     terminal commit) and a forward run (the pre-dispatch commit), one tenant's results never counted for
     another, and a replay adds nothing. Both ways a transition stores: a result of one piece (on PostgreSQL
     stored and counted by the transition's own statement) and one in pieces (its own statements: COPY or
-    blob writes, then the count), each run's stored bytes verifying."""
+    blob writes, then the count; for a replace_partition run before its partition token is taken,
+    ``stored_ahead``), each run's stored bytes verifying."""
     from durable_dataflow.dataflow.execution import results
 
     if not one_piece:
@@ -269,11 +270,14 @@ def test_the_stored_bytes_counter_is_each_tenants_sum_of_its_stored_results(
             for key, params in (("a1", {}), ("a2", {"factor": 3}))
         ]
         ran.append(flows.forward(platform, tmp_path, "parquet", "a3"))
+        partitioned = flows.daily_partition_definition("analytics.daily", "delta")  # stored before its token
+        day = {"day": "2026-03-01"}
+        ran.append(platform.runs.run_inline(flows.request(partitioned, tmp_path, "a4", params=day)).run)
         ran.append(platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "g1", tenant="globex")).run)
         platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "a1"))  # a replay: nothing stored
         counted, sums = _stored_bytes_by_tenant(platform)
         verified = [(run.status, flows.verify(platform, run.run_id).ok) for run in ran]
-    assert verified == [("succeeded", True)] * 4
+    assert verified == [("succeeded", True)] * 5
     assert counted == sums and set(counted) == {"acme", "globex"} and counted["acme"] > counted["globex"] > 0
 
 
@@ -305,6 +309,71 @@ def test_concurrent_storing_commits_of_one_tenant_are_all_counted(db_url: str) -
             thread.join()
         counted, _ = _stored_bytes_by_tenant(platform)
     assert not failures and counted == {"acme": sum(sizes)}
+
+
+@pytest.mark.parametrize("one_piece", [True, False], ids=["one-piece", "in-pieces"])
+def test_concurrent_inline_runs_of_one_tenant_are_all_counted(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_piece: bool
+) -> None:
+    """Proves the counter stays the sum of the stored results when one tenant's terminal commits race:
+    4 threads each run 3 inline runs (on PostgreSQL a result of one piece is stored and counted by the
+    terminal's one statement, whose upsert must not lose a concurrent addition; in pieces by their own
+    statements)."""
+    import threading
+
+    from durable_dataflow.dataflow.execution import results
+
+    if not one_piece:
+        monkeypatch.setattr(results, "WRITE_CHUNK_BYTES", 64)
+    start = threading.Barrier(4)
+    failures: list[BaseException] = []
+    with Platform(db_url) as platform:
+
+        def work(i: int) -> None:
+            try:
+                start.wait()
+                for j in range(3):
+                    request = flows.request(flows.definition(), tmp_path, f"k{i}-{j}", params={"factor": i * 3 + j + 1})
+                    assert platform.runs.run_inline(request).run.status == "succeeded"
+            except BaseException as error:  # reported by the assertion below
+                failures.append(error)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        counted, sums = _stored_bytes_by_tenant(platform)
+    assert not failures, failures
+    assert counted == sums and counted["acme"] > 0
+
+
+def test_a_lease_already_there_is_refused_after_the_quotas_on_both_databases(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An inline submit whose run's lease already exists (the id pinned to one whose lease another holder
+    took): past a quota it is refused by the quota, else LeaseUnavailable, on both databases; nothing is
+    recorded either way. On PostgreSQL the quota read that grants the lease then returns no row, and the
+    quotas are read again and checked before the grant is refused (SQLite's order)."""
+    from durable_dataflow.core import leases
+    from durable_dataflow.core.errors import LeaseUnavailable
+    from durable_dataflow.dataflow.protocol import runs, submit
+
+    taken = "01a2505a-41b8-75e5-83bd-bc03b366dd00"
+    with Platform(db_url) as platform:
+        with platform.db.begin() as conn:
+            leases.acquire(conn, platform.db, runs.MODULE, taken, "another-holder", 30)
+        monkeypatch.setattr(submit.runs, "new_run_id", lambda: taken)
+        with pytest.raises(LeaseUnavailable):
+            platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "free"))
+        monkeypatch.setattr(quotas.Quotas, "of", lambda _self, _tenant: quotas.TenantQuotas(running_runs=0))
+        with pytest.raises(QuotaExceeded) as refused:
+            platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "full"))
+        assert refused.value.quota == "running_runs"
+        with platform.db.read() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(dataflow_runs)).scalar_one() == 0
+            lease_rows = conn.execute(sa.select(core_schema.leases.c.holder)).all()
+    assert [row.holder for row in lease_rows] == ["another-holder"]
 
 
 @pytest.mark.parametrize("inline", [False, True])

@@ -82,8 +82,9 @@ def stored_result_digest(
     digest format named by the stored format; EvidenceError when this version cannot verify that format.
     The bytes are read from the database in chunks (``results.open_stored``) and digested batch by batch.
 
-    ``written``: the ``(format, bytes)`` the caller's transaction stored itself (``results.store``):
-    recomputed from those, not read back (a row inserted by an open transaction cannot change)."""
+    ``written``: the ``(format, bytes)`` the caller's transaction stores (``results.store`` before this,
+    or the transition's one statement after it, ``results.stored_ctes``): recomputed from those, not read
+    back (a row inserted by an open transaction cannot change, and the statement binds these bytes)."""
     if written is not None:
         _check_verifiable(run_id, written[0])
         return _digest_of_stream(written[0], written[1])

@@ -350,12 +350,16 @@ def authorize_dispatch(attempt: Attempt, result: ExecutionResult, located: contr
             where = f" at seq {verification.broken_seq}" if verification.broken_seq is not None else ""
             raise EvidenceError(f"the run's evidence failed verification{where} before dispatch: {verification.reason}")
         partition = run_partition(run)
-        # In this commit: the later authorized run of a partition wins.
-        token = partition_tokens.take(conn, run.tenant, _datasource(run), partition) if partition is not None else None
+        token = ahead = None
+        if partition is not None:
+            if not results.stored_at_once(result):  # a result in pieces is streamed before the token's row lock
+                ahead = results.store(conn, run.run_id, number, result)
+            # In this commit: the later authorized run of a partition wins.
+            token = partition_tokens.take(conn, run.tenant, _datasource(run), partition)
         authorized = transitions.authorize_dispatch(
             conn, db, run, number, result, publication_key(run), sink_location=location_fact(located),
-            partition_token=token, evidence_key=attempt.evidence_key, held=held,
-        )  # fmt: skip (it stores the result and counts its bytes: transitions.apply)
+            partition_token=token, evidence_key=attempt.evidence_key, held=held, stored_ahead=ahead,
+        )  # fmt: skip (it stores the result, unless ahead, and counts its bytes: transitions.apply)
         return authorized
 
 

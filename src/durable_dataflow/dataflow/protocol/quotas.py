@@ -9,7 +9,8 @@ usage only, never another tenant's.
 Where each is checked:
 
 - ``queued_runs``, ``running_runs``, ``result_bytes``: by :func:`check_submit`, inside the transaction
-  that records a run (``Submitter._record``), before its first write. A queued submit counts queued
+  that records a run (``Submitter._record``), before it writes anything of the run (an inline submit's
+  lease is granted beside the count on PostgreSQL, below). A queued submit counts queued
   runs, an inline one (it starts running at once) running runs; both sum stored result bytes.
 - ``backfill_days``: by :func:`check_backfill_days`, before a backfill submits its first day.
 - ``applied_schedules``: by ``schedules.apply`` (:func:`check_applied_schedules`), before a new name is
@@ -26,18 +27,23 @@ write transaction begins IMMEDIATE (core.db), which already makes writers take t
 submit waits for it only when its name hashes to the same 32-bit key (rare, and only for the moment from
 the check to the commit).
 
-Statements (``_TENANT_TURN`` is the one lock; the rest read):
+Statements (``_TENANT_TURN`` is the one lock; the rest read, and an inline submit's read on PostgreSQL
+also grants its lease):
 
-- ``_usage``: one statement, built once per database and status (``Database.statement``), of two scalar
+- ``_usage``: one statement, built once per database, status and whether it grants
+  (``Database.statement``), of two scalar
   subqueries from the tables' owners: ``runs.count_in_status``, the tenant's runs in one status counted
   through ``ix_dataflow_runs_tenant_status_pair`` and stopped at the limit, so its cost is bounded by the
   limit; and ``results.tenant_stored_bytes``, one primary-key read of the counter of stored result bytes
-  that ``results.store`` keeps in the transaction storing each result. Neither grows with the tenant's
+  kept in the transaction storing each result (``results.count_stored``, or ``results.stored_ctes`` in a
+  transition's one statement). Neither grows with the tenant's
   history. The same read returns the database clock: the time of a queued run and its first ledger
   entries (an inline run takes its lease grant's), so neither needs a read of its own
   (transitions.record). An inline submit's lease (attempt 1's) is granted by the same statement on
   PostgreSQL (``leases.first_grant_cte``, a data-modifying CTE the read selects from): a refusal rolls
-  it back with the transaction, so nothing is recorded.
+  it back with the transaction, so nothing is recorded. When the lease is already there (the CTE grants
+  nothing, so the read returns no row) the quotas are read again and checked first, then the grant is
+  refused, in the order SQLite checks them.
 """
 
 from __future__ import annotations
@@ -173,7 +179,8 @@ def check_submit(
     db: Database, conn: Connection, quotas: Quotas, tenant: str, *, grant: leases.FirstGrant | None = None
 ) -> tuple[int, leases.Lease | None]:
     """Refuse recording one more run of ``tenant`` (queued, or inline with ``grant``: running at once)
-    when it would pass a quota. Called in the recording transaction before its first write; it takes the
+    when it would pass a quota. Called in the recording transaction before it writes anything of the run;
+    it takes the
     tenant's turn (``take_tenant_turn``) before counting, so the count and the insert are one step for
     the tenant. Returns the database time of its read (a queued run's ``created_at_us`` and its first
     entries' time) and, inline, the lease ``grant`` asked for: on PostgreSQL granted by the same statement
@@ -186,22 +193,24 @@ def check_submit(
     status, quota = (RunStatus.RUNNING, Quota.RUNNING_RUNS) if inline else (RunStatus.QUEUED, Quota.QUEUED_RUNS)
     limit = limits.limit(quota)
     parameters = {"tenant": tenant, "count_max": limit}
-    lease = None
+    row = None
     if grant is not None and db.dialect == "postgresql":
         granting = {**parameters, **leases.first_grant_parameters(grant)}
-        row = conn.execute(db.statement(_usage, status, True), granting).one_or_none() or leases.first_refused(grant)
-        lease = leases.granted_first(row, grant)
-    else:
-        row = conn.execute(db.statement(_usage, status, False), parameters).one()
-    in_status, stored, now_us = int(row[0]), int(row[1]), int(row[2])
+        row = conn.execute(db.statement(_usage, status, True), granting).one_or_none()  # none: a lease was there
+    usage = row or conn.execute(db.statement(_usage, status, False), parameters).one()
+    in_status, stored, now_us = int(usage[0]), int(usage[1]), int(usage[2])
     if in_status >= limit:
         raise refusal(quota, limit, f"this tenant has {limit} {status.value} runs")
     if stored >= limits.result_bytes:
         shown = _shown(SETTING_BY_QUOTA[Quota.RESULT_BYTES], stored)
         raise refusal(Quota.RESULT_BYTES, limits.result_bytes, f"this tenant's runs have stored {shown} of results")
-    if grant is not None and lease is None:
-        lease = leases.acquire(conn, db, grant.module, grant.subject_id, grant.holder, grant.ttl_s, expected_attempt=0)
-    return now_us, lease
+    if grant is None:
+        return now_us, None
+    if db.dialect != "postgresql":
+        return now_us, leases.acquire(
+            conn, db, grant.module, grant.subject_id, grant.holder, grant.ttl_s, expected_attempt=0
+        )  # fmt: skip
+    return now_us, leases.granted_first(row, grant) if row is not None else leases.first_refused(grant)
 
 
 def _usage(db: Database, status: RunStatus, granting: bool) -> sa.Select[Any]:

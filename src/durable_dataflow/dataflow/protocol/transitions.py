@@ -53,6 +53,7 @@ def apply(
     row_attempt: int | None = None,
     held: ledger.HeldChain | None = None,
     storing: results.Computed | None = None,
+    stored_ahead: int | None = None,
 ) -> Run:
     """Write one transition in the caller's transaction: append → checkpoint → projection → release.
 
@@ -64,7 +65,8 @@ def apply(
     (``fencing.fenced_chain``): appended to and verified without reading it again. ``storing``: the
     result this transition stores (``results.store``, first) and adds to its tenant's stored bytes
     (``results.count_stored``, last: the counter's row is held to the commit); the checkpoint verifies
-    the bytes as written.
+    the bytes as written. ``stored_ahead``: the bytes of ``storing`` the caller's transaction already
+    stored (``results.store``, before a lock it takes), which this transition only counts.
 
     On PostgreSQL a transition with ``held`` writes its entries, checkpoint, projection and release in
     one statement (data-modifying CTEs of the projection's UPDATE: :func:`_written_at_once`), three round
@@ -75,8 +77,8 @@ def apply(
     transition = TABLE[outcome]
     appending = items(outcome, attempt, payloads)
     at_once = held is not None and new_subject_at_us is None and db.dialect == "postgresql"
-    stored_size = None
-    if storing is not None and not (at_once and results.stored_at_once(storing)):
+    stored_size = stored_ahead
+    if storing is not None and stored_size is None and not (at_once and results.stored_at_once(storing)):
         stored_size = results.store(conn, run.run_id, attempt, storing)
     pending = None
     if at_once and held is not None:
@@ -391,11 +393,12 @@ def authorize_resume(
 def authorize_dispatch(
     conn: Connection, db: Database, run: Run, attempt: int, result: ExecutionResult, publication_key: str, *,
     sink_location: Mapping[str, Any] | None, partition_token: int | None, evidence_key: Secret | None,
-    held: ledger.HeldChain,
+    held: ledger.HeldChain, stored_ahead: int | None = None,
 ) -> Run:  # fmt: skip
-    """DISPATCH_AUTHORIZED, in the caller's fenced pre-dispatch commit, which stores ``result``: the
-    result's facts, the publication key and its digest, the target, the prepared location (its place's
-    digest and identity) and the partition token this commit took, when there are any."""
+    """DISPATCH_AUTHORIZED, in the caller's fenced pre-dispatch commit, which stores ``result`` (or
+    stored it already: ``stored_ahead``, ``apply``): the result's facts, the publication key and its
+    digest, the target, the prepared location (its place's digest and identity) and the partition token
+    this commit took, when there are any."""
     target = run.target or {}
     idem_digest = hashing.digest(
         {"publication_idempotency_key": publication_key, "output_digest": result.output_digest, "target": target}
@@ -412,7 +415,7 @@ def authorize_dispatch(
         payload[partition_tokens.PARTITION_TOKEN] = partition_token
     return apply(
         conn, db, run, attempt, Outcome.DISPATCH_AUTHORIZED, [payload], evidence_key=evidence_key,
-        held=held, storing=result,
+        held=held, storing=result, stored_ahead=stored_ahead,
         projection={
             **_result_projection(result),
             "publication_idempotency_key": publication_key, "publication_idempotency_digest": idem_digest,
