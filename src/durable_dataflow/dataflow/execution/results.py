@@ -78,6 +78,7 @@ _COPY_COLUMNS = ("run_id", "attempt", "output_digest", "format", "row_count", "b
 _COPY = f"COPY run_results ({', '.join(_COPY_COLUMNS)}) FROM STDIN (FORMAT binary)"
 _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)  # no OIDs, no header extension
 _COPY_TRAILER = struct.pack("!h", -1)
+_CTE_PREFIX = "result_"  # stored_ctes' bind parameters: apart from the names of the statement they join
 
 
 def store(conn: Connection, run_id: str, attempt: int, result: Computed) -> int:
@@ -91,10 +92,7 @@ def store(conn: Connection, run_id: str, attempt: int, result: Computed) -> int:
     its output buffer), so storing cost twice the result (issue 29, finding 3). A result of at most one
     piece is bound whole, in one statement: the driver's copy of it is that piece."""
     data = memoryview(result.ipc_bytes).cast("B")  # a flat byte view: slices of it are never copies
-    row = {
-        "run_id": run_id, "attempt": attempt, "output_digest": result.output_digest, "format": STORED_FORMAT,
-        "row_count": result.row_count,
-    }  # fmt: skip
+    row = _row(run_id, attempt, result)
     if len(data) <= WRITE_CHUNK_BYTES:
         conn.execute(_INSERT_WHOLE, {**row, "bytes": bytes(data)})
         return len(data)
@@ -115,31 +113,31 @@ def stored_at_once(result: Computed) -> bool:
     return len(memoryview(result.ipc_bytes).cast("B")) <= WRITE_CHUNK_BYTES
 
 
+def _row(run_id: str, attempt: int, result: Computed) -> dict[str, Any]:
+    """A stored result's row but its bytes."""
+    return {
+        "run_id": run_id, "attempt": attempt, "output_digest": result.output_digest, "format": STORED_FORMAT,
+        "row_count": result.row_count,
+    }  # fmt: skip
+
+
 def stored_ctes() -> tuple[sa.CTE, sa.CTE]:
     """:func:`store`'s INSERT of a one-piece result and :func:`count_stored`'s upsert, as data-modifying
     CTEs for another module's PostgreSQL statement (a transition's, which adds them with ``add_cte``);
     their values are :func:`stored_parameters`. Together they are ``store`` then ``count_stored``: the
     counter's row is held from that statement to the commit, as after ``count_stored``."""
-    from sqlalchemy.dialects import postgresql
-
     inserted = run_results.insert().values(
-        {c.name: sa.bindparam(f"result_{c.name}", type_=c.type) for c in run_results.c}
+        {c.name: sa.bindparam(f"{_CTE_PREFIX}{c.name}", type_=c.type) for c in run_results.c}
     )
-    size = sa.bindparam("result_size", type_=sa.BigInteger)
-    counter = postgresql.insert(tenant_result_bytes).values(tenant=sa.bindparam("result_tenant"), stored_bytes=size)
-    added = tenant_result_bytes.c.stored_bytes + counter.excluded.stored_bytes
-    counted = counter.on_conflict_do_update(index_elements=["tenant"], set_={"stored_bytes": added})
+    counted = _add_stored_bytes("postgresql", _CTE_PREFIX)
     return inserted.cte("stored_result"), counted.cte("counted_result_bytes")
 
 
 def stored_parameters(run_id: str, attempt: int, result: Computed, tenant: str) -> dict[str, Any]:
     """The values of :func:`stored_ctes`' bind parameters, for a result ``stored_at_once``."""
     data = memoryview(result.ipc_bytes).cast("B")
-    return {
-        "result_run_id": run_id, "result_attempt": attempt, "result_output_digest": result.output_digest,
-        "result_format": STORED_FORMAT, "result_row_count": result.row_count, "result_bytes": bytes(data),
-        "result_tenant": tenant, "result_size": len(data),
-    }  # fmt: skip
+    values = {**_row(run_id, attempt, result), "bytes": bytes(data), "tenant": tenant, "size": len(data)}
+    return {f"{_CTE_PREFIX}{name}": value for name, value in values.items()}
 
 
 def count_stored(conn: Connection, tenant: str, size: int) -> None:
@@ -151,13 +149,16 @@ def count_stored(conn: Connection, tenant: str, size: int) -> None:
 
 
 @functools.cache
-def _add_stored_bytes(dialect: str) -> sa.Insert:
+def _add_stored_bytes(dialect: str, prefix: str = "") -> sa.Insert:
     """``INSERT … ON CONFLICT (tenant) DO UPDATE SET stored_bytes = stored_bytes + excluded``, built once
-    per dialect (both spell the upsert the same; SQLAlchemy keeps it in each dialect's module)."""
+    per dialect (both spell the upsert the same; SQLAlchemy keeps it in each dialect's module); its bind
+    parameters are ``tenant`` and ``size`` after ``prefix`` (``stored_ctes``'s)."""
     from sqlalchemy.dialects import postgresql, sqlite
 
     insert = sqlite.insert if dialect == "sqlite" else postgresql.insert
-    statement = insert(tenant_result_bytes).values(tenant=sa.bindparam("tenant"), stored_bytes=sa.bindparam("size"))
+    tenant = sa.bindparam(f"{prefix}tenant", type_=sa.String)
+    size = sa.bindparam(f"{prefix}size", type_=sa.BigInteger)
+    statement = insert(tenant_result_bytes).values(tenant=tenant, stored_bytes=size)
     added = tenant_result_bytes.c.stored_bytes + statement.excluded.stored_bytes
     upsert: sa.Insert = statement.on_conflict_do_update(index_elements=["tenant"], set_={"stored_bytes": added})
     return upsert

@@ -180,9 +180,8 @@ def check_submit(
 ) -> tuple[int, leases.Lease | None]:
     """Refuse recording one more run of ``tenant`` (queued, or inline with ``grant``: running at once)
     when it would pass a quota. Called in the recording transaction before it writes anything of the run;
-    it takes the
-    tenant's turn (``take_tenant_turn``) before counting, so the count and the insert are one step for
-    the tenant. Returns the database time of its read (a queued run's ``created_at_us`` and its first
+    it takes the tenant's turn (``take_tenant_turn``) before counting, so the count and the insert are one
+    step for the tenant. Returns the database time of its read (a queued run's ``created_at_us`` and its first
     entries' time) and, inline, the lease ``grant`` asked for: on PostgreSQL granted by the same statement
     as the read (``leases.first_grant_cte``), a round trip less, and rolled back with the transaction
     when a quota refuses; on SQLite by its own statement after the read. An inline run's time is its
