@@ -11,6 +11,7 @@ from durable_dataflow.core import crashpoints
 from durable_dataflow.core.db import Database
 from durable_dataflow.datasources import registry
 from durable_dataflow.platform import Platform
+from support import flows
 
 
 @pytest.fixture
@@ -33,9 +34,10 @@ def pg_db(pg_url: str) -> Iterator[Database]:
 
 @pytest.fixture
 def platform(db_url: str) -> Iterator[Platform]:
-    """A platform with a 5 s lease; afterwards no crash hook and no "faulty" provider stay installed.
-    (Test modules that need another platform define their own ``platform``.)"""
-    with Platform(db_url, lease_ttl_s=5) as opened:
+    """A platform with the tests' one-minute lease (``flows.LEASE_TTL_S``); afterwards no crash hook and
+    no "faulty" provider stay installed. (Test modules that need another platform define their own
+    ``platform``.)"""
+    with Platform(db_url, lease_ttl_s=flows.LEASE_TTL_S) as opened:
         yield opened
     crashpoints.set_hook(None)
     registry.unregister_provider("faulty")

@@ -28,7 +28,7 @@ from support import flows
 
 @pytest.fixture
 def platform(db_url: str) -> Iterator[Platform]:
-    with Platform(db_url, lease_ttl_s=5) as opened:
+    with Platform(db_url, lease_ttl_s=flows.LEASE_TTL_S) as opened:
         yield opened
     crashpoints.set_hook(None)
 
@@ -376,7 +376,7 @@ def test_stale_attempt_leaves_no_trace_and_is_retried(platform: Platform, tmp_pa
 
     def expire(point: str) -> None:
         if point == crashpoints.BEFORE_TERMINAL_COMMIT:
-            platform.db.advance_clock(6)
+            flows.expire_leases(platform)
 
     crashpoints.set_hook(expire)
     with pytest.raises(Exception, match="lost its lease"):
@@ -398,7 +398,7 @@ def test_attempts_exhausted_fail_with_no_external_output(platform: Platform, tmp
     platform.runs.submit(flows.request(flows.definition(), tmp_path, "k1", max_attempts=1))
     claim = platform.runs.claim_next()
     assert claim is not None
-    platform.db.advance_clock(6)
+    flows.expire_leases(platform)
     assert [d.decision for d in sweeper.sweep(platform.db)] == ["failed"]
     run = platform.runs.get(claim.run.run_id)
     assert (run.status, run.recovery_status, run.error_code) == ("failed", "no_external_output", "attempts_exhausted")

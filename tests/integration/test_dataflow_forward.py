@@ -107,7 +107,7 @@ def test_inconclusive_dispatch_is_outcome_unknown_and_never_retried(
     assert (run.status, run.recovery_status) == ("outcome_unknown", "outcome_unknown")
     assert run.warning and str(run.publication_idempotency_key) in run.warning and "reconcile" in run.warning
     assert "failed" not in run.warning.lower()
-    platform.db.advance_clock(60)
+    flows.expire_leases(platform)
     assert sweeper.sweep(platform.db) == []
     assert platform.runs.claim_next() is None
     assert platform.runs.get(run.run_id).attempt == 1
@@ -207,7 +207,7 @@ def test_expired_authorized_attempt_becomes_outcome_unknown(platform: Platform, 
     with pytest.raises(KeyboardInterrupt):
         _run(platform, tmp_path)
     crashpoints.set_hook(None)
-    platform.db.advance_clock(6)
+    flows.expire_leases(platform)
     decisions = sweeper.sweep(platform.db)
     assert [d.decision for d in decisions] == ["outcome_unknown"]
     run = platform.runs.get(decisions[0].run_id)
@@ -250,7 +250,7 @@ def test_terminal_commit_after_lease_expiry_is_refused(platform: Platform, tmp_p
 
     def expire(point: str) -> None:
         if point == crashpoints.BEFORE_TERMINAL_COMMIT:
-            platform.db.advance_clock(6)
+            flows.expire_leases(platform)
 
     crashpoints.set_hook(expire)
     run = _run(platform, tmp_path)

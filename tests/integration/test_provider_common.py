@@ -442,7 +442,7 @@ def test_a_crash_before_the_provider_call_still_reconciles_absent(
     crashpoints.set_hook(None)
     sink = tmp_path / "sink"
     assert sink.is_dir() and _publications(name, sink) == 0
-    platform.db.advance_clock(6)
+    flows.expire_leases(platform)
     decisions: list[Any] = sweeper.sweep(platform.db)
     assert [d.decision for d in decisions] == ["outcome_unknown"]
     absent = _reconcile(platform, decisions[0].run_id)

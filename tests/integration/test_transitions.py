@@ -44,7 +44,7 @@ def _exhausted(platform: Platform, tmp_path: Path) -> Run:
     submitted = platform.runs.submit(flows.request(flows.definition(), tmp_path, "exhausted", max_attempts=1))
     claim = platform.runs.claim_next()
     assert claim is not None and claim.run.run_id == submitted.run.run_id
-    platform.db.advance_clock(60)
+    flows.expire_leases(platform)
     assert [d.decision for d in sweeper.sweep(platform.db)] == ["failed"]
     return platform.runs.get(submitted.run.run_id)
 
@@ -278,7 +278,7 @@ def test_reconcile_sweeps_an_authorized_attempt_whose_lease_expired(platform: Pl
     assert (lost.status, lost.recovery_status) == ("running", "dispatch_authorized")
     live = _reconcile_conflict(platform, lost.run_id)
     assert "running" in live, "a live attempt is not swept"
-    platform.db.advance_clock(60)
+    flows.expire_leases(platform)
     settled = flows.reconcile_as_operator(platform, lost.run_id)
     assert (settled.finding, settled.run.status) == ("present", "succeeded")
     kinds = [e.kind for e in _entries(platform, lost.run_id)]
@@ -345,7 +345,7 @@ def test_h1_one_tampered_row_does_not_stop_the_sweeper(
     platform.db.advance_clock(1)  # the poisoned lease expires first: sweep visits it first
     other = _crash_after_provider_call(platform, tmp_path, "other")
     _edit_row(platform, poisoned.run_id, **{column: value})
-    platform.db.advance_clock(60)
+    flows.expire_leases(platform)
     decisions = sweeper.sweep(platform.db)
     assert {d.run_id for d in decisions} >= {other.run_id}
     assert platform.runs.get(other.run_id).status == "outcome_unknown"
@@ -443,7 +443,7 @@ def test_held_a_long_legitimate_chain_verifies_at_every_step(platform: Platform,
     run_id = submitted.run.run_id
     claim = platform.runs.claim_next()
     assert claim is not None
-    platform.db.advance_clock(60)
+    flows.expire_leases(platform)
     assert [d.decision for d in sweeper.sweep(platform.db)] == ["recovered"]
     assert flows.verify(platform, run_id).ok
     claim = platform.runs.claim_next()
@@ -503,7 +503,7 @@ def test_h1b_a_worker_survives_a_poisoned_sweep(platform: Platform, tmp_path: Pa
 
     poisoned = _crash_after_provider_call(platform, tmp_path, "poisoned-worker")
     _edit_row(platform, poisoned.run_id, row_count=999)
-    platform.db.advance_clock(60)
+    flows.expire_leases(platform)
     queued = platform.runs.submit(flows.request(flows.definition(), tmp_path, "queued")).run
     Worker(platform.runs, WorkerOptions(once=True, sweep_interval_s=1, poll_interval_s=0.05)).run()
     assert platform.runs.get(queued.run_id).status == "succeeded"

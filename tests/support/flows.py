@@ -166,6 +166,17 @@ def request(
     )
 
 
+#: The lease of the platforms tests open: long against real time, so a host that stalls a test for
+#: seconds (a neighbour's fsync, two xdist processes on two cores) never expires one mid-run; a test
+#: expires leases by moving the database clock (``expire_leases``).
+LEASE_TTL_S = 60.0
+
+
+def expire_leases(platform: Platform) -> None:
+    """Move this platform's database clock just past every lease it has granted so far."""
+    platform.db.advance_clock(platform.runs.config.lease_ttl_s + 1)
+
+
 def kinds(platform: Platform, run_id: str) -> list[str]:
     with platform.db.read() as conn:
         return [entry.kind for entry in ledger.read(conn, "dataflow", run_id)]
