@@ -4,6 +4,8 @@ tenant is not limited by the first one's quotas; the quotas file refuses bad val
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -438,3 +440,69 @@ def test_db_recount_rebuilds_the_counter_after_results_were_deleted_by_hand(
         counted, sums = _stored_bytes_by_tenant(platform)
         assert counted == sums == {"globex": sums["globex"]}
         assert platform.runs.submit(flows.request(flows.definition(), tmp_path, "a2")).created
+
+
+
+WAIT_S = 30.0
+
+
+def _a_recount_waits(platform: Platform) -> bool:
+    """Another session's statement on the counter's table waits for a lock (the recount's)."""
+    waiting = sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                      "AND wait_event_type = 'Lock' AND query ILIKE '%tenant_result_bytes%'")  # fmt: skip
+    with platform.db.read() as conn:
+        return int(conn.execute(waiting).scalar_one()) > 0
+
+
+def test_db_recount_beside_a_storing_commit_counts_every_result(
+    pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Proves `dataflow db recount` may run while a worker stores a result (PostgreSQL, where they run at
+    once): acme's counter row is gone (deleted by hand, or never written by a pre-0017 process) and a run
+    of acme holds its storing commit open, its result stored and counted but not committed. The recount
+    waits for that commit, then counts both results. (Before, its INSERT of acme's sum met the run's
+    uncommitted counter row, waited for it, then failed on the primary key: the recount failed.)"""
+    from durable_dataflow.dataflow.schema import tenant_result_bytes
+
+    with Platform(pg_url) as platform:
+        platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "a1"))
+        with platform.db.begin() as conn:
+            conn.execute(sa.delete(tenant_result_bytes))
+        counted: list[str] = []
+        held, release = threading.Event(), threading.Event()
+
+        def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            if threading.current_thread().name == "storing" and "INSERT INTO TENANT_RESULT_BYTES" in statement.upper():
+                counted.append(statement)
+
+        def hold(_conn: Any) -> None:  # the storing commit: after the counter's upsert, before COMMIT
+            if counted and not held.is_set():
+                held.set()
+                release.wait(WAIT_S)
+
+        sa.event.listen(platform.db.engine, "before_cursor_execute", note)
+        sa.event.listen(platform.db.engine, "commit", hold)
+        stored: list[Any] = []
+        storing = threading.Thread(name="storing", daemon=True, target=lambda: stored.append(
+            platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "a2")).run))  # fmt: skip
+        storing.start()
+        assert held.wait(WAIT_S), "the run never reached its storing commit"
+
+        code: list[int] = []
+        recounting = threading.Thread(target=lambda: code.append(cli_main(["--db", pg_url, "db", "recount"])),
+                                      daemon=True)  # fmt: skip
+        try:
+            recounting.start()
+            deadline = time.monotonic() + WAIT_S
+            while not _a_recount_waits(platform):
+                assert recounting.is_alive() and time.monotonic() < deadline, f"the recount never waited: {code}"
+                time.sleep(0.01)  # polling a condition with a deadline
+        finally:
+            release.set()
+            storing.join(WAIT_S)
+            recounting.join(WAIT_S)
+        assert stored and stored[0].status == "succeeded"
+        assert code == [0], capsys.readouterr()
+        assert "recounted for 1 tenant(s)" in capsys.readouterr().out
+        counted_bytes, sums = _stored_bytes_by_tenant(platform)
+        assert counted_bytes == sums and len(sums) == 1

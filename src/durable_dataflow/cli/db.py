@@ -70,7 +70,7 @@ def current_command(ctx: typer.Context) -> None:
 def recount_command(ctx: typer.Context) -> None:
     """Count each tenant's stored result bytes again from the results themselves (the result_bytes
     quota's counter): after stored results were deleted by hand, or stored by a process older than
-    migration 0017. Run it while no worker or server is storing results."""
+    migration 0017. Workers and servers may go on storing results meanwhile."""
     from durable_dataflow.dataflow.execution import results
     from durable_dataflow.dataflow.protocol import runs
 

@@ -13,7 +13,7 @@ Statements on ``run_results`` and ``tenant_result_bytes``:
 - ``count_stored``: add the stored size to its tenant's row of ``tenant_result_bytes`` (an upsert), in
   the transaction that stored it, as its last statement; ``tenant_stored_bytes`` reads it for the
   result_bytes quota (protocol/quotas.py); ``recount_stored`` rebuilds it from the results themselves
-  (``dataflow db recount``);
+  (``dataflow db recount``, beside storing commits: on PostgreSQL it locks the table against writers first);
 - ``stored``: the format and all the bytes (exports, resumes: they need the whole table anyway);
 - ``open_stored``: the format and a reader that reads the bytes in pieces of ``READ_CHUNK_BYTES``
   (verification): SQLite's incremental blob I/O on the row's rowid, or PostgreSQL's
@@ -168,7 +168,17 @@ def recount_stored(conn: Connection, tenant_of: Callable[[sa.ColumnElement[str]]
     """Rebuild every tenant's counter from the stored results (``tenant_of`` maps a run-id column to its
     run's tenant: ``runs.tenant_of``), in the caller's transaction; returns how many tenants have stored
     bytes. For an operator after stored results were deleted by hand, or stored by a process older than
-    the counter (migration 0017): run it while no worker or server stores results."""
+    the counter (migration 0017); workers and servers may go on storing results meanwhile.
+
+    On PostgreSQL it first locks the counter's table against writers (EXCLUSIVE: plain reads, the quota
+    checks', go on). A storing commit counts its result in the transaction that stores it, so the lock
+    waits for every commit that has counted a result, and every later one waits for the recount: each
+    result is counted by the recount or after it, exactly once. (Without it, a recount beside a storing
+    commit could insert a tenant's row that commit had inserted uncommitted, and fail on the key.) On
+    SQLite write transactions run one at a time already."""
+    if conn.dialect.name == "postgresql":
+        table = conn.dialect.identifier_preparer.format_table(tenant_result_bytes)
+        conn.execute(sa.text(f"LOCK TABLE {table} IN EXCLUSIVE MODE"))
     each = sa.select(
         tenant_of(run_results.c.run_id).label("tenant"), sa.func.length(run_results.c.bytes).label("size")
     ).subquery("each_result")
