@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import yaml
 from typer.testing import CliRunner
 
 from durable_dataflow.cli import app as cli_app
 from durable_dataflow.dataflow.definitions.definitions import Definition
 from durable_dataflow.dataflow.execution import workspace
+from durable_dataflow.dataflow.protocol import quotas
 from durable_dataflow.dataflow.protocol.requests import AccessContext
 from durable_dataflow.dataflow.schedules import schedules
 from durable_dataflow.dataflow.schedules.schedule_schema import schedules as schedules_table
@@ -30,13 +32,13 @@ VICTIM = "z-victim"
 FLOODER = "a-first"
 
 
-def scheduled(name: str, *, enabled: bool = True, cron: str = "0 * * * *") -> Definition:
+def scheduled(name: str, *, enabled: bool = True, cron: str = "0 * * * *", overlap: str = "skip") -> Definition:
     return Definition.model_validate({
         "name": name, "version": 1,
         "sources": {"nums": {"kind": "inline", "rows": [{"n": 1}], "schema": {"n": "int64"}}},
         "steps": [{"name": "result", "sql": "select sum(n) as total from nums"}],
         "output": {"schema": {"total": "int64"}, "max_rows": 10, "max_bytes": "64KiB"},
-        "schedule": {"cron": cron, "timezone": "UTC", "enabled": enabled},
+        "schedule": {"cron": cron, "timezone": "UTC", "enabled": enabled, "overlap": overlap},
     })  # fmt: skip
 
 
@@ -126,3 +128,70 @@ def test_schedules_list_pages_to_the_victims_schedule(platform: Platform, tmp_pa
     assert shown.exit_code == 0 and f"--after {FLOODER}/off_{PAGE - 1:02d}" in shown.stdout, shown.output
     page = schedules.shown_page(platform.db, None, T0, limit=PAGE)
     assert page.more and page.next_after == (FLOODER, f"off_{PAGE - 1:02d}")
+
+
+# ---- a tenant past a quota (red team of issue 29): its refused ticks cost one submit per evaluation ------
+# Found: a refused tick stayed `submitted` without a run and its schedule due at once, so every evaluation
+# submitted every such tick again (up to 1000 a schedule) plus every new one: a tenant past queued_runs
+# with 100 minutely schedules made an idle worker log 92,225 refusals in 2.5 minutes and claim another
+# tenant's runs once a pass.
+
+REFUSING = "a-refused"
+REFUSING_SCHEDULES = 4
+MINUTE = dt.timedelta(minutes=1)
+
+
+def _submits_by_tenant(platform: Platform, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How many submits each tenant's ticks made from here on (the real submit, counted)."""
+    made: dict[str, int] = {}
+    original = platform.runs.submit
+
+    def counted(request: Any, **kwargs: Any) -> Any:
+        made[request.access.tenant] = made.get(request.access.tenant, 0) + 1
+        return original(request, **kwargs)
+
+    monkeypatch.setattr(platform.runs, "submit", counted)
+    return made
+
+
+def test_a_tenant_past_its_quota_costs_one_refused_submit_per_evaluation(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves a tenant whose quota refuses its ticks costs an evaluation one refused submit, whatever its
+    backlog: with queued_runs at 1, four minutely schedules ten minutes behind make two submits (the one
+    queued, the one refused) while the victim's schedule is submitted in full; every tick of the refused
+    tenant is recorded submitted without a run, with the refusal. Its schedules wait for their next tick
+    (not due 30 s later), then one submit is refused again; once its queue is free, the oldest waiting
+    tick is submitted and the next one refused."""
+    quotas_file = tmp_path / "quotas.yaml"
+    quotas_file.write_text(yaml.safe_dump({"tenants": {REFUSING: {"queued_runs": 1}}}))
+    monkeypatch.setenv(quotas.QUOTAS_ENV, str(quotas_file))
+    with Platform(db_url) as platform:
+        for number in range(REFUSING_SCHEDULES):
+            _apply(platform, tmp_path, REFUSING, scheduled(f"every_{number}", cron="* * * * *", overlap="allow"))
+        _apply(platform, tmp_path, VICTIM, scheduled("victim", cron="* * * * *", overlap="allow"))
+        made = _submits_by_tenant(platform, monkeypatch)
+
+        decided = schedules.evaluate(platform.db, platform.runs, T0 + 10 * MINUTE).decisions
+        assert made == {REFUSING: 2, VICTIM: 10}
+        victims = [d for d in decided if d.tenant == VICTIM]
+        assert len(victims) == 10 and all(d.run_id for d in victims)
+        refused = [d for d in decided if d.tenant == REFUSING]
+        assert len(refused) == REFUSING_SCHEDULES * 10 and {d.decision for d in refused} == {"submitted"}
+        assert [d.run_id is not None for d in refused].count(True) == 1
+        assert all("queued_runs" in (d.error or "") for d in refused if d.run_id is None)
+
+        made.clear()
+        assert schedules.evaluate(platform.db, platform.runs, T0 + 10 * MINUTE + MINUTE / 2).decisions == []
+        assert made == {}
+        schedules.evaluate(platform.db, platform.runs, T0 + 12 * MINUTE)
+        assert made == {REFUSING: 1, VICTIM: 2}
+
+        claim = platform.runs.claim_next()  # the one queued run of the refused tenant (FIFO: the oldest)
+        assert claim is not None and claim.run.tenant == REFUSING
+        platform.runs.execute(claim)
+        while (other := platform.runs.claim_next()) is not None:  # the victim's
+            platform.runs.execute(other)
+        made.clear()
+        schedules.evaluate(platform.db, platform.runs, T0 + 14 * MINUTE)
+        assert made == {REFUSING: 2, VICTIM: 2}

@@ -19,6 +19,8 @@ read back, so the first evaluator's decision is the decision, whatever any other
 key ``schedule:<tenant>:<name>:<tick instant UTC ISO 8601>``: evaluators racing on one tick create
 one run, and an evaluator that died between the decision and the submit is repaired by the next one
 (a submitted decision without a run is submitted again under the same key while inside the window).
+A refused submit stops the evaluation's submits for that schedule, and, a quota's, for that tenant,
+until the schedule is due again (``_Refusals``): a tenant past its quota costs one refused submit.
 
 All SQL of the two tables lives here.
 """
@@ -39,7 +41,7 @@ from sqlalchemy.engine import Connection
 
 from durable_dataflow.core import hashing
 from durable_dataflow.core.db import Database, insert_if_absent
-from durable_dataflow.core.errors import DataflowError, InputError, NotFound
+from durable_dataflow.core.errors import DataflowError, InputError, NotFound, QuotaExceeded
 from durable_dataflow.core.invariants import invariant
 from durable_dataflow.core.names import check_tenant
 from durable_dataflow.core.units import US_PER_S, from_us, to_us
@@ -68,6 +70,9 @@ EVALUATION_PAGE_SCHEDULES = 100
 LIST_PAGE_DEFAULT = 100
 LIST_PAGE_MAX = 1000
 ERROR_CHARS_MAX = 1000
+# After a tick's submit was refused, the longest its schedule waits before its ticks without a run are
+# submitted again (a quota's Retry-After, when sooner, is the wait): see _Refusals.
+SUBMIT_RETRY_S = 60
 ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
 DECISIONS_SHOWN_MAX = 200  # the most tick decisions one read returns
 # The instants `--now` may name: the years backfill days may name (backfill.BACKFILL_DAY_MIN/MAX).
@@ -460,15 +465,47 @@ def tick_request(applied: AppliedSchedule, tick: Tick) -> RunRequest:
     )
 
 
-def _submit(service: RunService, applied: AppliedSchedule, decided: TickDecision) -> tuple[TickDecision, Run | None]:
-    """Submit a submitted decision's run (idempotent by its key) and store its run id."""
+class _Refusals:
+    """The tick submits one evaluation saw refused. After a refusal, the evaluation submits nothing more
+    for that schedule, nor, when a quota refused it, for that tenant: each later tick would be refused
+    the same way, and a tenant past its quota with many schedules and a long backlog of ticks must not
+    cost every evaluator a submit per tick (one refused submit per tenant per evaluation, at most). The
+    ticks not tried keep the refusal's text and are tried again once their schedule is due again:
+    ``SUBMIT_RETRY_S`` later at the most, or the quota's Retry-After when it is sooner."""
+
+    def __init__(self) -> None:
+        self.tenants: dict[str, tuple[str, int]] = {}  # tenant -> (the refusal's text, seconds to wait)
+        self.schedules: dict[tuple[str, str], tuple[str, int]] = {}  # (tenant, name) -> the same
+
+    def of(self, applied: AppliedSchedule) -> tuple[str, int] | None:
+        """The refusal that stops this schedule's submits in this evaluation, if any."""
+        return self.schedules.get((applied.tenant, applied.name)) or self.tenants.get(applied.tenant)
+
+    def note(self, applied: AppliedSchedule, error: DataflowError) -> str:
+        text = f"[{error.code}] {error.message}"
+        wait_s = SUBMIT_RETRY_S
+        if isinstance(error, QuotaExceeded):
+            wait_s = min(wait_s, error.retry_after_s)
+            self.tenants[applied.tenant] = (text, wait_s)
+        self.schedules[(applied.tenant, applied.name)] = (text, wait_s)
+        return text
+
+
+def _submit(
+    service: RunService, applied: AppliedSchedule, decided: TickDecision, refusals: _Refusals
+) -> tuple[TickDecision, Run | None]:
+    """Submit a submitted decision's run (idempotent by its key) and store its run id; once a submit of
+    this schedule or (a quota) of its tenant was refused in this evaluation, store that refusal instead."""
+    refused = refusals.of(applied)
+    if refused is not None:
+        return _set_outcome(service.db, decided, None, refused[0]), None
     tick = applied.spec.tick_at(from_us(decided.tick_us))
     try:
         run = service.submit(tick_request(applied, tick)).run
     except DataflowError as error:
         _log.warning("schedule.submit_refused", tenant=applied.tenant, schedule=applied.name, tick=tick.iso,
                      error_code=error.code, error=error.message)  # fmt: skip
-        return _set_outcome(service.db, decided, None, f"[{error.code}] {error.message}"), None
+        return _set_outcome(service.db, decided, None, refusals.note(applied, error)), None
     return _set_outcome(service.db, decided, run.run_id, None), run
 
 
@@ -509,23 +546,28 @@ def _last_decided_us(db: Database, applied: AppliedSchedule) -> int | None:
 
 def evaluate_one(service: RunService, applied: AppliedSchedule, now: dt.datetime) -> list[TickDecision]:
     """Decide the due ticks of one schedule (see the module text); the decisions touched, in tick order."""
-    return _evaluate_due(service, applied, now)[0]
+    return _evaluate_due(service, applied, now, _Refusals())[0]
 
 
 def _evaluate_due(
-    service: RunService, applied: AppliedSchedule, now: dt.datetime
+    service: RunService, applied: AppliedSchedule, now: dt.datetime, refusals: _Refusals
 ) -> tuple[list[TickDecision], int | None]:
     """The decisions touched, in tick order, and the schedule's next-due instant after them: the tick
     after the last one decided (still due when the evaluation stopped early: a waiting ``buffer_one``
-    tick or ``TICKS_PER_EVALUATION_MAX``), and ``now`` while a submitted tick has no run (retried on the
-    next evaluation, inside the catch-up window)."""
+    tick or ``TICKS_PER_EVALUATION_MAX``), and, while a submitted tick has no run, ``now`` (retried on
+    the next evaluation, inside the catch-up window) or, after a refusal (``_Refusals``), the refusal's
+    wait from ``now``."""
     if not applied.active:
         return [], None
     db = service.db
     window_start_us = to_us(now) - applied.spec.catchup_window_s * US_PER_S
     touched: list[TickDecision] = []
-    for pending in _unsubmitted(db, applied, window_start_us):  # an evaluator died before its submit
-        touched.append(_submit(service, applied, pending)[0])
+    unsubmitted_left = False
+    for pending in _unsubmitted(db, applied, window_start_us):  # an evaluator died, or a submit was refused
+        if refusals.of(applied) is not None:
+            unsubmitted_left = True  # left as it is: tried again once the schedule is due again
+            break
+        touched.append(_submit(service, applied, pending, refusals)[0])
     last_us = _last_decided_us(db, applied)
     start_us = max(applied.applied_at_us, last_us if last_us is not None else applied.applied_at_us)
     due = applied.spec.ticks(from_us(start_us), now, TICKS_PER_EVALUATION_MAX)
@@ -546,14 +588,16 @@ def _evaluate_due(
         if decided.decision == "submitted":
             run: Run | None = None
             if decided.run_id is None:
-                decided, run = _submit(service, applied, decided)
+                decided, run = _submit(service, applied, decided, refusals)
             else:
                 run = service.get(decided.run_id)
             previous_active = run is not None and run.status in ACTIVE_STATUSES
         touched.append(decided)
     due_us = next_due_us(applied.spec, applied.paused, decided_up_to_us)
-    if any(d.decision == "submitted" and d.run_id is None for d in touched):
-        due_us = to_us(now) if due_us is None else min(due_us, to_us(now))
+    if unsubmitted_left or any(d.decision == "submitted" and d.run_id is None for d in touched):
+        refused = refusals.of(applied)
+        retry_us = to_us(now) + (0 if refused is None else refused[1] * US_PER_S)
+        due_us = retry_us if due_us is None else min(due_us, retry_us)
     return touched, due_us
 
 
@@ -574,6 +618,7 @@ def evaluate(
     moment = _now_or_db(db, now)
     evaluation = Evaluation([], [])
     evaluated: set[tuple[str, str]] = set()
+    refusals = _Refusals()
     after: tuple[int, str, str] | None = None
     while True:  # bounded: each page moves the cursor past its rows, and only due rows are read
         page = _due_page(db, to_us(moment), tenant, after)
@@ -581,7 +626,7 @@ def evaluate(
             # A schedule still due after its evaluation (a waiting tick) may be met again further on.
             if (applied.tenant, applied.name) not in evaluated:
                 evaluated.add((applied.tenant, applied.name))
-                _evaluate_into(evaluation, service, applied, moment)
+                _evaluate_into(evaluation, service, applied, moment, refusals)
         if len(page) < EVALUATION_PAGE_SCHEDULES:
             return evaluation
         last = page[-1]
@@ -589,11 +634,13 @@ def evaluate(
         after = (cast(int, last.next_due_us), last.tenant, last.name)
 
 
-def _evaluate_into(evaluation: Evaluation, service: RunService, applied: AppliedSchedule, now: dt.datetime) -> None:
+def _evaluate_into(
+    evaluation: Evaluation, service: RunService, applied: AppliedSchedule, now: dt.datetime, refusals: _Refusals
+) -> None:
     """Evaluate one schedule and store its next-due instant; its error is the evaluation's entry (it
     stays due, so each evaluation reports it) and never stops the other schedules."""
     try:
-        touched, due_us = _evaluate_checked(service, applied, now)
+        touched, due_us = _evaluate_checked(service, applied, now, refusals)
     except DataflowError as error:
         evaluation.errors.append(
             {"tenant": applied.tenant, "name": applied.name, "code": error.code, "message": error.message}
@@ -606,12 +653,12 @@ def _evaluate_into(evaluation: Evaluation, service: RunService, applied: Applied
 
 
 def _evaluate_checked(
-    service: RunService, applied: AppliedSchedule, now: dt.datetime
+    service: RunService, applied: AppliedSchedule, now: dt.datetime, refusals: _Refusals
 ) -> tuple[list[TickDecision], int | None]:
     """``_evaluate_due``, where a stored cron that matches no date (applied before apply refused it) is
     that schedule's InputError: it never stops the evaluation of the other schedules."""
     try:
-        return _evaluate_due(service, applied, now)
+        return _evaluate_due(service, applied, now, refusals)
     except CroniterError:
         raise no_date_refusal(applied.spec) from None
 
