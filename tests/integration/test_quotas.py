@@ -147,6 +147,42 @@ def test_a_backfill_wider_than_the_quota_answers_429_before_any_day_is_submitted
     assert served.runs_of("acme") == 3
 
 
+def test_a_backfill_refused_part_way_says_which_days_were_queued(serve: Any) -> None:
+    """Proves a backfill that queued_runs refuses part-way does not say "nothing was recorded": with
+    acme's queued_runs at 3, a 6-day backfill answers 429 queued_runs naming the 3 days queued and the
+    first one not; the same backfill again answers 429 naming no new day (nothing more was queued).
+    (Before, the answer ended "nothing was recorded" while three days were queued: red team.)"""
+    served = serve({"queued_runs": 3})
+    headers = {"Authorization": f"Bearer {served.tokens.operator}"}
+    wide = {"definition": flows.daily_flow(), "from": "2026-03-01", "to": "2026-03-06"}
+    answer = served.client.post("/v1/backfills", json=wide, headers=headers)
+    assert answer.status_code == 429 and int(answer.headers["Retry-After"]) >= 1, answer.text
+    message = answer.json()["error"]["message"]
+    assert "nothing was recorded" not in message, message
+    assert "3 day(s) of this backfill were queued before it (2026-03-01 to 2026-03-03), 2026-03-04" in message
+    assert served.runs_of("acme") == 3
+    again = served.client.post("/v1/backfills", json=wide, headers=headers)
+    assert_refused(again, "queued_runs", 3)
+    assert served.runs_of("acme") == 3
+
+
+def test_the_cli_backfill_refused_part_way_exits_10_naming_the_queued_days(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same through `dataflow backfill`: exit 10, the days queued on stderr, and they stay queued."""
+    write_quotas(tmp_path, monkeypatch, {"queued_runs": 2})
+    definition = tmp_path / "daily.yaml"
+    definition.write_text(flows.DAILY_YAML)
+    argv = ["--db", db_url, "backfill", str(definition), "--from", "2026-03-01", "--to", "2026-03-04",
+            "--tenant", "acme", "--json"]  # fmt: skip
+    assert cli_main(argv) == EXIT_CODES["quota_exceeded"]
+    stderr = capsys.readouterr().err
+    assert "2 day(s) of this backfill were queued before it (2026-03-01 to 2026-03-02), 2026-03-03" in stderr
+    assert "nothing was recorded" not in stderr
+    with Platform(db_url) as platform, platform.db.read() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(dataflow_runs)).scalar_one() == 2
+
+
 def test_applying_more_schedules_than_the_quota_answers_429(serve: Any) -> None:
     """With acme's applied_schedules at 2, a third schedule name answers 429 applied_schedules and writes no
     schedule; re-applying an existing name (a change) is still accepted."""

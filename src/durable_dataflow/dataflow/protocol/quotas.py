@@ -135,16 +135,27 @@ class Quotas:
         return self.tenants.get(tenant, self.defaults)
 
 
+NOTHING_RECORDED = "; nothing was recorded"
+
+
 def refusal(quota: Quota, limit: int, detail: str) -> QuotaExceeded:
     """The error for ``quota``: its name, its limit and ``detail`` (the caller's own usage)."""
     setting = SETTING_BY_QUOTA[quota]
     shown = _shown(setting, limit)
     return QuotaExceeded(
-        f"quota {quota.value} ({shown}) exceeded: {detail}; nothing was recorded",
+        f"quota {quota.value} ({shown}) exceeded: {detail}{NOTHING_RECORDED}",
         quota=quota.value,
         limit=limit,
         retry_after_s=setting.retry_after_s,
     )
+
+
+def refused_after(error: QuotaExceeded, recorded: str) -> QuotaExceeded:
+    """``error`` for a request of several records (a backfill's days) refused part-way: what this
+    request had recorded before it (``recorded``) instead of "nothing was recorded"."""
+    message = error.message.removesuffix(NOTHING_RECORDED)
+    return QuotaExceeded(f"{message}; {recorded}", quota=error.quota, limit=error.limit,
+                         retry_after_s=error.retry_after_s)  # fmt: skip
 
 
 def _shown(setting: QuotaSetting, value: int) -> str:

@@ -23,7 +23,7 @@ from croniter import CroniterError
 from sqlalchemy.engine import Connection
 
 from durable_dataflow.core.db import Database
-from durable_dataflow.core.errors import Conflict, EvidenceError, InputError, NotFound
+from durable_dataflow.core.errors import Conflict, EvidenceError, InputError, NotFound, QuotaExceeded
 from durable_dataflow.dataflow.definitions import parameters as parameters_mod
 from durable_dataflow.dataflow.definitions.definitions import IDENTIFIER_PATTERN, Definition, definition_hash
 from durable_dataflow.dataflow.definitions.schedule_spec import Tick, parse_template, render
@@ -257,14 +257,27 @@ def run(
     workspace: Workspace,
     on_item: Callable[[BackfillResult], None] | None = None,
 ) -> list[BackfillResult]:
-    """Submit (queue) every item's run; an item whose key has a run is reported, not submitted."""
-    results = []
+    """Submit (queue) every item's run; an item whose key has a run is reported, not submitted. A quota
+    that refuses an item after earlier ones were queued says which were (QuotaExceeded): they stay
+    queued, and the same backfill run again reports them and submits the rest."""
+    results: list[BackfillResult] = []
     for item in items:
         request = RunRequest(
             definition=definition, base_dir=workspace.base_dir, parameters=item.parameters, access=access,
             provenance=provenance, idempotency_key=item.key, workspace=workspace,
         )  # fmt: skip
-        submission = service.submit(request)
+        try:
+            submission = service.submit(request)
+        except QuotaExceeded as error:
+            queued = [result.item.tick for result in results if result.created]
+            if not queued:
+                raise
+            recorded = (
+                f"{len(queued)} day(s) of this backfill were queued before it ({queued[0]} to {queued[-1]}), "
+                f"{item.tick} and the days after it were not: run the same backfill again once the quota "
+                "allows it (the queued days are reported, not submitted again)"
+            )
+            raise quotas.refused_after(error, recorded) from None
         result = BackfillResult(item, submission.run, submission.created)
         results.append(result)
         if on_item is not None:
