@@ -243,6 +243,25 @@ def test_a_bad_quotas_file_is_refused_without_echoing_its_values(
     assert "hunter2-secret" not in refused.value.message
 
 
+@pytest.mark.parametrize(
+    ("document", "problem"),
+    [
+        ("tenants:\n  acme: {queued_runs: 1}\n  acme: {queued_runs: 100000}\n", "duplicate key tenants.acme"),
+        ("tenants:\n  'acme ': {queued_runs: 1}\n", "should match pattern"),
+        ("tenants:\n  'ac/me': {queued_runs: 1}\n", "should match pattern"),
+        ("tenants:\n  acme: &loose {queued_runs: 1}\n  globex: *loose\n", "anchors and aliases"),
+    ],
+    ids=["a-tenant-twice", "a-trailing-space", "a-slash", "an-alias"],
+)
+def test_a_quotas_file_entry_that_could_never_apply_as_written_is_refused(document: str, problem: str) -> None:
+    """Proves a careless quotas file is refused at start-up instead of loading entries that never apply as
+    meant: a tenant named twice (PyYAML kept the last entry, perhaps the looser, silently), a name no
+    request can carry ("acme " loaded and never matched acme), and anchors (red team)."""
+    with pytest.raises(InputError) as refused:
+        quotas.parse_quotas_file(document, "quotas.yaml", quotas.TenantQuotas())
+    assert problem in refused.value.message and "quotas.yaml" in refused.value.message, refused.value.message
+
+
 def test_the_defaults_come_from_the_environment_and_overrides_keep_them() -> None:
     """DATAFLOW_QUOTA_* sets each default; a tenant's override replaces only the quotas it names."""
     environ = {

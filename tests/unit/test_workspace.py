@@ -80,6 +80,15 @@ def test_a_grants_file_that_hands_out_platform_settings_or_escapes_is_refused(te
         _grants(text)
 
 
+def test_a_grants_file_naming_a_secret_twice_is_refused() -> None:
+    """Proves a secret granted twice is refused, naming it and the line: PyYAML kept the last entry
+    silently, with its tenants, so the first grant's tenants lost it or others gained it (red team)."""
+    text = "secrets:\n  CRM_DSN: {env: CRM_RO, tenants: [acme]}\n  CRM_DSN: {env: CRM_RW, tenants: ['*']}\n"
+    with pytest.raises(InputError) as refused:
+        _grants(text)
+    assert "duplicate key secrets.CRM_DSN" in refused.value.message and "line 3" in refused.value.message
+
+
 def test_a_granted_file_secret_reads_from_the_secrets_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "crm_dsn").write_text(CANARY + "\n")
     monkeypatch.setenv("DATAFLOW_SECRETS_DIR", str(tmp_path))

@@ -186,13 +186,13 @@ class Grants:
 
 def parse_grants(text: str, origin: str) -> Grants:
     """Parse a grants document (YAML); InputError naming the problem (never a value) otherwise."""
-    import yaml  # only a grants file needs the YAML parser; every platform opens this module
+    from durable_dataflow.dataflow.definitions.definitions import parse_yaml_document
 
+    # The definitions' strict reader: a secret named twice is refused (PyYAML keeps the last one
+    # silently, with its tenants), and so are anchors and aliases.
+    document = parse_yaml_document(text, f"grants file {origin}")
     try:
-        raw = yaml.safe_load(text) or {}
-        model = _GrantsModel.model_validate(raw)
-    except yaml.YAMLError:
-        raise InputError(f"grants file {origin} is not valid YAML") from None
+        model = _GrantsModel.model_validate(document or {})
     except ValidationError as error:
         where = "; ".join(".".join(str(p) for p in e["loc"]) + ": " + e["msg"] for e in error.errors()[:5])
         raise InputError(f"grants file {origin}: {where}") from None

@@ -64,6 +64,7 @@ from durable_dataflow.core import leases, units
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, QuotaExceeded
 from durable_dataflow.core.files import read_capped
+from durable_dataflow.core.names import TENANT_PATTERN
 from durable_dataflow.dataflow.execution import results
 from durable_dataflow.dataflow.protocol import runs
 from durable_dataflow.dataflow.protocol.runs import RunStatus
@@ -73,7 +74,6 @@ INLINE_EXECUTIONS_MAX_ENV = "DATAFLOW_INLINE_EXECUTIONS_MAX"  # the API's inline
 INLINE_EXECUTIONS_MAX_DEFAULT = 8
 QUOTAS_FILE_BYTES_MAX = 1024 * 1024
 QUOTA_VALUE_MAX = 2**62  # any larger number is a typo; it would also overflow a BIGINT comparison
-TENANT_NAME_CHARS_MAX = 128
 
 
 class Quota(enum.StrEnum):
@@ -257,7 +257,9 @@ def check_applied_schedules(limit: int, applied: int) -> None:
 # ---- settings: the environment and the quotas file -------------------------------------------------
 
 QuotaValue = StrictInt | Annotated[str, Field(max_length=40)]  # ranges checked by _value
-TenantName = Annotated[str, StringConstraints(min_length=1, max_length=TENANT_NAME_CHARS_MAX)]
+# A tenant's name as every request names it (core.names): a key that no request can name ("acme ", say)
+# would load and never apply.
+TenantName = Annotated[str, StringConstraints(pattern=TENANT_PATTERN.pattern)]
 
 
 class _TenantModel(BaseModel):
@@ -302,12 +304,13 @@ def from_env(environ: Mapping[str, str] = os.environ) -> Quotas:
 def parse_quotas_file(text: str, origin: str, defaults: TenantQuotas) -> dict[str, TenantQuotas]:
     """Per-tenant quotas from a quotas document (YAML): each tenant's quotas not named keep ``defaults``.
     An InputError names the problem and where (never a value) otherwise."""
-    import yaml  # only a quotas file needs the YAML parser
+    from durable_dataflow.dataflow.definitions.definitions import parse_yaml_document
 
+    # The definitions' strict reader: a tenant named twice is refused (PyYAML keeps the last one silently,
+    # which may be the looser), and so are anchors and aliases.
+    document = parse_yaml_document(text, f"quotas file {origin}")
     try:
-        model = _QuotasFileModel.model_validate(yaml.safe_load(text) or {})
-    except yaml.YAMLError:
-        raise InputError(f"quotas file {origin} is not valid YAML") from None
+        model = _QuotasFileModel.model_validate(document or {})
     except ValidationError as error:
         where = "; ".join(".".join(str(p) for p in e["loc"]) + ": " + e["msg"] for e in error.errors()[:5])
         raise InputError(f"quotas file {origin}: {where}") from None
