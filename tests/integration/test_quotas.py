@@ -22,7 +22,7 @@ from durable_dataflow.cli.common import EXIT_CODES
 from durable_dataflow.core import schema as core_schema
 from durable_dataflow.core.errors import InputError, QuotaExceeded
 from durable_dataflow.dataflow.definitions.definitions import Definition
-from durable_dataflow.dataflow.protocol import quotas
+from durable_dataflow.dataflow.protocol import derivation, quotas
 from durable_dataflow.dataflow.protocol.requests import AccessContext, Provenance, RunRequest
 from durable_dataflow.dataflow.schema import dataflow_runs
 from durable_dataflow.platform import Platform
@@ -561,3 +561,35 @@ def test_db_recount_beside_a_storing_commit_counts_every_result(
         assert "recounted for 1 tenant(s)" in capsys.readouterr().out
         counted_bytes, sums = _stored_bytes_by_tenant(platform)
         assert counted_bytes == sums and len(sums) == 1
+
+
+def test_a_queued_run_claimed_after_its_tenant_reached_result_bytes_is_not_executed(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves result_bytes bounds what queued runs store, not only what submits find: with acme's quota
+    at 1 byte, three runs queued while acme had stored nothing are all accepted; the first one claimed
+    stores its result, and the two claimed after it fail quota_exceeded (no_external_output, nothing
+    executed or stored), while globex's run still succeeds. (Before, every run queued under the quota
+    stored up to its output.max_bytes past it: 8 runs queued under a 1 MiB quota stored 7 MiB; red team.)"""
+    write_quotas(tmp_path, monkeypatch, {"result_bytes": 1})
+    with Platform(db_url) as platform:
+        queued = [platform.runs.submit(flows.request(flows.definition(), tmp_path, f"a{i}")).run for i in range(3)]
+        platform.runs.submit(flows.request(flows.definition(), tmp_path, "g1", tenant="globex"))
+        ended = []
+        while (claim := platform.runs.claim_next()) is not None:
+            ended.append(platform.runs.execute(claim))
+        by_id = {run.run_id: run for run in ended}
+        acme = [by_id[run.run_id] for run in queued]
+        assert [(r.status, r.error_code) for r in acme] == [
+            ("succeeded", None), ("failed", "quota_exceeded"), ("failed", "quota_exceeded")
+        ]
+        for refused in acme[1:]:
+            assert refused.recovery_status == "no_external_output"
+            assert refused.error_message is not None and "result_bytes" in refused.error_message
+            assert "not executed" in refused.error_message and "nothing was recorded" not in refused.error_message
+            assert platform.runs.get(refused.run_id).row_count is None
+        assert [r.status for r in ended if r.tenant == "globex"] == ["succeeded"]
+        counted, sums = _stored_bytes_by_tenant(platform)
+        assert counted == sums and set(sums) == {"acme", "globex"}
+        with platform.db.read() as conn:  # the failure is evidence like any other: the chain verifies
+            assert all(derivation.verify_run(conn, platform.runs.get(r.run_id), None).ok for r in acme)

@@ -27,6 +27,7 @@ from durable_dataflow.core.errors import (
     ExecutionError,
     Interrupted,
     LeaseUnavailable,
+    QuotaExceeded,
 )
 from durable_dataflow.core.holders import HolderLock
 from durable_dataflow.core.secrets import Secret, SecretScope
@@ -36,7 +37,7 @@ from durable_dataflow.dataflow.execution import context, limits, progress, sourc
 from durable_dataflow.dataflow.execution.compute import ExecutionResult
 from durable_dataflow.dataflow.execution.interruption import Interruption
 from durable_dataflow.dataflow.execution.workspace import Workspace
-from durable_dataflow.dataflow.protocol import cancel, runs, transitions
+from durable_dataflow.dataflow.protocol import cancel, quotas, runs, transitions
 from durable_dataflow.dataflow.protocol.runs import MODULE, Run
 from durable_dataflow.dataflow.protocol.service_config import ServiceConfig
 from durable_dataflow.datasources.contract import PublishTarget
@@ -48,6 +49,9 @@ _log = structlog.get_logger("dataflow.service")  # the events keep the logger th
 class Claim:
     run: Run
     attempt: int
+    # A quota that refuses the claimed run's execution (result_bytes reached since it was queued): the
+    # attempt then fails with it, nothing executed.
+    refused: QuotaExceeded | None = None
 
 
 @dataclass(frozen=True)
@@ -137,7 +141,7 @@ def claim_next(db: Database, holder_lock: HolderLock, config: ServiceConfig) -> 
     except LeaseUnavailable:
         return None
     crashpoints.reach(crashpoints.AFTER_CLAIM)
-    return Claim(run, run.attempt)
+    return Claim(run, run.attempt, quotas.claim_refusal(config.quotas, run.tenant, int(row.tenant_stored_bytes)))
 
 
 # ---- the steps of an attempt ------------------------------------------------------------------

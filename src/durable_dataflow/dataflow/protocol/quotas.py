@@ -12,6 +12,9 @@ Where each is checked:
   that records a run (``Submitter._record``), before it writes anything of the run (an inline submit's
   lease is granted beside the count on PostgreSQL, below). A queued submit counts queued
   runs, an inline one (it starts running at once) running runs; both sum stored result bytes.
+- ``result_bytes`` again when a worker claims a queued run (``attempt.claim_next``, :func:`claim_refusal`:
+  the claim's select reads the counter too): a run queued while its tenant was under the quota is not
+  executed once the tenant's stored results reach it; its attempt fails ``quota_exceeded``.
 - ``backfill_days``: by :func:`check_backfill_days`, before a backfill submits its first day.
 - ``applied_schedules``: by ``schedules.apply`` (:func:`check_applied_schedules`), before a new name is
   written; re-applying an existing name is never refused.
@@ -211,9 +214,9 @@ def check_submit(
     in_status, stored, now_us = int(usage[0]), int(usage[1]), int(usage[2])
     if in_status >= limit:
         raise refusal(quota, limit, f"this tenant has {limit} {status.value} runs")
-    if stored >= limits.result_bytes:
-        shown = _shown(SETTING_BY_QUOTA[Quota.RESULT_BYTES], stored)
-        raise refusal(Quota.RESULT_BYTES, limits.result_bytes, f"this tenant's runs have stored {shown} of results")
+    refused = result_bytes_refusal(limits, stored)
+    if refused is not None:
+        raise refused
     if grant is None:
         return now_us, None
     if db.dialect != "postgresql":
@@ -237,6 +240,25 @@ def _usage(db: Database, status: RunStatus, granting: bool) -> sa.Select[Any]:
     granted = leases.first_grant_cte(db)
     lease = (granted.c.attempt, granted.c.acquired_at_us, granted.c.expires_at_us)
     return sa.select(*columns, *lease).select_from(granted)
+
+
+def result_bytes_refusal(limits: TenantQuotas, stored: int) -> QuotaExceeded | None:
+    """The result_bytes refusal when the tenant's runs have stored ``stored`` bytes, its quota or more."""
+    if stored < limits.result_bytes:
+        return None
+    shown = _shown(SETTING_BY_QUOTA[Quota.RESULT_BYTES], stored)
+    return refusal(Quota.RESULT_BYTES, limits.result_bytes, f"this tenant's runs have stored {shown} of results")
+
+
+def claim_refusal(quotas: Quotas, tenant: str, stored: int) -> QuotaExceeded | None:
+    """A claimed queued run's refusal: its tenant's runs have stored its result_bytes quota or more since
+    it was queued. The run is not executed (its attempt fails ``quota_exceeded``): every run queued while
+    the tenant was under its quota would otherwise store up to its ``output.max_bytes`` past it."""
+    refused = result_bytes_refusal(quotas.of(tenant), stored)
+    if refused is None:
+        return None
+    return refused_after(refused, "this run was queued before and is not executed: submit it again (a new "
+                                  "idempotency key) once the quota allows it")  # fmt: skip
 
 
 def check_backfill_days(quotas: Quotas, tenant: str, days: int) -> None:

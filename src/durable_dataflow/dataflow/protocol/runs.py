@@ -23,6 +23,7 @@ from durable_dataflow.core import hashing, leases, ledger
 from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, NotFound, StaleAttempt
 from durable_dataflow.core.text import CC_CONTROLS
+from durable_dataflow.dataflow.execution import results
 from durable_dataflow.dataflow.protocol import evidence
 from durable_dataflow.dataflow.schema import dataflow_runs
 
@@ -517,10 +518,11 @@ def resolve_run_id(conn: Connection, text: str) -> str:
     return str(matches[0])
 
 
-def fairest_queued(conn: Connection, *, skip_locked: bool) -> sa.Row[str, int] | None:
-    """The queued run to claim next, ``(run_id, attempt)``: the oldest queued run of the tenant with the
-    fewest running runs among the tenants with queued runs (ties: the tenant whose oldest queued run is
-    oldest), so one tenant's thousands of queued runs cannot hold every worker while another waits.
+def fairest_queued(conn: Connection, *, skip_locked: bool) -> sa.Row[str, int, int] | None:
+    """The queued run to claim next, ``(run_id, attempt, tenant_stored_bytes)``: the oldest queued run of
+    the tenant with the fewest running runs among the tenants with queued runs (ties: the tenant whose
+    oldest queued run is oldest), so one tenant's thousands of queued runs cannot hold every worker while
+    another waits. ``tenant_stored_bytes`` is its tenant's result_bytes usage (``results``' counter).
 
     ``skip_locked`` (PostgreSQL) locks the row ``FOR UPDATE SKIP LOCKED``, so concurrent claimers each
     take a different run. When every queued run of the fairest tenant is locked by other claimers, the
@@ -573,16 +575,22 @@ def _fairest_tenant() -> sa.ScalarSelect[str]:
     )
 
 
-# Built once: every claim and every idle poll of a worker runs one of them.
+# Built once: every claim and every idle poll of a worker runs one of them. Each also reads the run's
+# tenant's stored result bytes (one primary-key read), which the claim checks against result_bytes.
+_CLAIMED = (
+    dataflow_runs.c.run_id,
+    dataflow_runs.c.attempt,
+    results.tenant_stored_bytes(dataflow_runs.c.tenant).label("tenant_stored_bytes"),
+)
 _FAIREST_QUEUED = (
-    sa.select(dataflow_runs.c.run_id, dataflow_runs.c.attempt)
+    sa.select(*_CLAIMED)
     .where(dataflow_runs.c.status == RunStatus.QUEUED, dataflow_runs.c.tenant == _fairest_tenant())
     .order_by(dataflow_runs.c.created_at_us)
     .limit(1)
 )
 _FAIREST_QUEUED_SKIP_LOCKED = _FAIREST_QUEUED.with_for_update(skip_locked=True, of=dataflow_runs)
 _OLDEST_QUEUED_SKIP_LOCKED = (
-    sa.select(dataflow_runs.c.run_id, dataflow_runs.c.attempt)
+    sa.select(*_CLAIMED)
     .where(dataflow_runs.c.status == RunStatus.QUEUED)
     .order_by(dataflow_runs.c.created_at_us)
     .limit(1)

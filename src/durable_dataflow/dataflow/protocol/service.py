@@ -145,7 +145,10 @@ class RunService:
             self._executing[run.run_id] = claim
         try:
             with self.heartbeats.keep_alive(MODULE, run.run_id, number, self.config.lease_ttl_s):
-                final = self._carry(run, number, progress_sink)
+                if claim.refused is not None:  # a quota refuses its execution (attempt.Claim)
+                    final = self.fail(run, number, claim.refused)
+                else:
+                    final = self._carry(run, number, progress_sink)
         finally:
             with self._executing_lock:
                 self._executing.pop(run.run_id, None)
