@@ -469,8 +469,9 @@ class _Refusals:
     """The tick submits one evaluation saw refused. After a refusal, the evaluation submits nothing more
     for that schedule, nor, when a quota refused it, for that tenant: each later tick would be refused
     the same way, and a tenant past its quota with many schedules and a long backlog of ticks must not
-    cost every evaluator a submit per tick (one refused submit per tenant per evaluation, at most). The
-    ticks not tried keep the refusal's text and are tried again once their schedule is due again:
+    cost every evaluator a submit per tick (one refused submit per tenant per evaluation, at most). A
+    tick not tried records that refusal as its error, saying it was not submitted; the ticks without a
+    run are tried again once their schedule is due again:
     ``SUBMIT_RETRY_S`` later at the most, or the quota's Retry-After when it is sooner."""
 
     def __init__(self) -> None:
@@ -498,7 +499,8 @@ def _submit(
     this schedule or (a quota) of its tenant was refused in this evaluation, store that refusal instead."""
     refused = refusals.of(applied)
     if refused is not None:
-        return _set_outcome(service.db, decided, None, refused[0]), None
+        text = f"not submitted after an earlier tick's refusal in this evaluation: {refused[0]}"
+        return _set_outcome(service.db, decided, None, text), None
     tick = applied.spec.tick_at(from_us(decided.tick_us))
     try:
         run = service.submit(tick_request(applied, tick)).run
