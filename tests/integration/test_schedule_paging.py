@@ -4,6 +4,7 @@ cannot starve another's, and `schedules list` pages instead of cutting (issue 29
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from durable_dataflow.dataflow.protocol.requests import AccessContext
 from durable_dataflow.dataflow.schedules import schedules
 from durable_dataflow.dataflow.schedules.schedule_schema import schedules as schedules_table
 from durable_dataflow.platform import Platform
+from support import flows
 
 T0 = dt.datetime(2026, 3, 1, 0, 0, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)
@@ -195,3 +197,55 @@ def test_a_tenant_past_its_quota_costs_one_refused_submit_per_evaluation(
         made.clear()
         schedules.evaluate(platform.db, platform.runs, T0 + 14 * MINUTE)
         assert made == {REFUSING: 2, VICTIM: 2}
+
+
+def test_a_refusal_of_one_tick_of_its_own_leaves_the_schedules_other_ticks_submitted(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Proves only a quota's refusal stops a tenant's other ticks: the 01:00 tick's key already names a run
+    of another request (a conflict of that tick alone), and the 02:00 and 03:00 ticks are still submitted,
+    in that evaluation and the next; the 01:00 tick keeps its conflict. (A first fix stopped a schedule at
+    any refusal, so one such tick kept every later tick of its schedule from running: review.)"""
+    with Platform(db_url) as platform:
+        _apply(platform, tmp_path, VICTIM, scheduled("hourly", overlap="allow"))
+        applied = schedules.get(platform.db, VICTIM, "hourly")
+        first_tick = applied.spec.tick_at(T0 + HOUR)
+        other = schedules.tick_request(applied, first_tick)
+        platform.runs.submit(dataclasses.replace(other, definition=scheduled("other")))  # the key, taken
+        decided = schedules.evaluate(platform.db, platform.runs, T0 + 3 * HOUR + MINUTE).decisions
+        assert [(d.tick, d.run_id is not None) for d in decided] == [
+            ("2026-03-01T01:00:00Z", False), ("2026-03-01T02:00:00Z", True), ("2026-03-01T03:00:00Z", True)
+        ]
+        assert "[conflict]" in (decided[0].error or "") and "not submitted" not in (decided[0].error or "")
+        later = schedules.evaluate(platform.db, platform.runs, T0 + 4 * HOUR + MINUTE).decisions
+        assert [(d.tick, d.run_id is not None) for d in later] == [
+            ("2026-03-01T01:00:00Z", False), ("2026-03-01T04:00:00Z", True)
+        ]
+
+
+def test_a_tick_refused_by_a_quota_is_retried_inside_a_one_minute_catch_up_window(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves the wait after a refusal fits the catch-up window: with catchup_window 1m, a tick refused at
+    00:05:05 (queued_runs full) is due again 30 s later, not 60 s (by then it would have left the window
+    and never run), and is submitted once the queue has room. (A first fix waited 60 s: review.)"""
+    quotas_file = tmp_path / "quotas.yaml"
+    quotas_file.write_text(yaml.safe_dump({"tenants": {REFUSING: {"queued_runs": 1}}}))
+    monkeypatch.setenv(quotas.QUOTAS_ENV, str(quotas_file))
+    assert schedules.retry_wait_s(60, None) == 30 and schedules.retry_wait_s(86400, None) == 60
+    with Platform(db_url) as platform:
+        five = Definition.model_validate({
+            **scheduled("five").model_dump(mode="json", exclude_none=True),
+            "schedule": {"cron": "*/5 * * * *", "timezone": "UTC", "catchup_window": "1m", "overlap": "allow"},
+        })  # fmt: skip
+        _apply(platform, tmp_path, REFUSING, five)
+        platform.runs.submit(flows.request(flows.definition(), tmp_path, "fills-the-queue", tenant=REFUSING))
+        tick = T0 + 5 * MINUTE
+        [refused] = schedules.evaluate(platform.db, platform.runs, tick + dt.timedelta(seconds=5)).decisions
+        assert refused.run_id is None and "queued_runs" in (refused.error or "")
+        claim = platform.runs.claim_next()
+        assert claim is not None
+        platform.runs.execute(claim)  # the queue has room again
+        assert schedules.evaluate(platform.db, platform.runs, tick + dt.timedelta(seconds=20)).decisions == []
+        [retried] = schedules.evaluate(platform.db, platform.runs, tick + dt.timedelta(seconds=40)).decisions
+        assert (retried.tick, retried.run_id is not None) == ("2026-03-01T00:05:00Z", True)

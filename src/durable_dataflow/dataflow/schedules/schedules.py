@@ -19,8 +19,8 @@ read back, so the first evaluator's decision is the decision, whatever any other
 key ``schedule:<tenant>:<name>:<tick instant UTC ISO 8601>``: evaluators racing on one tick create
 one run, and an evaluator that died between the decision and the submit is repaired by the next one
 (a submitted decision without a run is submitted again under the same key while inside the window).
-A refused submit stops the evaluation's submits for that schedule, and, a quota's, for that tenant,
-until the schedule is due again (``_Refusals``): a tenant past its quota costs one refused submit.
+A quota's refusal stops the evaluation's submits for that tenant, and a refused tick's schedule waits a
+little before its retry (``_Refusals``): a tenant past its quota costs one refused submit.
 
 All SQL of the two tables lives here.
 """
@@ -71,7 +71,7 @@ LIST_PAGE_DEFAULT = 100
 LIST_PAGE_MAX = 1000
 ERROR_CHARS_MAX = 1000
 # After a tick's submit was refused, the longest its schedule waits before its ticks without a run are
-# submitted again (a quota's Retry-After, when sooner, is the wait): see _Refusals.
+# submitted again (a quota's Retry-After, or half the catch-up window, when sooner): see retry_wait_s.
 SUBMIT_RETRY_S = 60
 ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
 DECISIONS_SHOWN_MAX = 200  # the most tick decisions one read returns
@@ -466,30 +466,43 @@ def tick_request(applied: AppliedSchedule, tick: Tick) -> RunRequest:
 
 
 class _Refusals:
-    """The tick submits one evaluation saw refused. After a refusal, the evaluation submits nothing more
-    for that schedule, nor, when a quota refused it, for that tenant: each later tick would be refused
-    the same way, and a tenant past its quota with many schedules and a long backlog of ticks must not
-    cost every evaluator a submit per tick (one refused submit per tenant per evaluation, at most). A
-    tick not tried records that refusal as its error, saying it was not submitted; the ticks without a
-    run are tried again once their schedule is due again:
-    ``SUBMIT_RETRY_S`` later at the most, or the quota's Retry-After when it is sooner."""
+    """The tick submits one evaluation saw refused. After a quota refused a tenant's tick, the evaluation
+    submits nothing more for that tenant: each later tick would be refused the same way, and a tenant
+    past its quota with many schedules and a long backlog of ticks must not cost every evaluator a
+    submit per tick (one refused submit per tenant per evaluation, at most). A tick not tried records
+    that refusal as its error, saying it was not submitted. Any other refusal belongs to its own tick (a
+    key that names another request, a database that did not answer): the schedule's other ticks are
+    still submitted. A schedule with a tick refused either way is due again (its ticks without a run
+    tried again) at its next tick, or after :func:`retry_wait_s`, whichever comes first."""
 
     def __init__(self) -> None:
-        self.tenants: dict[str, tuple[str, int]] = {}  # tenant -> (the refusal's text, seconds to wait)
-        self.schedules: dict[tuple[str, str], tuple[str, int]] = {}  # (tenant, name) -> the same
+        self.tenants: dict[str, QuotaExceeded] = {}  # tenant -> the quota refusal that stops its submits
+        self.schedules: dict[tuple[str, str], int] = {}  # (tenant, name) -> seconds to wait: another refusal
 
-    def of(self, applied: AppliedSchedule) -> tuple[str, int] | None:
-        """The refusal that stops this schedule's submits in this evaluation, if any."""
-        return self.schedules.get((applied.tenant, applied.name)) or self.tenants.get(applied.tenant)
+    def of(self, applied: AppliedSchedule) -> QuotaExceeded | None:
+        """The quota refusal that stops this schedule's submits in this evaluation, if any."""
+        return self.tenants.get(applied.tenant)
 
-    def note(self, applied: AppliedSchedule, error: DataflowError) -> str:
-        text = f"[{error.code}] {error.message}"
-        wait_s = SUBMIT_RETRY_S
+    def wait_s(self, applied: AppliedSchedule) -> int:
+        """How long the schedule waits before its ticks without a run are tried again (0: at once): after
+        its own refusal, or its tenant's quota refusal, which stopped its submits."""
+        quota = self.tenants.get(applied.tenant)
+        if quota is not None:
+            return retry_wait_s(applied.spec.catchup_window_s, quota)
+        return self.schedules.get((applied.tenant, applied.name), 0)
+
+    def note(self, applied: AppliedSchedule, error: DataflowError) -> None:
         if isinstance(error, QuotaExceeded):
-            wait_s = min(wait_s, error.retry_after_s)
-            self.tenants[applied.tenant] = (text, wait_s)
-        self.schedules[(applied.tenant, applied.name)] = (text, wait_s)
-        return text
+            self.tenants[applied.tenant] = error
+        else:
+            self.schedules[(applied.tenant, applied.name)] = retry_wait_s(applied.spec.catchup_window_s, None)
+
+
+def retry_wait_s(catchup_window_s: int, quota: QuotaExceeded | None) -> int:
+    """After a refusal: ``SUBMIT_RETRY_S``, or the quota's Retry-After when sooner, and never more than
+    half the catch-up window, so the refused tick is tried again while it is still inside it."""
+    wait_s = SUBMIT_RETRY_S if quota is None else min(SUBMIT_RETRY_S, quota.retry_after_s)
+    return max(1, min(wait_s, catchup_window_s // 2))
 
 
 def _submit(
@@ -499,7 +512,7 @@ def _submit(
     this schedule or (a quota) of its tenant was refused in this evaluation, store that refusal instead."""
     refused = refusals.of(applied)
     if refused is not None:
-        text = f"not submitted after an earlier tick's refusal in this evaluation: {refused[0]}"
+        text = f"not submitted: this evaluation met its tenant's quota already: [{refused.code}] {refused.message}"
         return _set_outcome(service.db, decided, None, text), None
     tick = applied.spec.tick_at(from_us(decided.tick_us))
     try:
@@ -507,7 +520,8 @@ def _submit(
     except DataflowError as error:
         _log.warning("schedule.submit_refused", tenant=applied.tenant, schedule=applied.name, tick=tick.iso,
                      error_code=error.code, error=error.message)  # fmt: skip
-        return _set_outcome(service.db, decided, None, refusals.note(applied, error)), None
+        refusals.note(applied, error)
+        return _set_outcome(service.db, decided, None, f"[{error.code}] {error.message}"), None
     return _set_outcome(service.db, decided, run.run_id, None), run
 
 
@@ -597,8 +611,7 @@ def _evaluate_due(
         touched.append(decided)
     due_us = next_due_us(applied.spec, applied.paused, decided_up_to_us)
     if unsubmitted_left or any(d.decision == "submitted" and d.run_id is None for d in touched):
-        refused = refusals.of(applied)
-        retry_us = to_us(now) + (0 if refused is None else refused[1] * US_PER_S)
+        retry_us = to_us(now) + refusals.wait_s(applied) * US_PER_S
         due_us = retry_us if due_us is None else min(due_us, retry_us)
     return touched, due_us
 
