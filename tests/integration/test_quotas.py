@@ -183,6 +183,36 @@ def test_the_cli_backfill_refused_part_way_exits_10_naming_the_queued_days(
         assert conn.execute(sa.select(sa.func.count()).select_from(dataflow_runs)).scalar_one() == 2
 
 
+def test_a_backfill_refused_part_way_by_result_bytes_says_its_queued_days_will_not_run(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves a backfill refused part-way by result_bytes (a run of the tenant stored a result meanwhile)
+    does not advise running it again: its queued days fail quota_exceeded at their claim, and it says so.
+    (A first fix said "run the same backfill again", as for queued_runs: review.)"""
+    import datetime as dt
+
+    from durable_dataflow.dataflow.execution import workspace
+    from durable_dataflow.dataflow.schedules import backfill
+
+    write_quotas(tmp_path, monkeypatch, {"result_bytes": 1})
+    definition = Definition.model_validate(flows.daily_flow())
+    access = AccessContext.local("acme")
+    with Platform(db_url) as platform:
+        items = backfill.plan(definition, "acme", dt.date(2026, 3, 1), dt.date(2026, 3, 3), {})
+
+        def meanwhile(result: backfill.BackfillResult) -> None:  # another run of acme stores its result
+            if result.item.tick == "2026-03-01":
+                platform.runs.run_inline(flows.request(flows.definition(), tmp_path, "stores"))
+
+        with pytest.raises(QuotaExceeded) as refused:
+            backfill.run(platform.runs, definition, items, access=access, workspace=workspace.local(tmp_path),
+                         provenance=Provenance(actor="operator", trigger="cli"), on_item=meanwhile)  # fmt: skip
+        message = refused.value.message
+        assert refused.value.quota == "result_bytes" and "nothing was recorded" not in message, message
+        assert "1 day(s) of this backfill were queued before it (2026-03-01 to 2026-03-01)" in message
+        assert "fail quota_exceeded when a worker claims them" in message and "run the same" not in message
+
+
 def test_applying_more_schedules_than_the_quota_answers_429(serve: Any) -> None:
     """With acme's applied_schedules at 2, a third schedule name answers 429 applied_schedules and writes no
     schedule; re-applying an existing name (a change) is still accepted."""
@@ -250,8 +280,9 @@ def test_a_bad_quotas_file_is_refused_without_echoing_its_values(
         ("tenants:\n  'acme ': {queued_runs: 1}\n", "should match pattern"),
         ("tenants:\n  'ac/me': {queued_runs: 1}\n", "should match pattern"),
         ("tenants:\n  acme: &loose {queued_runs: 1}\n  globex: *loose\n", "anchors and aliases"),
+        ('tenants:\n  "acme\\n": {queued_runs: 1}\n', "tenants.acme\\x0a.[key]: String should match pattern"),
     ],
-    ids=["a-tenant-twice", "a-trailing-space", "a-slash", "an-alias"],
+    ids=["a-tenant-twice", "a-trailing-space", "a-slash", "an-alias", "a-newline-shown-escaped"],
 )
 def test_a_quotas_file_entry_that_could_never_apply_as_written_is_refused(document: str, problem: str) -> None:
     """Proves a careless quotas file is refused at start-up instead of loading entries that never apply as

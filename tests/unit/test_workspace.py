@@ -89,6 +89,18 @@ def test_a_grants_file_naming_a_secret_twice_is_refused() -> None:
     assert "duplicate key secrets.CRM_DSN" in refused.value.message and "line 3" in refused.value.message
 
 
+@pytest.mark.parametrize("tenant", ["acme ", "ac/me", "acme\\n", "ac*"])
+def test_a_grants_file_naming_no_tenant_a_request_can_carry_is_refused(tenant: str) -> None:
+    """Proves a grant's tenant must be "*" or a tenant's name: "acme " loaded and never applied (review)."""
+    for text in (f'secrets:\n  CRM_DSN: {{env: CRM_RO, tenants: ["{tenant}"]}}\n',
+                 f'data_roots:\n  - {{path: /srv/reference, tenants: ["{tenant}"]}}\n'):  # fmt: skip
+        with pytest.raises(InputError) as refused:
+            _grants(text)
+        assert "tenants.0: String should match pattern" in refused.value.message
+        assert "\n" not in refused.value.message
+    assert _grants('data_roots:\n  - {path: /srv/reference, tenants: ["*", acme_2, g-1]}\n').data_roots
+
+
 def test_a_granted_file_secret_reads_from_the_secrets_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "crm_dsn").write_text(CANARY + "\n")
     monkeypatch.setenv("DATAFLOW_SECRETS_DIR", str(tmp_path))

@@ -10,6 +10,11 @@ such character with a visible escape, so the operator sees that it was there and
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only a settings file's validation needs pydantic
+    from pydantic import ValidationError
+
 # Unicode's bidirectional controls: marks, embeddings, overrides and isolates (UAX #9).
 BIDI_CONTROLS = frozenset({0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)})
 # The line and paragraph separators end a line in some terminals and editors, like a newline does.
@@ -41,3 +46,19 @@ def printable(text: str, *, multiline: bool = True) -> str:
     and printable text is returned unchanged.
     """
     return text.translate(_ESCAPES_MULTILINE if multiline else _ESCAPES_ONE_LINE)
+
+
+# A key of a settings file shown in an error: one line, at most this many characters of it.
+SHOWN_KEY_CHARS_MAX = 64
+
+
+def validation_problems(error: ValidationError, *, most: int = 5) -> str:
+    """A settings file's validation errors (pydantic's) on one line: each one's path and message, never a
+    value. A path names the file's keys, which the file's author wrote: each is shown on one line
+    (control characters escaped) and at most ``SHOWN_KEY_CHARS_MAX`` characters long."""
+
+    def shown(part: object) -> str:
+        text = printable(str(part), multiline=False)
+        return text if len(text) <= SHOWN_KEY_CHARS_MAX else text[:SHOWN_KEY_CHARS_MAX] + "…"
+
+    return "; ".join(".".join(shown(p) for p in e["loc"]) + ": " + e["msg"] for e in error.errors()[:most])

@@ -24,14 +24,16 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from durable_dataflow.core import secrets
 from durable_dataflow.core.errors import InputError, PermissionDenied
 from durable_dataflow.core.files import read_capped
+from durable_dataflow.core.names import TENANT_PATTERN
 from durable_dataflow.core.secrets import SecretGrant, SecretScope
+from durable_dataflow.core.text import validation_problems
 from durable_dataflow.datasources import objectstore
 from durable_dataflow.datasources.objectstore import StoreGrant
 
@@ -131,26 +133,31 @@ def of_run(workspace_json: Mapping[str, Any] | None, base_dir: str, trigger: obj
 # ---- the grants file -------------------------------------------------------------------------
 
 
+# A grant's tenant: "*" (every tenant) or a tenant's name as every request names it (core.names): a name
+# no request can carry ("acme ", say) would load and never apply.
+GrantTenant = Annotated[str, StringConstraints(pattern=rf"^(\*|{TENANT_PATTERN.pattern[1:-1]})$")]
+
+
 class _SecretGrantModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     env: str | None = Field(default=None, max_length=128)
     file: str | None = Field(default=None, max_length=128)
-    tenants: list[str] = Field(min_length=1)
+    tenants: list[GrantTenant] = Field(min_length=1)
 
 
 class _RootGrantModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: str = Field(min_length=1, max_length=2000)
-    tenants: list[str] = Field(min_length=1)
+    tenants: list[GrantTenant] = Field(min_length=1)
 
 
 class _StoreGrantModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     prefix: str = Field(min_length=6, max_length=1100)
-    tenants: list[str] = Field(min_length=1)
+    tenants: list[GrantTenant] = Field(min_length=1)
     access: list[Literal["read", "write"]] = Field(min_length=1)
     endpoint: str | None = Field(default=None, max_length=300)
     region: str | None = Field(default=None, max_length=64)
@@ -194,7 +201,7 @@ def parse_grants(text: str, origin: str) -> Grants:
     try:
         model = _GrantsModel.model_validate(document or {})
     except ValidationError as error:
-        where = "; ".join(".".join(str(p) for p in e["loc"]) + ": " + e["msg"] for e in error.errors()[:5])
+        where = validation_problems(error)
         raise InputError(f"grants file {origin}: {where}") from None
     granted: dict[str, SecretGrant] = {}
     for name, item in model.secrets.items():

@@ -68,6 +68,7 @@ from durable_dataflow.core.db import Database
 from durable_dataflow.core.errors import InputError, QuotaExceeded
 from durable_dataflow.core.files import read_capped
 from durable_dataflow.core.names import TENANT_PATTERN
+from durable_dataflow.core.text import validation_problems
 from durable_dataflow.dataflow.execution import results
 from durable_dataflow.dataflow.protocol import runs
 from durable_dataflow.dataflow.protocol.runs import RunStatus
@@ -257,8 +258,10 @@ def claim_refusal(quotas: Quotas, tenant: str, stored: int) -> QuotaExceeded | N
     refused = result_bytes_refusal(quotas.of(tenant), stored)
     if refused is None:
         return None
-    return refused_after(refused, "this run was queued before and is not executed: submit it again (a new "
-                                  "idempotency key) once the quota allows it")  # fmt: skip
+    return refused_after(refused, "this run was queued before the tenant reached it and is not executed; "
+                                  "once the quota allows it, submit its parameters again under a new "
+                                  "idempotency key (its own key, a backfill day's or a schedule tick's too, "
+                                  "keeps naming this run)")  # fmt: skip
 
 
 def check_backfill_days(quotas: Quotas, tenant: str, days: int) -> None:
@@ -334,7 +337,7 @@ def parse_quotas_file(text: str, origin: str, defaults: TenantQuotas) -> dict[st
     try:
         model = _QuotasFileModel.model_validate(document or {})
     except ValidationError as error:
-        where = "; ".join(".".join(str(p) for p in e["loc"]) + ": " + e["msg"] for e in error.errors()[:5])
+        where = validation_problems(error)
         raise InputError(f"quotas file {origin}: {where}") from None
     tenants: dict[str, TenantQuotas] = {}
     for tenant, given in model.tenants.items():

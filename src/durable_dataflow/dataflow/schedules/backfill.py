@@ -277,6 +277,12 @@ def run(
                 f"{item.tick} and the days after it were not: run the same backfill again once the quota "
                 "allows it (the queued days are reported, not submitted again)"
             )
+            if error.quota == quotas.Quota.RESULT_BYTES:  # the days queued fail at their claim as well
+                recorded = (
+                    f"{len(queued)} day(s) of this backfill were queued before it ({queued[0]} to "
+                    f"{queued[-1]}): they fail quota_exceeded when a worker claims them unless the quota is "
+                    f"raised first; {item.tick} and the days after it were not queued"
+                )
             raise quotas.refused_after(error, recorded) from None
         result = BackfillResult(item, submission.run, submission.created)
         results.append(result)
