@@ -658,7 +658,7 @@ def _parse_document(text: str, origin: str) -> Any:
     try:
         return _parse_text(text, origin)
     except RecursionError:
-        raise InputError(f"{origin}: the definition nests too deeply") from None
+        raise InputError(f"{origin}: the document nests too deeply") from None
     except ValueError:  # a constructor's refusal: an integer over Python's 4300 digits, a bad YAML date
         raise InputError(f"{origin}: a value cannot be read (a number over 4300 digits, or an invalid date)") from None
 
@@ -776,7 +776,7 @@ def parse_definition(text: str, origin: str) -> Definition:
         yaml_text = None if origin.lower().endswith(".json") else text
         raise format_validation_error(exc, origin, yaml_text) from None
     except RecursionError:
-        raise InputError(f"{origin}: the definition nests too deeply") from None
+        raise InputError(f"{origin}: the document nests too deeply") from None
 
 
 def load_definition(path: Path) -> LoadedDefinition:
