@@ -249,3 +249,48 @@ def test_a_tick_refused_by_a_quota_is_retried_inside_a_one_minute_catch_up_windo
         assert schedules.evaluate(platform.db, platform.runs, tick + dt.timedelta(seconds=20)).decisions == []
         [retried] = schedules.evaluate(platform.db, platform.runs, tick + dt.timedelta(seconds=40)).decisions
         assert (retried.tick, retried.run_id is not None) == ("2026-03-01T00:05:00Z", True)
+
+
+def test_a_worker_claims_between_the_parts_of_a_long_evaluation(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proves a worker's schedule evaluation does not hold its claims for the whole backlog: with the
+    budget at 0 s, each turn evaluates one due schedule, then claims, and the victim's queued run is
+    claimed before the third schedule's ticks are decided; every schedule is evaluated in the end. (A
+    first pass over a 3-hour backlog of 100 minutely schedules took 18 s before the worker claimed.)"""
+    from durable_dataflow.dataflow import worker as worker_mod
+    from durable_dataflow.dataflow.worker import Worker, WorkerOptions
+
+    monkeypatch.setattr(worker_mod, "SCHEDULE_BUDGET_S", 0.0, raising=False)
+    events: list[str] = []
+    original_evaluate = schedules.evaluate
+
+    def evaluate(*args: Any, **kwargs: Any) -> schedules.Evaluation:
+        evaluation = original_evaluate(*args, **kwargs)
+        events.extend(sorted({f"decide {d.name}" for d in evaluation.decisions}))
+        return evaluation
+
+    monkeypatch.setattr(schedules, "evaluate", evaluate)
+    with Platform(db_url) as platform:
+        with platform.db.read() as conn:
+            now_us = conn.execute(sa.select(platform.db.now_us_expr())).scalar_one()
+        now = dt.datetime.fromtimestamp(now_us / 1e6, dt.UTC)
+        for number in range(3):
+            definition = scheduled(f"hourly_{number}")
+            schedules.apply(platform.runs, definition, workspace.local(tmp_path), AccessContext.local(FLOODER),
+                            now=now - 2 * HOUR)  # fmt: skip
+        platform.runs.submit(flows.request(flows.definition(), tmp_path, "victim-run", tenant=VICTIM))
+        original_claim = platform.runs.claim_next
+
+        def claim_next() -> Any:
+            claim = original_claim()
+            if claim is not None:
+                events.append(f"claim {claim.run.tenant}")
+            return claim
+
+        monkeypatch.setattr(platform.runs, "claim_next", claim_next)
+        Worker(platform.runs, WorkerOptions(until_idle=True, poll_interval_s=0.01, sweep_interval_s=60)).run()
+    decided = [e for e in events if e.startswith("decide")]
+    assert sorted(decided) == ["decide hourly_0", "decide hourly_1", "decide hourly_2"], events
+    assert events.index(f"claim {VICTIM}") < events.index(decided[2]), events
+    assert events[0] == decided[0] and events[1].startswith("claim"), events

@@ -48,6 +48,9 @@ CONCURRENCY_MAX = 8
 SWEEP_INTERVAL_S_DEFAULT = 1.0  # a dead holder's run is recovered by the next sweep (core/holders.py)
 # Seconds between evaluations of the schedules' due ticks (dataflow.schedules.schedules; every worker may evaluate).
 SCHEDULE_INTERVAL_S_DEFAULT = 15.0
+# The most one turn of the loop spends evaluating schedules (after a whole schedule): a backlog of many
+# due schedules is worked off over several turns, each followed by a claim, so runs are still claimed.
+SCHEDULE_BUDGET_S = 1.0
 POLL_INTERVAL_S_DEFAULT = 1.0
 ABANDONED_NOTE = "left to the sweeper once its lease expires; never retried blindly"
 INTERVAL_S_MIN = 0.01
@@ -320,7 +323,9 @@ class Worker:
         self._last_schedules_s = time.monotonic()
         self._next_due_s = None
         try:
-            evaluation = schedules.evaluate(self.service.db, self.service)
+            evaluation = schedules.evaluate(self.service.db, self.service, budget_s=SCHEDULE_BUDGET_S)
+            if not evaluation.complete:  # schedules are still due: evaluate again after this turn's claim
+                self._next_due_s = time.monotonic()
         except StorageUnavailable:
             raise  # the caller backs off
         except Exception as error:  # a bug in one tenant's schedule must not stop this worker's runs

@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -620,26 +621,40 @@ def _evaluate_due(
 class Evaluation:
     decisions: list[TickDecision]
     errors: list[dict[str, str]]  # schedules whose evaluation failed: tenant, name, code, message
+    # False when the evaluation stopped at its time budget with schedules still due (evaluate's budget_s):
+    # they are the first ones the next evaluation reads.
+    complete: bool = True
 
     def as_json(self) -> dict[str, Any]:
         return {"decisions": [d.as_json() for d in self.decisions], "errors": self.errors}
 
 
 def evaluate(
-    db: Database, service: RunService, now: dt.datetime | None = None, *, tenant: str | None = None
+    db: Database,
+    service: RunService,
+    now: dt.datetime | None = None,
+    *,
+    tenant: str | None = None,
+    budget_s: float | None = None,
 ) -> Evaluation:
     """One evaluation of every due schedule (of ``tenant``, or all) at ``now`` (else the database clock):
-    page after page of ``EVALUATION_PAGE_SCHEDULES``, by next-due instant, until none is left due."""
+    page after page of ``EVALUATION_PAGE_SCHEDULES``, by next-due instant, until none is left due. With
+    ``budget_s`` (a worker's: its claims wait while it evaluates) it stops once that many seconds have
+    passed after a schedule's evaluation, ``complete`` False; the schedules not reached stay due, the
+    earliest first, so the next evaluation starts with them."""
     moment = _now_or_db(db, now)
     evaluation = Evaluation([], [])
     evaluated: set[tuple[str, str]] = set()
     refusals = _Refusals()
+    deadline = None if budget_s is None else time.monotonic() + budget_s
     after: tuple[int, str, str] | None = None
     while True:  # bounded: each page moves the cursor past its rows, and only due rows are read
         page = _due_page(db, to_us(moment), tenant, after)
         for applied in page:
             # A schedule still due after its evaluation (a waiting tick) may be met again further on.
             if (applied.tenant, applied.name) not in evaluated:
+                if deadline is not None and evaluated and time.monotonic() >= deadline:
+                    return Evaluation(evaluation.decisions, evaluation.errors, complete=False)
                 evaluated.add((applied.tenant, applied.name))
                 _evaluate_into(evaluation, service, applied, moment, refusals)
         if len(page) < EVALUATION_PAGE_SCHEDULES:
