@@ -173,9 +173,14 @@ def test_a_tenant_past_its_quota_costs_one_refused_submit_per_evaluation(
             _apply(platform, tmp_path, REFUSING, scheduled(f"every_{number}", cron="* * * * *", overlap="allow"))
         _apply(platform, tmp_path, VICTIM, scheduled("victim", cron="* * * * *", overlap="allow"))
         made = _submits_by_tenant(platform, monkeypatch)
+        updates: list[str] = []
+        sa.event.listen(platform.db.engine, "before_cursor_execute", lambda _c, _cur, statement, *_: updates.append(
+            statement) if statement.startswith("UPDATE schedule_ticks") else None)  # fmt: skip
 
         decided = schedules.evaluate(platform.db, platform.runs, T0 + 10 * MINUTE).decisions
         assert made == {REFUSING: 2, VICTIM: 10}
+        # A tick not tried is written once, with its error: the updates are the 11 runs' and the refusal's.
+        assert len(updates) == 12, len(updates)
         victims = [d for d in decided if d.tenant == VICTIM]
         assert len(victims) == 10 and all(d.run_id for d in victims)
         refused = [d for d in decided if d.tenant == REFUSING]

@@ -427,11 +427,17 @@ def _insert_ignore(conn: Connection, values: dict[str, Any]) -> bool:
     return conn.execute(statement.returning(schedule_ticks.c.tick_us)).first() is not None
 
 
-def _decide(db: Database, applied: AppliedSchedule, tick: Tick, decision: Decision) -> TickDecision:
-    """Record ``decision`` unless the tick has one already; the stored decision either way."""
+def _decide(
+    db: Database, applied: AppliedSchedule, tick: Tick, decision: Decision, error: str | None = None
+) -> TickDecision:
+    """Record ``decision`` (with ``error``: a submitted tick that will not be submitted now) unless the
+    tick has one already; the stored decision either way."""
     key = {"tenant": applied.tenant, "name": applied.name, "tick_us": to_us(tick.instant)}
+    values = {**key, "decision": decision, "decided_at_us": db.now_us_expr()}
+    if error is not None:
+        values["error"] = error[:ERROR_CHARS_MAX]
     with db.begin() as conn:
-        inserted = _insert_ignore(conn, {**key, "decision": decision, "decided_at_us": db.now_us_expr()})
+        inserted = _insert_ignore(conn, values)
         row = conn.execute(sa.select(schedule_ticks).filter_by(**key)).one()
     return _decision_of(row, new=inserted)
 
@@ -506,6 +512,11 @@ def retry_wait_s(catchup_window_s: int, quota: QuotaExceeded | None) -> int:
     return max(1, min(wait_s, catchup_window_s // 2))
 
 
+def _not_tried(refused: QuotaExceeded) -> str:
+    """The error of a tick not submitted because its tenant's quota refused another tick just before."""
+    return f"not submitted: this evaluation met its tenant's quota already: [{refused.code}] {refused.message}"
+
+
 def _submit(
     service: RunService, applied: AppliedSchedule, decided: TickDecision, refusals: _Refusals
 ) -> tuple[TickDecision, Run | None]:
@@ -513,8 +524,7 @@ def _submit(
     this schedule or (a quota) of its tenant was refused in this evaluation, store that refusal instead."""
     refused = refusals.of(applied)
     if refused is not None:
-        text = f"not submitted: this evaluation met its tenant's quota already: [{refused.code}] {refused.message}"
-        return _set_outcome(service.db, decided, None, text), None
+        return _set_outcome(service.db, decided, None, _not_tried(refused)), None
     tick = applied.spec.tick_at(from_us(decided.tick_us))
     try:
         run = service.submit(tick_request(applied, tick)).run
@@ -600,14 +610,16 @@ def _evaluate_due(
             break  # the newest due tick waits, undecided, for the previous run to finish
         else:
             decision = "skipped_overlap"
-        decided = _decide(db, applied, tick, decision)
+        refused = refusals.of(applied) if decision == "submitted" else None
+        not_tried = None if refused is None else _not_tried(refused)
+        decided = _decide(db, applied, tick, decision, not_tried)  # a tick not tried: one write, not two
         decided_up_to_us = decided.tick_us
         if decided.decision == "submitted":
             run: Run | None = None
-            if decided.run_id is None:
-                decided, run = _submit(service, applied, decided, refusals)
-            else:
+            if decided.run_id is not None:
                 run = service.get(decided.run_id)
+            elif not (decided.new and not_tried is not None):  # else recorded not tried, with its error
+                decided, run = _submit(service, applied, decided, refusals)
             previous_active = run is not None and run.status in ACTIVE_STATUSES
         touched.append(decided)
     due_us = next_due_us(applied.spec, applied.paused, decided_up_to_us)
