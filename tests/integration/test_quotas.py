@@ -5,7 +5,6 @@ tenant is not limited by the first one's quotas; the quotas file refuses bad val
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from durable_dataflow.dataflow.schema import dataflow_runs
 from durable_dataflow.platform import Platform
 from support import flows
 from support.api_runs import Tokens, make_tokens
+from support.interrupts import wait_until
 
 DAY = "2026-03-01"
 
@@ -579,10 +579,9 @@ def test_db_recount_beside_a_storing_commit_counts_every_result(
                                       daemon=True)  # fmt: skip
         try:
             recounting.start()
-            deadline = time.monotonic() + WAIT_S
-            while not _a_recount_waits(platform):
-                assert recounting.is_alive() and time.monotonic() < deadline, f"the recount never waited: {code}"
-                time.sleep(0.01)  # polling a condition with a deadline
+            wait_until(lambda: _a_recount_waits(platform) or not recounting.is_alive(), WAIT_S,
+                       "the recount to wait for the storing commit")  # fmt: skip
+            assert recounting.is_alive(), f"the recount never waited: {code}"
         finally:
             release.set()
             storing.join(WAIT_S)
