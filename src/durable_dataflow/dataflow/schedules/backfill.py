@@ -272,17 +272,13 @@ def run(
             queued = [result.item.tick for result in results if result.created]
             if not queued:
                 raise
-            recorded = (
-                f"{len(queued)} day(s) of this backfill were queued before it ({queued[0]} to {queued[-1]}), "
-                f"{item.tick} and the days after it were not: run the same backfill again once the quota "
-                "allows it (the queued days are reported, not submitted again)"
-            )
+            days = f"{len(queued)} day(s) of this backfill were queued before it ({queued[0]} to {queued[-1]})"
             if error.quota == quotas.Quota.RESULT_BYTES:  # the days queued fail at their claim as well
-                recorded = (
-                    f"{len(queued)} day(s) of this backfill were queued before it ({queued[0]} to "
-                    f"{queued[-1]}): they fail quota_exceeded when a worker claims them unless the quota is "
-                    f"raised first; {item.tick} and the days after it were not queued"
-                )
+                recorded = (f"{days}: they fail quota_exceeded when a worker claims them unless the quota is "
+                            f"raised first; {item.tick} and the days after it were not queued")  # fmt: skip
+            else:
+                recorded = (f"{days}, {item.tick} and the days after it were not: run the same backfill again "
+                            "once the quota allows it (the queued days are reported, not submitted again)")  # fmt: skip
             raise quotas.refused_after(error, recorded) from None
         result = BackfillResult(item, submission.run, submission.created)
         results.append(result)

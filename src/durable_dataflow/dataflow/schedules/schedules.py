@@ -493,7 +493,7 @@ class _Refusals:
     def wait_s(self, applied: AppliedSchedule) -> int:
         """How long the schedule waits before its ticks without a run are tried again (0: at once): after
         its own refusal, or its tenant's quota refusal, which stopped its submits."""
-        quota = self.tenants.get(applied.tenant)
+        quota = self.of(applied)
         if quota is not None:
             return retry_wait_s(applied.spec.catchup_window_s, quota)
         return self.schedules.get((applied.tenant, applied.name), 0)
@@ -520,8 +520,8 @@ def _not_tried(refused: QuotaExceeded) -> str:
 def _submit(
     service: RunService, applied: AppliedSchedule, decided: TickDecision, refusals: _Refusals
 ) -> tuple[TickDecision, Run | None]:
-    """Submit a submitted decision's run (idempotent by its key) and store its run id; once a submit of
-    this schedule or (a quota) of its tenant was refused in this evaluation, store that refusal instead."""
+    """Submit a submitted decision's run (idempotent by its key) and store its run id; once a quota
+    refused a tick of its tenant in this evaluation, store that it was not tried instead."""
     refused = refusals.of(applied)
     if refused is not None:
         return _set_outcome(service.db, decided, None, _not_tried(refused)), None
